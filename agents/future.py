@@ -1,0 +1,116 @@
+"""``Future``: the answer to a message, usable from plain and async code.
+
+``fut.get(timeout=2.0)`` blocks the calling thread; a timeout raises
+``TimeoutError`` and leaves the future as it was, so it can be waited on again.
+``await fut`` works in any asyncio loop.  Results arrive on the IO thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+R = TypeVar("R")
+
+_PENDING, _OK, _ERR = 0, 1, 2
+
+
+class Future(Generic[R]):
+    """A value that will be available later."""
+
+    __slots__ = ("_state", "_value", "_event", "_callbacks", "_lock", "_transform", "_resolved", "__weakref__")
+
+    def __init__(self, transform: Callable[[Any], R] | None = None):
+        self._state = _PENDING
+        self._value: Any = None
+        self._event = threading.Event()
+        self._callbacks: list[Callable[["Future"], None]] | None = None
+        self._lock = threading.Lock()
+        self._transform = transform
+        self._resolved = False
+
+    @classmethod
+    def completed(cls, value: Any) -> "Future":
+        f = cls()
+        f.set_result(value)
+        return f
+
+    # -- producer side -------------------------------------------------------
+
+    def set_result(self, value: Any) -> None:
+        self._finish(_OK, value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(_ERR, exc)
+
+    def _finish(self, state: int, value: Any) -> None:
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            self._state, self._value = state, value
+            callbacks, self._callbacks = self._callbacks, None
+        self._event.set()
+        for cb in callbacks or ():
+            cb(self)
+
+    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
+        with self._lock:
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    # -- consumer side -------------------------------------------------------
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def _outcome(self) -> Any:
+        if self._state == _OK and self._transform is not None and not self._resolved:
+            with self._lock:
+                if not self._resolved:
+                    try:
+                        self._value = self._transform(self._value)
+                    except BaseException as e:  # decoding the answer failed: that is the answer
+                        self._state, self._value = _ERR, e
+                    self._resolved = True
+        if self._state == _ERR:
+            raise self._value
+        return self._value
+
+    def get(self, timeout: float | None = None) -> R:
+        """Wait for the value; raise what the remote side raised."""
+        if self._state == _PENDING and not self._event.wait(timeout):
+            raise TimeoutError(f"no answer within {timeout} s")
+        return self._outcome()
+
+    def result(self, timeout: float | None = None) -> R:
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def __await__(self):
+        if self._state == _PENDING:
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+
+            def wake(_: Future) -> None:
+                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+
+            self.add_done_callback(wake)
+            yield from waiter.__await__()
+        return self._outcome()
+
+    def __repr__(self) -> str:
+        state = {_PENDING: "pending", _OK: "done", _ERR: "failed"}[self._state]
+        return f"<Future {state}>"

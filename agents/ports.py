@@ -1,0 +1,115 @@
+"""Ports and channels: send values to a receiver in another process.
+
+``Channel.open()`` gives a ``(Port, PortReceiver)`` pair.  The port is a small
+picklable address that can be passed to any actor; ``port.send(v)`` delivers
+``v`` to the receiver, ``receiver.recv()`` returns a ``Future`` for the next one.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Generic, TypeVar
+
+from agents.errors import SupervisionError
+from agents.future import Future
+from agents.messages import Pickled, PortRef, Reply
+
+R = TypeVar("R")
+
+
+def _runtime():
+    from agents.runtime import ensure
+
+    return ensure()
+
+
+class Port(Generic[R]):
+    """Where to send values; picklable, so it can travel to other actors."""
+
+    def __init__(self, ref: PortRef, rank: int = 0):
+        self._ref = ref
+        self._rank = rank
+
+    def send(self, value: R) -> None:
+        """Deliver ``value`` to the receiver (fire and forget)."""
+        _runtime().send(self._ref.addr, Reply(self._ref.port_id, self._rank, True, Pickled.of(value)))
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver's next ``recv()`` raise ``exc``."""
+        _runtime().send(self._ref.addr, Reply(self._ref.port_id, self._rank, False, Pickled.of(exc)))
+
+    def __reduce__(self) -> Any:
+        return Port, (self._ref, self._rank)
+
+    def __repr__(self) -> str:
+        return f"Port({self._ref.addr}#{self._ref.port_id})"
+
+
+class _Queue:
+    """A port handler that queues values for ``recv()``."""
+
+    def __init__(self) -> None:
+        self.port_id = 0
+        self.values: collections.deque = collections.deque()
+        self.waiters: collections.deque[Future] = collections.deque()
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    def _push(self, ok: bool, payload: Any) -> None:
+        with self.lock:
+            if self.waiters:
+                fut = self.waiters.popleft()
+            else:
+                self.values.append((ok, payload))
+                return
+        _resolve(fut, ok, payload)
+
+    def deliver(self, reply: Reply) -> None:
+        self._push(reply.ok, reply.payload)
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        pass  # a port can have many senders; one dying does not end it
+
+    def next(self) -> Future:
+        fut: Future = Future()
+        with self.lock:
+            if not self.values:
+                self.waiters.append(fut)
+                return fut
+            ok, payload = self.values.popleft()
+        _resolve(fut, ok, payload)
+        return fut
+
+
+def _resolve(fut: Future, ok: bool, payload: Any) -> None:
+    try:
+        value = payload.load() if isinstance(payload, Pickled) else payload
+    except Exception as e:
+        fut.set_exception(e)
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value if isinstance(value, BaseException) else RuntimeError(str(value)))
+
+
+class PortReceiver(Generic[R]):
+    """The receiving end of a channel."""
+
+    def __init__(self, queue: _Queue):
+        self._queue = queue
+
+    def recv(self) -> Future[R]:
+        """A future for the next value sent to the port."""
+        return self._queue.next()
+
+
+class Channel(Generic[R]):
+    """Factory for port / receiver pairs."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
+        q = _Queue()
+        ref = _runtime().open_port(q)
+        return Port(ref), PortReceiver(q)

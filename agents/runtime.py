@@ -1,0 +1,294 @@
+"""The per-process runtime: ports, answers, and who has died.
+
+Each process (the client, a host agent, a proc agent) has exactly one
+:class:`Runtime`.  It owns the :class:`~agents.transport.Mailbox`, hands
+incoming messages to registered handlers, routes :class:`Reply` messages to
+open ports, and, when a peer dies, fails every port still waiting on it with a
+:class:`SupervisionError` that says which process died and why.
+
+Death is learned two ways: a host agent sends :class:`ProcDied` (with the exit
+status) to a proc's owner, and the transport notices any closed connection.
+For procs we own we wait a moment for the first before settling for the second,
+so the error names the signal or exit code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections import defaultdict
+from typing import Any, Callable, Protocol
+
+from agents.errors import SupervisionError
+from agents.future import Future
+from agents.messages import PortRef, ProcDied, Reply
+from agents.transport import JobKeys, Mailbox, PeerLost
+
+log = logging.getLogger("monarch.runtime")
+
+#: How long to wait for a host agent's ProcDied (which has the exit status)
+#: after a connection to a proc we own closed.
+_DEATH_GRACE_S = 0.1
+
+
+class PortHandler(Protocol):
+    def deliver(self, reply: Reply) -> None: ...
+    def lost(self, addr: str, error: SupervisionError) -> None: ...
+
+
+class OneShot:
+    """A port that resolves one future with the first answer."""
+
+    __slots__ = ("future", "rt", "port_id", "describe")
+
+    def __init__(self, rt: "Runtime", future: Future, describe: Callable[[str], dict] | None = None):
+        self.future = future
+        self.rt = rt
+        self.port_id = 0
+        self.describe = describe
+
+    def deliver(self, reply: Reply) -> None:
+        self.rt.close_port(self.port_id)
+        if reply.ok:
+            self.future.set_result(reply.payload)
+        else:
+            self.future.set_exception(_as_exception(reply.payload))
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        self.rt.close_port(self.port_id)
+        self.future.set_exception(error)
+
+
+def _as_exception(payload: Any) -> BaseException:
+    from agents.messages import Pickled
+
+    if isinstance(payload, Pickled):
+        try:
+            payload = payload.load()
+        except Exception as e:  # the exception itself could not be rebuilt here
+            return RuntimeError(f"remote error could not be decoded: {e}")
+    if isinstance(payload, BaseException):
+        return payload
+    return RuntimeError(str(payload))
+
+
+class Runtime:
+    """This process's endpoint in a monarch job."""
+
+    def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = ""):
+        self.keys = keys
+        self.name = name
+        self.host = host or os.environ.get("MONARCH_HOSTNAME") or _hostname()
+        self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, name=name)
+        self.addr = ""
+        self._ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(1)
+        self._waiting: dict[str, set[int]] = defaultdict(set)  # peer addr -> ports waiting on it
+        self._port_waits: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self._handlers: dict[type, Callable[[Any], None]] = {}
+        self._death: dict[str, SupervisionError] = {}
+        self._watchers: dict[str, list[Callable[[SupervisionError], None]]] = defaultdict(list)
+        self._owned: dict[str, dict] = {}  # proc addr -> description (mesh, rank, host)
+        self._pending_loss: set[str] = set()
+        self.closed = False
+
+    def start(self) -> "Runtime":
+        self.addr = self.mailbox.start()
+        return self
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.mailbox.close()
+
+    # -- messages ----------------------------------------------------------
+
+    def register(self, msg_type: type, handler: Callable[[Any], None]) -> None:
+        """Run ``handler(msg)`` on the IO thread for each message of ``msg_type``."""
+        self._handlers[msg_type] = handler
+
+    def send(self, addr: str, msg: Any) -> None:
+        """Send ``msg``; raises :class:`SupervisionError` if ``addr`` is known dead."""
+        err = self._death.get(addr)
+        if err is not None:
+            raise err
+        try:
+            self.mailbox.send(addr, msg)
+        except PeerLost:
+            raise self._death.get(addr) or SupervisionError(f"connection to {addr} was lost")
+
+    def send_frames(self, addr: str, frames: list) -> None:
+        err = self._death.get(addr)
+        if err is not None:
+            raise err
+        self.mailbox.send_frames(addr, frames)
+
+    def _on_message(self, msg: Any) -> None:
+        if type(msg) is Reply:
+            h = self._ports.get(msg.port_id)
+            if h is not None:
+                h.deliver(msg)
+            return
+        if type(msg) is ProcDied:
+            self._on_proc_died(msg)
+            return
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("%s: no handler for %s", self.name, type(msg).__name__)
+            return
+        handler(msg)
+
+    # -- ports -------------------------------------------------------------
+
+    def open_port(self, handler: PortHandler, waits_on: list[str] | tuple = ()) -> PortRef:
+        """A port routing answers to ``handler``; fails it if a peer in ``waits_on`` dies."""
+        pid = next(self._port_ids)
+        if hasattr(handler, "port_id"):
+            handler.port_id = pid
+        with self._lock:
+            self._ports[pid] = handler
+            self._port_waits[pid] = tuple(waits_on)
+            dead = None
+            for a in waits_on:
+                if a in self._death:
+                    dead = (a, self._death[a])
+                self._waiting[a].add(pid)
+        if dead is not None:
+            self.mailbox.call_soon(lambda: handler.lost(*dead))
+        return PortRef(self.addr, pid)
+
+    def close_port(self, port_id: int) -> None:
+        with self._lock:
+            self._ports.pop(port_id, None)
+            for a in self._port_waits.pop(port_id, ()):
+                s = self._waiting.get(a)
+                if s is not None:
+                    s.discard(port_id)
+
+    def request(self, addr: str, make: Callable[[PortRef], Any], transform: Callable[[Any], Any] | None = None) -> Future:
+        """Send ``make(port)`` to ``addr`` and return a future for the one answer."""
+        fut: Future = Future(transform)
+        handler = OneShot(self, fut)
+        port = self.open_port(handler, (addr,))
+        try:
+            self.send(addr, make(port))
+        except SupervisionError as e:
+            self.close_port(port.port_id)
+            fut.set_exception(e)
+        return fut
+
+    # -- death ----------------------------------------------------------------
+
+    def own(self, addr: str, description: dict) -> None:
+        """Record that this process owns the proc at ``addr`` (its host agent reports its death here)."""
+        self._owned[addr] = description
+
+    def disown(self, addr: str) -> None:
+        self._owned.pop(addr, None)
+
+    def watch(self, addr: str, fn: Callable[[SupervisionError], None]) -> None:
+        """Call ``fn(error)`` on the IO thread once ``addr`` dies."""
+        with self._lock:
+            err = self._death.get(addr)
+            if err is None:
+                self._watchers[addr].append(fn)
+                return
+        self.mailbox.call_soon(lambda: fn(err))
+
+    def death(self, addr: str) -> SupervisionError | None:
+        return self._death.get(addr)
+
+    def _on_proc_died(self, msg: ProcDied) -> None:
+        d = self._owned.get(msg.addr, {})
+        where = d.get("what") or f"proc {msg.addr}"
+        err = SupervisionError(f"{where} on host {msg.host} died: {msg.reason}", actor=d.get("actor", ""),
+                               rank=d.get("rank"), host=msg.host, exit_code=msg.exit_code)
+        self._mark_dead(msg.addr, err)
+
+    def _on_peer_lost(self, addr: str) -> None:
+        if addr in self._death:
+            return
+        if addr in self._owned:
+            # A ProcDied with the exit status is on its way from the host agent.
+            self.mailbox.call_later(_DEATH_GRACE_S, lambda: self._lost_for_good(addr))
+        else:
+            self._lost_for_good(addr)
+
+    def _lost_for_good(self, addr: str) -> None:
+        if addr in self._death:
+            return
+        d = self._owned.get(addr, {})
+        where = d.get("what") or f"peer {addr}"
+        self._mark_dead(addr, SupervisionError(f"{where} is unreachable: connection lost (process or host died)",
+                                               rank=d.get("rank"), host=d.get("host", "")))
+
+    def retire(self, addr: str, err: SupervisionError) -> None:
+        """``addr`` was stopped on purpose: no supervision, but calls to it fail with ``err``."""
+        with self._lock:
+            self._watchers.pop(addr, None)
+            self._owned.pop(addr, None)
+        self.mark_dead(addr, err)
+
+    def mark_dead(self, addr: str, err: SupervisionError) -> None:
+        """Declare ``addr`` dead (from any thread)."""
+        self.mailbox.call_soon(lambda: self._mark_dead(addr, err))
+
+    def _mark_dead(self, addr: str, err: SupervisionError) -> None:
+        with self._lock:
+            if addr in self._death:
+                return
+            self._death[addr] = err
+            self.mailbox.dead.add(addr)
+            port_ids = self._waiting.pop(addr, set())
+            handlers = [self._ports[p] for p in port_ids if p in self._ports]
+            watchers = self._watchers.pop(addr, [])
+        for h in handlers:
+            try:
+                h.lost(addr, err)
+            except Exception:
+                log.exception("port handler failed")
+        for w in watchers:
+            try:
+                w(err)
+            except Exception:
+                log.exception("death watcher failed")
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def current() -> Runtime | None:
+    """This process's runtime, if one was started."""
+    return _runtime
+
+
+def install(rt: Runtime) -> Runtime:
+    global _runtime
+    with _runtime_lock:
+        _runtime = rt
+    return rt
+
+
+#: Called by :func:`ensure` to start this process's runtime on first use
+#: (set by ``monarch.actor`` for client processes).
+factory: Callable[[], Runtime] | None = None
+
+
+def ensure() -> Runtime:
+    """This process's runtime, started on first use."""
+    if _runtime is not None:
+        return _runtime
+    if factory is None:
+        raise RuntimeError("no monarch runtime in this process")
+    return factory()

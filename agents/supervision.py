@@ -1,0 +1,59 @@
+"""Where failures go: to the owning actor's ``__supervise__``, or to the root.
+
+A mesh's owner registers here when it creates the mesh.  When a proc of the
+mesh dies (the runtime learns it from the host agent or from a closed
+connection), or an actor of it fails, the failure goes to the actor that
+created the mesh, through its mailbox, in order with its messages.  A mesh made
+by the client itself has no such actor: the failure goes to
+:func:`unhandled_fault_hook`, which prints one clear line on stderr.  Calls to
+the failed ranks raise ``SupervisionError`` either way.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+from agents import messages as m
+from agents.context import ActorSlotInfo
+from agents.errors import MeshFailure
+
+_lock = threading.Lock()
+_actor_watchers: dict[str, Callable[[m.ActorFailed], None]] = {}
+
+
+def default_fault_hook(failure: MeshFailure) -> None:
+    """Print one clear line on stderr; the failed ranks raise SupervisionError when called."""
+    print(f"monarch: unhandled failure: {failure.report}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
+
+
+def report(owner: ActorSlotInfo | None, failure: MeshFailure) -> None:
+    """Hand ``failure`` to ``owner`` (an actor) or, for the client, to ``monarch.actor.unhandled_fault_hook``."""
+    if owner is not None and owner.slot is not None:
+        owner.slot.post(failure)
+        return
+    api = sys.modules.get("monarch.actor")
+    hook = getattr(api, "unhandled_fault_hook", None) or default_fault_hook
+    hook(failure)
+
+
+def watch_actor(actor_id: str, fn: Callable[[m.ActorFailed], None]) -> None:
+    with _lock:
+        _actor_watchers[actor_id] = fn
+
+
+def unwatch_actor(actor_id: str) -> None:
+    with _lock:
+        _actor_watchers.pop(actor_id, None)
+
+
+def _on_actor_failed(msg: m.ActorFailed) -> None:
+    with _lock:
+        fn = _actor_watchers.get(msg.actor_id)
+    if fn is not None:
+        fn(msg)
+
+
+def install(rt: Any) -> None:
+    rt.register(m.ActorFailed, _on_actor_failed)

@@ -1,0 +1,440 @@
+"""The authenticated ZeroMQ transport: one inbound address per process.
+
+Every monarch process (client, host agent, proc agent) owns one
+:class:`Mailbox`: a CURVE ROUTER socket bound to one address, read by one IO
+thread, and a cache of outbound DEALER sockets, one per peer address, that any
+thread may send on (each behind its own lock, so sends never wait for the IO
+thread).  Messages are one-way; answers go to the sender's own address.
+
+Peers are watched through ZeroMQ socket monitors: when the TCP connection to a
+peer closes (the peer died, or its host did), ``on_peer_lost(addr)`` runs within
+milliseconds.  ZMTP heartbeats catch peers that vanish without closing.
+
+Security: the ROUTER is a CURVE server, and a ZAP authenticator admits only the
+job's client key, so an unauthenticated peer never gets a message decoded.
+Nothing binds a wildcard address unless the caller passes one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import parse_monitor_message
+
+from agents import wire
+
+log = logging.getLogger("monarch.transport")
+
+_HWM = 1_000_000
+_COPY_THRESHOLD = 1 << 20
+_HEARTBEAT_IVL_MS = 1000
+_HEARTBEAT_TIMEOUT_MS = 5000
+#: A peer that has not completed the CURVE handshake by then is treated as gone.
+_CONNECT_DEADLINE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The CURVE keys of one job, as z85 text (safe to keep in a 0600 file)."""
+
+    server_public: str
+    server_secret: str
+    client_public: str
+    client_secret: str
+
+    @classmethod
+    def generate(cls) -> "JobKeys":
+        sp, ss = zmq.curve_keypair()
+        cp, cs = zmq.curve_keypair()
+        return cls(sp.decode(), ss.decode(), cp.decode(), cs.decode())
+
+
+_ctx_lock = threading.Lock()
+_ctx: zmq.Context | None = None
+_ctx_pid = 0
+
+
+def context() -> zmq.Context:
+    """The one ZeroMQ context of this process (a fresh one after fork)."""
+    global _ctx, _ctx_pid
+    import os
+
+    with _ctx_lock:
+        if _ctx is None or _ctx_pid != os.getpid():
+            _ctx = zmq.Context()
+            _ctx.linger = 500
+            _ctx_pid = os.getpid()
+        return _ctx
+
+
+class _AllowKeys:
+    def __init__(self, keys: set[bytes]):
+        self.keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys
+
+
+def _local_ips() -> set[str]:
+    ips = {"127.0.0.1", "::1"}
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            ips.add(str(info[4][0]))
+    except OSError:
+        pass
+    return ips
+
+
+_LOCAL_IPS: set[str] | None = None
+
+
+def is_same_host(addr: str) -> bool:
+    """Whether ``addr`` is on this machine (so /dev/shm is shared with it)."""
+    global _LOCAL_IPS
+    host = addr_host(addr)
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        return False
+    if _LOCAL_IPS is None:
+        _LOCAL_IPS = _local_ips()
+    return host in _LOCAL_IPS
+
+
+def addr_host(addr: str) -> str:
+    rest = addr.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
+class _Peer:
+    __slots__ = ("sock", "lock", "monitor", "same_host", "connected", "created")
+
+    def __init__(self, sock: zmq.Socket, monitor: zmq.Socket, same_host: bool):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.monitor = monitor
+        self.same_host = same_host
+        self.connected = False
+        self.created = time.monotonic()
+
+
+class PeerLost(Exception):
+    """Sending to a peer whose connection is known to be gone."""
+
+
+class Mailbox:
+    """This process's inbound address, its IO thread, and its outbound sockets.
+
+    ``on_message(msg)`` runs on the IO thread for each decoded message, and must
+    not block.  ``on_peer_lost(addr)`` runs on the IO thread when a peer we
+    have sent to goes away.  ``call_soon(fn)`` runs ``fn`` on the IO thread.
+    """
+
+    def __init__(
+        self,
+        keys: JobKeys,
+        on_message: Callable[[Any], None],
+        on_peer_lost: Callable[[str], None] | None = None,
+        bind_host: str = "127.0.0.1",
+        bind_port: int = 0,
+        name: str = "mailbox",
+    ):
+        self.keys = keys
+        self.on_message = on_message
+        self.on_peer_lost = on_peer_lost or (lambda addr: None)
+        self.bind_host = bind_host
+        self.bind_port = bind_port
+        self.name = name
+        self.addr = ""
+        self._ctx = context()
+        self._auth: ThreadAuthenticator | None = None
+        self._router: zmq.Socket | None = None
+        self._peers: dict[str, _Peer] = {}
+        self._peers_lock = threading.Lock()
+        self._new_monitors: list[tuple[str, zmq.Socket]] = []
+        self._calls: list[Callable[[], None]] = []
+        self._calls_lock = threading.Lock()
+        self._timers: list[tuple[float, Callable[[], None]]] = []
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._wake_addr = ""
+        self._wake_lock = threading.Lock()
+        self._wake_send: zmq.Socket | None = None
+        self.dead: set[str] = set()
+        self.stats_received = 0
+        self.stats_dropped = 0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> str:
+        """Bind and start the IO thread; returns the bound address."""
+        self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("monarch.auth"))
+        self._auth.start()
+        self._auth.configure_curve_callback("*", credentials_provider=_AllowKeys({self.keys.client_public.encode()}))
+        r = self._ctx.socket(zmq.ROUTER)
+        r.curve_server = True
+        r.curve_secretkey = self.keys.server_secret.encode()
+        r.curve_publickey = self.keys.server_public.encode()
+        r.rcvhwm = _HWM
+        r.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        r.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        host = self.bind_host
+        fmt = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
+        if self.bind_port:
+            r.bind(f"{fmt}:{self.bind_port}")
+        else:
+            r.bind(f"{fmt}:*")
+        self.addr = r.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._router = r
+        wake_recv = self._ctx.socket(zmq.PULL)
+        self._wake_addr = f"inproc://wake-{id(self)}"
+        wake_recv.bind(self._wake_addr)
+        self._wake_send = self._ctx.socket(zmq.PUSH)
+        self._wake_send.connect(self._wake_addr)
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, args=(wake_recv,), name=f"{self.name}-io", daemon=True)
+        self._thread.start()
+        return self.addr
+
+    def close(self) -> None:
+        """Stop the IO thread and close every socket. Safe to call twice."""
+        if not self._running:
+            return
+        self._running = False
+        self.wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        with self._peers_lock:
+            peers, self._peers = self._peers, {}
+        for p in peers.values():
+            try:
+                p.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            p.monitor.close(0)
+            p.sock.close()
+        if self._wake_send is not None:
+            self._wake_send.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+
+    # -- sending -----------------------------------------------------------
+
+    def _peer(self, addr: str) -> _Peer:
+        p = self._peers.get(addr)
+        if p is not None:
+            return p
+        with self._peers_lock:
+            p = self._peers.get(addr)
+            if p is not None:
+                return p
+            s = self._ctx.socket(zmq.DEALER)
+            s.curve_serverkey = self.keys.server_public.encode()
+            s.curve_publickey = self.keys.client_public.encode()
+            s.curve_secretkey = self.keys.client_secret.encode()
+            s.sndhwm = _HWM
+            s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+            s.setsockopt(zmq.RECONNECT_IVL, 100)
+            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            s.connect(addr)
+            p = _Peer(s, mon, is_same_host(addr))
+            self._peers[addr] = p
+            self._new_monitors.append((addr, mon))
+        self.wake()
+        self.call_later(_CONNECT_DEADLINE_S, lambda: self._check_connected(addr))
+        return p
+
+    def _check_connected(self, addr: str) -> None:
+        p = self._peers.get(addr)
+        if p is not None and not p.connected and addr not in self.dead:
+            log.warning("%s: could not connect to %s within %.0f s", self.name, addr, _CONNECT_DEADLINE_S)
+            self.dead.add(addr)
+            self.on_peer_lost(addr)
+
+    def send(self, addr: str, msg: Any) -> None:
+        """Send ``msg`` to the process at ``addr``. Thread-safe; never blocks on the IO thread."""
+        if addr in self.dead:
+            raise PeerLost(addr)
+        p = self._peer(addr)
+        frames = wire.encode(msg, same_host=p.same_host)
+        self.send_frames(addr, frames, p)
+
+    def send_frames(self, addr: str, frames: list[Any], p: _Peer | None = None) -> None:
+        p = p or self._peer(addr)
+        big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
+        with p.lock:
+            if big:
+                tracker = p.sock.send_multipart(frames, copy=False, track=True)
+            else:
+                p.sock.send_multipart(frames)
+                return
+        # The caller may reuse its buffer as soon as we return: wait until sent.
+        tracker.wait()
+
+    def encode_for(self, addr: str, msg: Any) -> list[Any]:
+        return wire.encode(msg, same_host=self._peer(addr).same_host)
+
+    def wake(self) -> None:
+        if self._wake_send is None:
+            return
+        with self._wake_lock:
+            try:
+                self._wake_send.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the IO thread."""
+        with self._calls_lock:
+            self._calls.append(fn)
+        self.wake()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the IO thread after ``delay`` seconds."""
+        self.call_soon(lambda: self._timers.append((time.monotonic() + delay, fn)))
+
+    def forget(self, addr: str) -> None:
+        """Close the socket to ``addr`` (it will be reopened on the next send)."""
+        def do() -> None:
+            with self._peers_lock:
+                p = self._peers.pop(addr, None)
+            if p is not None:
+                self._poller.unregister(p.monitor) if p.monitor in self._registered else None
+                self._registered.discard(p.monitor)
+                try:
+                    p.sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                p.monitor.close(0)
+                p.sock.close(0)
+        self.call_soon(do)
+
+    # -- the IO thread -----------------------------------------------------
+
+    def _loop(self, wake_recv: zmq.Socket) -> None:
+        router = self._router
+        assert router is not None
+        poller = zmq.Poller()
+        self._poller = poller
+        self._registered: set[zmq.Socket] = set()
+        poller.register(router, zmq.POLLIN)
+        poller.register(wake_recv, zmq.POLLIN)
+        monitors: dict[zmq.Socket, str] = {}
+        try:
+            while self._running:
+                timeout = None
+                if self._timers:
+                    timeout = max(0.0, min(t for t, _ in self._timers) - time.monotonic()) * 1000
+                for sock, _ in poller.poll(timeout):
+                    if sock is router:
+                        self._drain(router)
+                    elif sock is wake_recv:
+                        while True:
+                            try:
+                                wake_recv.recv(zmq.NOBLOCK)
+                            except zmq.Again:
+                                break
+                    else:
+                        self._monitor_event(sock, monitors)
+                if self._new_monitors:
+                    with self._peers_lock:
+                        new, self._new_monitors = self._new_monitors, []
+                    for addr, mon in new:
+                        monitors[mon] = addr
+                        poller.register(mon, zmq.POLLIN)
+                        self._registered.add(mon)
+                if self._calls:
+                    with self._calls_lock:
+                        calls, self._calls = self._calls, []
+                    for fn in calls:
+                        self._guard(fn)
+                if self._timers:
+                    now = time.monotonic()
+                    due = [t for t in self._timers if t[0] <= now]
+                    if due:
+                        self._timers = [t for t in self._timers if t[0] > now]
+                        for _, fn in due:
+                            self._guard(fn)
+        finally:
+            router.close(0)
+            wake_recv.close(0)
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("%s: callback failed", self.name)
+
+    def _drain(self, router: zmq.Socket) -> None:
+        for _ in range(1000):  # bounded so timers and monitors still get a turn
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = wire.decode(frames[1:])
+            except wire.WireError as e:
+                self.stats_dropped += 1
+                wire.discard(frames[1:])
+                log.warning("%s: dropped a malformed message: %s", self.name, e)
+                continue
+            self.stats_received += 1
+            try:
+                self.on_message(msg)
+            except Exception:
+                log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+
+    def _monitor_event(self, mon: zmq.Socket, monitors: dict[zmq.Socket, str]) -> None:
+        addr = monitors.get(mon)
+        while True:
+            try:
+                ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            p = self._peers.get(addr) if addr else None
+            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and p is not None:
+                p.connected = True
+            elif ev["event"] == zmq.EVENT_DISCONNECTED and addr and p is not None and p.connected:
+                if addr not in self.dead:
+                    self.dead.add(addr)
+                    self._guard(lambda: self.on_peer_lost(addr))
+
+    def statistics(self) -> dict:
+        return {"received": self.stats_received, "dropped": self.stats_dropped, "peers": len(self._peers)}
+
+
+def _nbytes(f: Any) -> int:
+    try:
+        return memoryview(f).nbytes
+    except TypeError:
+        return len(f)
+
+
+def route_ip(peer_host: str) -> str:
+    """The local IP this host uses to reach ``peer_host`` (binds stay off 0.0.0.0)."""
+    try:
+        if ipaddress.ip_address(peer_host).is_loopback:
+            return peer_host
+    except ValueError:
+        pass
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((peer_host, 9))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        s.close()

@@ -1,0 +1,243 @@
+"""The warm fork server: the reason a proc starts in milliseconds.
+
+A host agent starts one zygote when it starts.  The zygote imports the
+runtime (and heavy libraries such as torch, once) and then waits; each request
+forks it, so a new proc agent begins life with everything already imported.
+The same fork, followed by ``exec``, starts plain commands (``monarch run``):
+one place spawns children, sets their process group, stdio and death signal,
+and reports how they exited.
+
+The zygote is single-threaded and has no ZeroMQ context, so forking it is
+safe.  It talks to its host agent over a SOCK_SEQPACKET socket pair: JSON
+requests carrying the child's stdio as passed file descriptors; JSON events
+back (``spawned``, ``exited``).  When the host agent dies the zygote gets
+SIGTERM (parent-death signal), kills every child's process group, and exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_MAX_FDS = 4
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Have the kernel send ``sig`` to this process when its parent thread exits."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def describe_status(status: int) -> tuple[int | None, str]:
+    """(exit code, reason) for a ``waitpid`` status, e.g. ``(None, 'killed by SIGKILL')``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return -sig, f"killed by {name}"
+    code = os.WEXITSTATUS(status)
+    return code, f"exited with code {code}"
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.children: dict[int, str] = {}
+
+    def serve(self) -> None:
+        rfd, wfd = os.pipe()
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self._shutdown())
+        self._send({"op": "ready", "pid": os.getpid()})
+        while True:
+            try:
+                ready, _, _ = select.select([self.sock, rfd], [], [])
+            except InterruptedError:
+                continue
+            if rfd in ready:
+                os.read(rfd, 4096)
+                self._reap()
+            if self.sock in ready:
+                try:
+                    data, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, _MAX_FDS)
+                except (ConnectionError, OSError):
+                    data, fds = b"", []
+                if not data:
+                    self._shutdown()
+                self._handle(json.loads(data), fds)
+
+    def _handle(self, req: dict, fds: list[int]) -> None:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            self._send({"op": "error", "id": req["id"], "error": str(e)})
+            return
+        if pid == 0:
+            _child(req, fds, self.sock)  # never returns
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = req.get("kind", "")
+        self._send({"op": "spawned", "id": req["id"], "pid": pid})
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.pop(pid, None)
+            code, reason = describe_status(status)
+            self._send({"op": "exited", "pid": pid, "code": code, "reason": reason})
+
+    def _send(self, event: dict) -> None:
+        try:
+            self.sock.send(json.dumps(event).encode())
+        except OSError:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for pid in list(self.children):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(0)
+
+
+def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
+    code = 1
+    try:
+        zsock.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setsid()
+        set_parent_death_signal(signal.SIGKILL)
+        if req.get("pty") and fds:
+            import fcntl
+            import termios
+
+            fcntl.ioctl(fds[0], termios.TIOCSCTTY, 0)
+        # stdin, stdout, stderr from the passed descriptors (stdin /dev/null unless given)
+        if len(fds) == 3:
+            stdin, stdout, stderr = fds
+        else:
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            stdout, stderr = fds[0], fds[1]
+        os.dup2(stdin, 0)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        for fd in set(fds) | {stdin}:
+            if fd > 2:
+                os.close(fd)
+        env = req.get("env")
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if req.get("cwd"):
+            os.chdir(req["cwd"])
+        if req["kind"] == "exec":
+            argv = req["argv"]
+            try:
+                os.execvpe(argv[0], argv, os.environ)
+            except OSError as e:
+                os.write(2, f"monarch: cannot run {argv[0]!r}: {e.strerror}\n".encode())
+                os._exit(127)
+        else:
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
+            from agents import proc_agent
+
+            proc_agent.main(req["config"])
+            code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(code)
+
+
+class ZygoteClient:
+    """The host agent's end: ``spawn(...)`` returns a pid; exits come as events."""
+
+    def __init__(self, sock: socket.socket, pid: int):
+        self.sock = sock
+        self.pid = pid
+        self._ids = 0
+
+    @classmethod
+    def start(cls, preload: list[str]) -> "ZygoteClient":
+        import subprocess
+
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        env["MONARCH_ZYGOTE_FD"] = str(child.fileno())
+        env["MONARCH_ZYGOTE_PRELOAD"] = ",".join(preload)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agents.zygote"],
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        child.close()
+        return cls(parent, proc.pid)
+
+    def request(self, req: dict, fds: list[int]) -> int:
+        self._ids += 1
+        req["id"] = self._ids
+        socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
+        return self._ids
+
+    def recv_event(self) -> dict | None:
+        try:
+            data = self.sock.recv(1 << 20)
+        except OSError:
+            return None
+        if not data:
+            return None
+        return json.loads(data)
+
+
+def main() -> None:
+    set_parent_death_signal(signal.SIGTERM)
+    fd = int(os.environ.pop("MONARCH_ZYGOTE_FD"))
+    preload = [m for m in os.environ.pop("MONARCH_ZYGOTE_PRELOAD", "").split(",") if m]
+    sock = socket.socket(fileno=fd)
+    # Everything a proc agent needs, imported once here instead of once per proc.
+    for mod in ["agents.proc_agent", "monarch.actor", *preload]:
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # a missing optional library only costs speed
+            print(f"monarch zygote: could not preload {mod}: {e}", file=sys.stderr)
+    Zygote(sock).serve()
+
+
+if __name__ == "__main__":
+    main()

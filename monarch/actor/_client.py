@@ -1,0 +1,160 @@
+"""The client side of a process: its runtime, and the host it runs on.
+
+A plain ``python script.py`` has no reservation: the first ``this_host()``
+starts a private host agent on this machine (it exits with the script).  Under
+``monarch run script.py`` (``MONARCH_RUN_JOB`` set), the reservation's hosts are
+used instead; inside an actor, ``this_host()`` is the host the actor runs on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from agents import runtime as rt_mod
+from agents import supervision
+from agents.messages import HostInfo, Ping, Shutdown
+from agents.runtime import Runtime
+from agents.transport import JobKeys
+
+_lock = threading.RLock()
+_local_host: "HostRef | None" = None
+_local_proc: subprocess.Popen | None = None
+
+#: Modules worth importing once in the zygote when the client already uses them.
+_PRELOADABLE = ("torch", "numpy")
+_AGENT_START_TIMEOUT_S = 60.0
+
+
+class HostRef:
+    """A reserved host: its agent's address, name and rank (picklable)."""
+
+    __slots__ = ("addr", "host", "host_rank")
+
+    def __init__(self, addr: str, host: str, host_rank: int):
+        self.addr = addr
+        self.host = host
+        self.host_rank = host_rank
+
+    def __reduce__(self):
+        return HostRef, (self.addr, self.host, self.host_rank)
+
+    def __repr__(self) -> str:
+        return f"HostRef({self.host!r}, {self.addr!r})"
+
+
+def _job_keys() -> JobKeys | None:
+    path = os.environ.get("MONARCH_RUN_JOB")
+    if not path:
+        return None
+    from monarch.job.state import load_state
+
+    return load_state(path).keys
+
+
+def ensure_runtime() -> Runtime:
+    """This process's runtime, started on first use."""
+    with _lock:
+        rt = rt_mod.current()
+        if rt is not None:
+            return rt
+        keys = _job_keys() or JobKeys.generate()
+        bind = os.environ.get("MONARCH_BIND", "127.0.0.1")
+        rt = Runtime(keys, bind_host=bind, name="client")
+        supervision.install(rt)
+        rt.start()
+        rt_mod.install(rt)
+        return rt
+
+
+rt_mod.factory = ensure_runtime
+
+
+def local_host() -> HostRef:
+    """The private host agent of this client, started on first use."""
+    global _local_host, _local_proc
+    with _lock:
+        if _local_host is not None:
+            return _local_host
+        rt = ensure_runtime()
+        preload = [m for m in _PRELOADABLE if m in sys.modules]
+        r, w = os.pipe()
+        hostname = os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
+        cmd = [sys.executable, "-m", "agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),
+               "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
+               "--log-dir", os.path.join(os.path.expanduser("~"), ".monarch", "logs", "local")]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": _pythonpath()})
+        os.close(w)
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(_keys_dict(rt.keys)) + "\n").encode())
+        proc.stdin.close()
+        info = _read_info(r, proc)
+        _local_proc = proc
+        _local_host = HostRef(info["addr"], info["host"], 0)
+        # The agent learns its owner from this ping, and exits when we go away.
+        rt.request(info["addr"], lambda port: Ping(port)).get(timeout=_AGENT_START_TIMEOUT_S)
+        atexit.register(_stop_local_host)
+        return _local_host
+
+
+def _pythonpath() -> str:
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(parts))
+
+
+def _read_info(fd: int, proc: subprocess.Popen) -> dict:
+    deadline = time.monotonic() + _AGENT_START_TIMEOUT_S
+    buf = b""
+    try:
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                raise RuntimeError("the local host agent did not start within 60 s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    code = proc.wait()
+                    raise RuntimeError(f"the local host agent exited during startup (exit code {code})")
+                buf += chunk
+    finally:
+        os.close(fd)
+    return json.loads(buf)
+
+
+def _keys_dict(keys: JobKeys) -> dict:
+    return {"server_public": keys.server_public, "server_secret": keys.server_secret,
+            "client_public": keys.client_public, "client_secret": keys.client_secret}
+
+
+def _stop_local_host() -> None:
+    global _local_host, _local_proc
+    host, proc = _local_host, _local_proc
+    _local_host = _local_proc = None
+    if host is None or proc is None:
+        return
+    rt = rt_mod.current()
+    try:
+        if rt is not None:
+            rt.request(host.addr, lambda port: Shutdown(port)).get(timeout=2)
+    except Exception:
+        pass
+    try:
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def host_info(host: HostRef, timeout: float = 5.0) -> HostInfo:
+    return ensure_runtime().request(host.addr, lambda port: Ping(port)).get(timeout=timeout)

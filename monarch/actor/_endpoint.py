@@ -1,0 +1,289 @@
+"""``@endpoint`` and the adverbs that message an actor mesh.
+
+``mesh.method.call(...)`` -> Future[ValueMesh], ``call_one`` -> Future[value]
+(the mesh must have exactly one actor), ``choose`` -> Future[value] from one
+actor picked at random, ``stream`` -> iterator of futures in arrival order,
+``broadcast`` -> None (fire and forget).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
+
+from agents.errors import SupervisionError
+from agents.future import Future
+from agents.messages import Call, Pickled, PortRef, Reply
+from monarch.actor._shape import Shape, ValueMesh
+
+if TYPE_CHECKING:
+    from monarch.actor._mesh import ActorMesh
+
+R = TypeVar("R")
+
+
+class EndpointProperty(Generic[R]):
+    """What ``@endpoint`` puts on an Actor class."""
+
+    _is_monarch_endpoint = True
+
+    def __init__(self, fn: Callable[..., R], *, explicit_response_port: bool = False, concurrent: bool = False,
+                 propagate: Any = None, instrument: bool = True):
+        self._fn = fn
+        self._explicit_response_port = explicit_response_port
+        self._concurrent = concurrent
+        self._signature: inspect.Signature | None = None
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", "endpoint")
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return self._fn.__get__(obj, objtype)
+
+    def check_args(self, args: tuple, kwargs: dict) -> None:
+        """Raise TypeError now, in the caller, for arguments the endpoint cannot take."""
+        if self._signature is None:
+            self._signature = inspect.signature(self._fn)
+        extra = (None, None) if self._explicit_response_port else (None,)
+        self._signature.bind(*extra, *args, **kwargs)
+
+
+def endpoint(method: Callable | None = None, *, propagate: Any = None, explicit_response_port: bool = False,
+             instrument: bool = True) -> Any:
+    """Mark an Actor method as callable from other processes."""
+    def wrap(fn: Callable) -> EndpointProperty:
+        return EndpointProperty(fn, explicit_response_port=explicit_response_port, propagate=propagate)
+    return wrap(method) if method is not None else wrap
+
+
+def concurrent_endpoint(method: Callable | None = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False, instrument: bool = True) -> Any:
+    """An async endpoint whose calls may overlap (each runs as its own task)."""
+    def wrap(fn: Callable) -> EndpointProperty:
+        if not inspect.iscoroutinefunction(fn):
+            raise ValueError("@concurrent_endpoint needs an `async def` method")
+        return EndpointProperty(fn, explicit_response_port=explicit_response_port, concurrent=True)
+    return wrap(method) if method is not None else wrap
+
+
+class _Gather:
+    """Collects one answer per rank into a ValueMesh."""
+
+    __slots__ = ("rt", "port_id", "future", "shape", "values", "left", "label", "ranks_by_addr")
+
+    def __init__(self, rt: Any, future: Future, shape: Shape, label: str, ranks_by_addr: dict):
+        self.rt = rt
+        self.port_id = 0
+        self.future = future
+        self.shape = shape
+        self.values: list[Any] = [None] * len(shape)
+        self.left = len(shape)
+        self.label = label
+        self.ranks_by_addr = ranks_by_addr
+
+    def deliver(self, reply: Reply) -> None:
+        if not reply.ok:
+            self.rt.close_port(self.port_id)
+            self.future.set_exception(_load_error(reply.payload))
+            return
+        if self.values[reply.rank] is None:
+            self.left -= 1
+        self.values[reply.rank] = reply.payload
+        if self.left == 0:
+            self.rt.close_port(self.port_id)
+            self.future.set_result(self.values)
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        self.rt.close_port(self.port_id)
+        self.future.set_exception(_call_failed(self.label, self.ranks_by_addr.get(addr), error))
+
+
+class _One:
+    __slots__ = ("rt", "port_id", "future", "label", "rank")
+
+    def __init__(self, rt: Any, future: Future, label: str, rank: int):
+        self.rt = rt
+        self.port_id = 0
+        self.future = future
+        self.label = label
+        self.rank = rank
+
+    def deliver(self, reply: Reply) -> None:
+        self.rt.close_port(self.port_id)
+        if reply.ok:
+            self.future.set_result(reply.payload)
+        else:
+            self.future.set_exception(_load_error(reply.payload))
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        self.rt.close_port(self.port_id)
+        self.future.set_exception(_call_failed(self.label, self.rank, error))
+
+
+class _Stream:
+    """Resolves futures in the order answers arrive."""
+
+    def __init__(self, rt: Any, n: int, label: str):
+        self.rt = rt
+        self.port_id = 0
+        self.futures = [Future(_load_value) for _ in range(n)]
+        self.next = 0
+        self.lock = threading.Lock()
+        self.label = label
+
+    def _take(self) -> Future | None:
+        with self.lock:
+            if self.next >= len(self.futures):
+                return None
+            f = self.futures[self.next]
+            self.next += 1
+            if self.next == len(self.futures):
+                self.rt.close_port(self.port_id)
+            return f
+
+    def deliver(self, reply: Reply) -> None:
+        f = self._take()
+        if f is None:
+            return
+        if reply.ok:
+            f.set_result(reply.payload)
+        else:
+            f.set_exception(_load_error(reply.payload))
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        f = self._take()
+        if f is not None:
+            f.set_exception(_call_failed(self.label, None, error))
+
+
+def _load_value(payload: Any) -> Any:
+    return payload.load() if isinstance(payload, Pickled) else payload
+
+
+def _load_values(payloads: list) -> list:
+    return [_load_value(p) for p in payloads]
+
+
+def _load_error(payload: Any) -> BaseException:
+    try:
+        e = _load_value(payload)
+    except Exception as err:
+        return RuntimeError(f"the remote error could not be decoded here: {err}")
+    return e if isinstance(e, BaseException) else RuntimeError(str(e))
+
+
+def _call_failed(label: str, rank: int | None, error: SupervisionError) -> SupervisionError:
+    where = f"{label}" + (f" rank {rank}" if rank is not None else "")
+    return SupervisionError(f"call to {where} failed: {error}", actor=label, rank=rank if rank is not None else error.rank,
+                            host=error.host, exit_code=error.exit_code)
+
+
+class Endpoint(Generic[R]):
+    """``mesh.method``: the adverbs that send a message to the actors of a mesh."""
+
+    __slots__ = ("_mesh", "_name", "_prop")
+
+    def __init__(self, mesh: "ActorMesh", name: str, prop: EndpointProperty):
+        self._mesh = mesh
+        self._name = name
+        self._prop = prop
+
+    @property
+    def _label(self) -> str:
+        return f"{self._mesh._name}.{self._name}()"
+
+    def _send(self, args: tuple, kwargs: dict, reply: PortRef | None, shape: Shape) -> None:
+        self._prop.check_args(args, kwargs)
+        mesh = self._mesh
+        rt = mesh._rt()
+        payload = Pickled.of((args, kwargs))
+        extent = dict(zip(shape.labels, shape.sizes))
+        labels = shape.labels
+        for i, idx in enumerate(shape.indices):
+            point = dict(zip(labels, _coords(i, shape.sizes))) if labels else {}
+            rt.send(mesh._procs[idx].addr, Call(mesh._actor_id, self._name, payload, point, extent, reply, i, rt.addr))
+
+    def _targets(self, shape: Shape) -> dict:
+        return {self._mesh._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Send to every actor; the future's value is a ValueMesh of their answers."""
+        shape = self._mesh._shape
+        rt = self._mesh._rt()
+        fut: Future = Future(lambda payloads: ValueMesh(shape, _load_values(payloads)))
+        targets = self._targets(shape)
+        port = rt.open_port(_Gather(rt, fut, shape, self._label, targets), list(targets))
+        self._send_or_fail(args, kwargs, port, shape, fut)
+        return fut
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Send to the mesh's only actor; raises ValueError if it has more than one."""
+        shape = self._mesh._shape
+        if len(shape) != 1:
+            raise ValueError(f"call_one requires exactly 1 actor, but mesh has {len(shape)}")
+        return self._one(args, kwargs, shape)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Send to one actor of the mesh, picked at random."""
+        shape = self._mesh._shape
+        i = random.randrange(len(shape))
+        sub = Shape((), (), (shape.indices[i],))
+        return self._one(args, kwargs, sub)
+
+    def _one(self, args: tuple, kwargs: dict, shape: Shape) -> Future:
+        rt = self._mesh._rt()
+        fut: Future = Future(_load_value)
+        addr = self._mesh._procs[shape.indices[0]].addr
+        port = rt.open_port(_One(rt, fut, self._label, 0), (addr,))
+        self._send_or_fail(args, kwargs, port, shape, fut)
+        return fut
+
+    def _send_or_fail(self, args: tuple, kwargs: dict, port: PortRef, shape: Shape, fut: Future) -> None:
+        try:
+            self._send(args, kwargs, port, shape)
+        except SupervisionError as e:
+            self._mesh._rt().close_port(port.port_id)
+            fut.set_exception(_call_failed(self._label, None, e))
+        except BaseException:
+            self._mesh._rt().close_port(port.port_id)
+            raise
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Send to every actor; yields one future per actor, in the order answers arrive."""
+        shape = self._mesh._shape
+        rt = self._mesh._rt()
+        handler = _Stream(rt, len(shape), self._label)
+        port = rt.open_port(handler, list(self._targets(shape)))
+        try:
+            self._send(args, kwargs, port, shape)
+        except SupervisionError as e:
+            for f in handler.futures:
+                f.set_exception(_call_failed(self._label, None, e))
+        return iter(handler.futures)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor without waiting for answers."""
+        self._send(args, kwargs, None, self._mesh._shape)
+
+    def _send_to_port(self, args: tuple, kwargs: dict, port: Any, selection: str) -> None:
+        shape = self._mesh._shape
+        if selection == "choose":
+            i = random.randrange(len(shape))
+            shape = Shape((), (), (shape.indices[i],))
+        self._send(args, kwargs, port._ref if port is not None else None, shape)
+
+
+def _coords(i: int, sizes: tuple) -> list[int]:
+    out = []
+    for s in reversed(sizes):
+        out.append(i % s)
+        i //= s
+    return list(reversed(out))
+
+
+def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Any = None, selection: str = "all") -> None:
+    """Send a message to the endpoint's actors, answers (if any) going to ``port``."""
+    endpoint._send_to_port(args, kwargs, port, selection)

@@ -1,0 +1,412 @@
+"""Host, proc and actor meshes: the objects a monarch program holds.
+
+``this_host().spawn_procs(per_host={"gpus": 4})`` asks the host agent(s) for
+procs and returns a ``ProcMesh``; ``procs.spawn("name", Cls, *args)`` starts one
+actor per proc and returns an ``ActorMesh`` whose endpoints can be called.
+The process that spawns a mesh owns it: it is told when a proc dies, and
+when it exits, its procs are reaped by their host agents.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import uuid
+from typing import Any, Callable, Generic, TypeVar
+
+from agents import messages as m
+from agents import supervision
+from agents.context import current as _current_ctx
+from agents.errors import ActorError, MeshFailure, SupervisionError
+from agents.future import Future
+from agents.proc_agent import actor_kind, endpoint_spec
+from agents.runtime import Runtime
+from monarch.actor._client import HostRef, ensure_runtime, local_host
+from monarch.actor._endpoint import Endpoint, _Gather, endpoint
+from monarch.actor._shape import Extent, Point, Shape
+
+T = TypeVar("T")
+_SPAWN_TIMEOUT_S = float(os.environ.get("MONARCH_SPAWN_TIMEOUT", "120"))
+_STOP_TIMEOUT_S = 5.0
+_mesh_ids = itertools.count()
+
+
+class Actor:
+    """Base class of actors. Endpoints are methods marked with ``@endpoint``."""
+
+    @property
+    def _monarch_info(self) -> Any:
+        return getattr(self, "_monarch_slot", None)
+
+
+class _MeshBase:
+    _shape: Shape
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    @property
+    def sizes(self) -> dict:
+        return dict(zip(self._shape.labels, self._shape.sizes))
+
+    def size(self, dim: str | None = None) -> int:
+        return len(self._shape) if dim is None else self.sizes[dim]
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def _rt(self) -> Runtime:
+        return ensure_runtime()
+
+
+class HostMesh(_MeshBase):
+    """One or more hosts with a monarch host agent on each."""
+
+    def __init__(self, hosts: list[HostRef], shape: Shape | None = None):
+        self._hosts = list(hosts)
+        self._shape = shape or (Shape(("hosts",), (len(hosts),)) if len(hosts) > 1 else Shape((), (), (0,)))
+
+    def slice(self, **dims: Any) -> "HostMesh":
+        return HostMesh(self._hosts, self._shape.slice(**dims))
+
+    @property
+    def hosts(self) -> list[HostRef]:
+        return [self._hosts[i] for i in self._shape.indices]
+
+    @property
+    def initialized(self) -> Future:
+        return Future.completed(True)
+
+    def spawn_procs(self, per_host: dict[str, int] | None = None, bootstrap: Callable[[], Any] | None = None,
+                    name: str | None = None) -> "ProcMesh":
+        """Start ``prod(per_host)`` procs on each host; their mesh has the host dims then ``per_host``'s."""
+        per_host = dict(per_host or {})
+        for k in per_host:
+            if k in self._shape.labels:
+                raise ValueError(f"per_host dimension {k!r} is already a host dimension")
+        count = 1
+        for v in per_host.values():
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"per_host sizes must be positive integers, got {per_host}")
+            count *= v
+        rt = self._rt()
+        mesh_name = name or "procs"
+        mesh_id = f"{mesh_name}-{os.getpid()}-{next(_mesh_ids)}-{uuid.uuid4().hex[:6]}"
+        preload = tuple(mod for mod in ("torch", "numpy") if mod in __import__("sys").modules)
+        futures = []
+        hosts = self.hosts
+        for h in hosts:
+            futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, {}, preload)))
+        procs: list[m.ProcInfo] = []
+        for h, f in zip(hosts, futures):
+            try:
+                procs.extend(f.get(timeout=_SPAWN_TIMEOUT_S))
+            except TimeoutError:
+                raise SupervisionError(f"host {h.host} did not start {count} procs within {_SPAWN_TIMEOUT_S:.0f} s") from None
+        shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
+        pm = ProcMesh(procs, shape, mesh_id, mesh_name, self, owner=True)
+        pm._watch(_current_ctx().actor)
+        if bootstrap is not None:
+            pm.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get()
+        return pm
+
+    def shutdown(self) -> Future:
+        return Future.completed(None)
+
+    stop = shutdown
+
+    def __repr__(self) -> str:
+        return f"HostMesh({self.extent}, hosts={[h.host for h in self.hosts]})"
+
+
+class _Bootstrap(Actor):
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    @endpoint
+    def run(self) -> None:
+        r = self.fn()
+        if hasattr(r, "__await__"):
+            import asyncio
+
+            asyncio.run(r)
+
+
+class ProcMesh(_MeshBase):
+    """Procs started on one or more hosts; spawn actors on them with :meth:`spawn`."""
+
+    def __init__(self, procs: list[m.ProcInfo], shape: Shape, mesh_id: str, name: str,
+                 host_mesh: HostMesh | None = None, owner: bool = False):
+        self._procs = procs
+        self._shape = shape
+        self._mesh_id = mesh_id
+        self._name = name
+        self._host_mesh = host_mesh
+        self._owner = owner
+        self._stopped = False
+
+    def __reduce__(self) -> Any:
+        return ProcMesh, (self._procs, self._shape, self._mesh_id, self._name, self._host_mesh, False)
+
+    @property
+    def host_mesh(self) -> HostMesh | None:
+        return self._host_mesh
+
+    @property
+    def initialized(self) -> Future:
+        return Future.completed(True)
+
+    def slice(self, **dims: Any) -> "ProcMesh":
+        return ProcMesh(self._procs, self._shape.slice(**dims), self._mesh_id, self._name, self._host_mesh, False)
+
+    def _watch(self, owner_actor: Any) -> None:
+        rt = self._rt()
+        for i, idx in enumerate(self._shape.indices):
+            p = self._procs[idx]
+            rt.own(p.addr, {"what": f"proc {self._name}[{i}] (pid {p.pid})", "rank": i, "host": p.host})
+
+            def on_death(err: SupervisionError, rank: int = i, host: str = p.host) -> None:
+                if self._stopped:
+                    return
+                supervision.report(owner_actor, MeshFailure(self._name, rank, host, str(err), err.exit_code))
+            rt.watch(p.addr, on_death)
+
+    def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> "ActorMesh[T]":
+        """Start one ``cls(*args, **kwargs)`` per proc; raises ActorError if an ``__init__`` fails."""
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise ValueError(f"{cls!r} is not an Actor subclass")
+        actor_kind(cls)  # ValueError for a class that mixes sync and async endpoints
+        if self._stopped:
+            raise SupervisionError(f"proc mesh {self._name!r} was stopped")
+        rt = self._rt()
+        actor_id = f"{name}-{uuid.uuid4().hex[:12]}"
+        payload = m.Pickled.of((cls, args, kwargs))
+        shape = self._shape
+        extent = dict(zip(shape.labels, shape.sizes))
+        fut: Future = Future()
+        targets = {self._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
+        port = rt.open_port(_Gather(rt, fut, shape, f"{name}.__init__()", targets), list(targets))
+        owner_actor = _current_ctx().actor
+        mesh = ActorMesh(actor_id, name, cls, self._procs, shape, self)
+        supervision.watch_actor(actor_id, lambda msg: supervision.report(
+            owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
+        for i, idx in enumerate(shape.indices):
+            point = shape.point(i)
+            rt.send(self._procs[idx].addr, m.SpawnActor(actor_id, name, payload, point, extent, port, rt.addr))
+        try:
+            fut.get(timeout=_SPAWN_TIMEOUT_S)
+        except ActorError as e:
+            raise ActorError(e.exception, e.remote_traceback, actor=f"{name}.__init__", rank=e.rank, host=e.host,
+                             message=f"spawning {cls.__name__} failed: {e.message}") from None
+        return mesh
+
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop every actor (running ``__cleanup__``) and then the procs."""
+        fut: Future = Future()
+        if self._stopped:
+            fut.set_result(None)
+            return fut
+        self._stopped = True
+        threading.Thread(target=self._stop, args=(fut, reason), daemon=True).start()
+        return fut
+
+    def _stop(self, fut: Future, reason: str) -> None:
+        rt = self._rt()
+        procs = [self._procs[i] for i in self._shape.indices]
+        acks = [rt.request(p.addr, lambda port: m.StopProc(port)) for p in procs]
+        for a in acks:
+            try:
+                a.get(timeout=_STOP_TIMEOUT_S)
+            except Exception:
+                pass
+        err = SupervisionError(f"proc mesh {self._name!r} was stopped ({reason})")
+        for p in procs:
+            rt.disown(p.addr)
+            rt.retire(p.addr, err)
+        hosts = {p.host_rank: p for p in procs}
+        if self._host_mesh is not None:
+            for h in self._host_mesh._hosts:
+                if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
+                    try:
+                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=_STOP_TIMEOUT_S)
+                    except Exception:
+                        pass
+        fut.set_result(None)
+
+    async def __aenter__(self) -> "ProcMesh":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if not self._stopped:
+            await self.stop()
+
+    def __enter__(self) -> "ProcMesh":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._stopped:
+            self.stop().get()
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self.extent})"
+
+
+class ActorMesh(_MeshBase, Generic[T]):
+    """Actors of one class, one per proc of a mesh. ``mesh.method`` is an :class:`Endpoint`."""
+
+    def __init__(self, actor_id: str, name: str, cls: type, procs: list[m.ProcInfo], shape: Shape,
+                 proc_mesh: ProcMesh | None = None):
+        self._actor_id = actor_id
+        self._name = name
+        self._class = cls
+        self._procs = procs
+        self._shape = shape
+        self._proc_mesh = proc_mesh
+
+    def __reduce__(self) -> Any:
+        return ActorMesh, (self._actor_id, self._name, self._class, self._procs, self._shape, None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        prop = endpoint_spec(self._class, name)
+        if prop is None:
+            if hasattr(self._class, name):
+                raise RuntimeError(f"Actor {self._class.__name__}.{name} is not annotated as an endpoint. "
+                                   f"Decorate it with @endpoint to call it remotely.")
+            raise AttributeError(f"{self._class.__name__} has no endpoint {name!r}")
+        return Endpoint(self, name, prop)
+
+    def slice(self, **dims: Any) -> "ActorMesh[T]":
+        return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.slice(**dims), self._proc_mesh)
+
+    @property
+    def initialized(self) -> Future:
+        return Future.completed(None)
+
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop these actors (each runs ``__cleanup__``); later calls raise SupervisionError."""
+        rt = self._rt()
+        shape = self._shape
+        fut: Future = Future(lambda _: None)
+        targets = {self._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
+        supervision.unwatch_actor(self._actor_id)
+        gather = _Gather(rt, fut, shape, f"{self._name}.stop()", targets)
+        port = rt.open_port(gather, list(targets))
+        for i, idx in enumerate(shape.indices):
+            try:
+                rt.send(self._procs[idx].addr, m.StopActor(self._actor_id, port, i))
+            except SupervisionError:
+                # Its proc is already gone, so it is as stopped as it will ever be.
+                rt.mailbox.call_soon(lambda i=i: gather.deliver(m.Reply(port.port_id, i, True, None)))
+        return fut
+
+    def __repr__(self) -> str:
+        return f"ActorMesh({self._name!r}, {self._class.__name__}, {self.extent})"
+
+
+# --- where am I -------------------------------------------------------------
+
+
+_job_hosts: HostMesh | None = None
+
+
+def this_host() -> HostMesh:
+    """The host this code runs on (or, under ``monarch run``, the reserved hosts)."""
+    global _job_hosts
+    agent = os.environ.get("MONARCH_HOST_AGENT")
+    if agent:
+        return HostMesh([HostRef(agent, os.environ.get("MONARCH_HOSTNAME", ""), int(os.environ.get("MONARCH_HOST_RANK", "0")))])
+    if os.environ.get("MONARCH_RUN_JOB"):
+        if _job_hosts is None:
+            from monarch.job import job_load
+
+            _job_hosts = job_load(os.environ["MONARCH_RUN_JOB"]).state().hosts
+        return _job_hosts
+    return HostMesh([local_host()])
+
+
+def this_proc() -> ProcMesh:
+    """The proc this code runs in, as a one-proc mesh (spawn actors next to yourself)."""
+    rt = ensure_runtime()
+    ctx = _current_ctx()
+    if ctx.actor is None:
+        # The client is not a proc agent: give it a proc of its own on this host.
+        return this_host().spawn_procs()
+    info = m.ProcInfo(rt.addr, os.getpid(), rt.host, int(os.environ.get("MONARCH_HOST_RANK", "0")))
+    return ProcMesh([info], Shape((), (), (0,)), f"self-{os.getpid()}", "this_proc", this_host(), False)
+
+
+class ActorInstance:
+    """``context().actor_instance``: who is running."""
+
+    def __init__(self, info: Any):
+        self._info = info
+
+    @property
+    def rank(self) -> Point:
+        if self._info is None:
+            return Point(0, Extent([], []))
+        return Point(self._info.rank, Extent(list(self._info.extent), list(self._info.extent.values())))
+
+    @property
+    def name(self) -> str:
+        return self._info.name if self._info else "client"
+
+    @property
+    def actor_id(self) -> str:
+        return self._info.actor_id if self._info else "root"
+
+    @property
+    def class_name(self) -> str:
+        return self._info.class_name if self._info else ""
+
+    @property
+    def creator(self) -> str | None:
+        return self._info.owner if self._info else None
+
+    @property
+    def proc(self) -> ProcMesh:
+        return this_proc()
+
+    proc_mesh = proc
+
+    def __repr__(self) -> str:
+        return f"<{self.name} {self.rank}>" if self._info else "<root>"
+
+
+class Context:
+    """What ``context()`` returns: the running actor and the rank of the current message."""
+
+    def __init__(self) -> None:
+        self._ctx = _current_ctx()
+
+    @property
+    def actor_instance(self) -> ActorInstance:
+        return ActorInstance(self._ctx.actor)
+
+    @property
+    def message_rank(self) -> Point:
+        c = self._ctx
+        return Point(c.rank, Extent(list(c.extent), list(c.extent.values())))
+
+
+def context() -> Context:
+    """The current actor and message."""
+    return Context()
+
+
+def current_rank() -> Point:
+    """This actor's rank within the slice that was messaged."""
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """The sizes of the slice that was messaged."""
+    return dict(_current_ctx().extent)
+
+
+def current_actor_name() -> str:
+    return ActorInstance(_current_ctx().actor).actor_id
