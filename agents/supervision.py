@@ -28,8 +28,14 @@ def default_fault_hook(failure: MeshFailure) -> None:
     print(f"monarch: unhandled failure: {failure.report}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
 
 
+#: Set while this process shuts down: deaths it causes itself are not reported.
+shutting_down = False
+
+
 def report(owner: ActorSlotInfo | None, failure: MeshFailure) -> None:
     """Hand ``failure`` to ``owner`` (an actor) or, for the client, to ``monarch.actor.unhandled_fault_hook``."""
+    if shutting_down:
+        return
     if owner is not None and owner.slot is not None:
         owner.slot.post(failure)
         return

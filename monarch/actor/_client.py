@@ -143,6 +143,7 @@ def _stop_local_host() -> None:
     _local_host = _local_proc = None
     if host is None or proc is None:
         return
+    supervision.shutting_down = True  # procs dying now are expected, not failures
     rt = rt_mod.current()
     try:
         if rt is not None:
