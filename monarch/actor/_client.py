@@ -59,13 +59,16 @@ def _job_keys() -> JobKeys | None:
     return load_state(path).keys
 
 
-def ensure_runtime() -> Runtime:
-    """This process's runtime, started on first use."""
+def ensure_runtime(keys: JobKeys | None = None) -> Runtime:
+    """This process's runtime, started on first use (with ``keys`` when it talks to a reservation)."""
     with _lock:
         rt = rt_mod.current()
         if rt is not None:
+            if keys is not None and keys != rt.keys:
+                raise RuntimeError("this process already talks to another monarch job; "
+                                   "use one reservation per process (or load the job before calling this_host())")
             return rt
-        keys = _job_keys() or JobKeys.generate()
+        keys = keys or _job_keys() or JobKeys.generate()
         bind = os.environ.get("MONARCH_BIND", "127.0.0.1")
         rt = Runtime(keys, bind_host=bind, name="client")
         supervision.install(rt)

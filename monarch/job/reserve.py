@@ -1,0 +1,187 @@
+"""Reserve once, run many: make, reuse, check and release a reservation.
+
+``reserve()`` reuses a live compatible reservation or asks the scheduler for a
+new one, then waits until every host agent has written its address;
+``load_live()`` is what every later command calls; ``release()`` ends it.
+The CLI and ``monarch.job`` both go through here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from agents.transport import JobKeys
+from monarch.errors import AgentError, SchedulerError, StateError
+from monarch.job.state import (
+    HostRecord,
+    JobRecord,
+    JobSpec,
+    StatePaths,
+    load_state,
+    remove_state,
+    save_state,
+)
+from schedulers import Description, HostState, create_scheduler
+from schedulers.agent_launch import agent_file, write_keys
+
+#: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).
+Progress = Callable[[str, int, int, "Description | None"], None]
+
+
+def _quiet(*_: object) -> None:
+    pass
+
+
+@dataclass
+class Reservation:
+    record: JobRecord
+    path: str
+    reused: bool
+
+
+def scheduler_for(record_or_spec: JobRecord | JobSpec):
+    spec = record_or_spec.spec if isinstance(record_or_spec, JobRecord) else record_or_spec
+    opts = {}
+    if spec.scheduler == "local" and spec.options.get("bind"):
+        opts["bind"] = spec.options["bind"]
+    return create_scheduler(spec.scheduler, **opts)
+
+
+def describe(record: JobRecord) -> Description | None:
+    try:
+        return scheduler_for(record).describe(record.job_id, job_dir=record.job_dir)
+    except SchedulerError:
+        raise
+    except Exception as e:  # a scheduler that cannot answer is not proof the job is dead
+        return Description(record.job_id, HostState.UNKNOWN, reason=str(e))
+
+
+def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: bool = True,
+            replace: bool = False, progress: Progress = _quiet, timeout: float | None = None) -> Reservation:
+    """Reuse a live compatible reservation called ``name`` or make a new one."""
+    paths = paths or StatePaths()
+    path = paths.state_file(name)
+    if os.path.exists(path):
+        try:
+            old = load_state(path)
+        except StateError:
+            if not replace:
+                raise
+            old = None
+        if old is not None:
+            d = describe(old)
+            alive = d is not None and d.state.alive
+            if alive and old.spec.compatible(spec):
+                if not old.ready and wait:
+                    old = wait_ready(old, path, progress=progress, timeout=timeout)
+                return Reservation(old, path, reused=True)
+            if alive and not replace:
+                raise StateError(
+                    f"job {name!r} is already reserved with a different shape: {old.spec.summary()}",
+                    f"`monarch stop{_name_flag(name)}` first, or `monarch serve --replace ...`")
+            release(old, path)
+    job_dir = paths.job_dir(name)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    os.makedirs(os.path.join(job_dir, "agents"), mode=0o700, exist_ok=True)
+    keys = JobKeys.generate()
+    write_keys(job_dir, keys)
+    sched = scheduler_for(spec)
+    request = sched.dryrun(spec, job_dir)
+    progress("submitting", 0, spec.hosts, None)
+    job_id = sched.allocate(request)
+    record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys)
+    save_state(path, record)
+    if wait:
+        try:
+            record = wait_ready(record, path, progress=progress, timeout=timeout)
+        except BaseException:
+            # Ctrl-C or a failed start while waiting: give the hosts back, keep nothing half-made.
+            release(record, path)
+            raise
+    return Reservation(record, path, reused=False)
+
+
+def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, timeout: float | None = None) -> JobRecord:
+    """Block until every host agent has reported its address; updates the state file."""
+    sched = scheduler_for(record)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_describe = 0.0
+    d: Description | None = None
+    while True:
+        hosts = _read_agents(record)
+        if len(hosts) == record.spec.hosts:
+            record.hosts = hosts
+            save_state(path, record)
+            progress("ready", len(hosts), record.spec.hosts, d)
+            return record
+        now = time.monotonic()
+        if now - last_describe > 0.5:
+            last_describe = now
+            d = sched.describe(record.job_id, job_dir=record.job_dir)
+            if d is not None and not d.state.alive:
+                logs = sched.logs(record.job_id, job_dir=record.job_dir).strip().splitlines()[-5:]
+                raise SchedulerError(
+                    f"job {record.job_id} ended before its agents were ready: {d.reason or d.native_state}"
+                    + ("; last log lines: " + " | ".join(logs) if logs else ""),
+                    f"see `monarch logs --scheduler{_name_flag(record.name)}`")
+        phase = "pending" if d is not None and d.state is HostState.PENDING else "starting"
+        progress(phase, len(hosts), record.spec.hosts, d)
+        if deadline is not None and now > deadline:
+            raise SchedulerError(f"hosts not ready after {timeout:.0f} s ({len(hosts)}/{record.spec.hosts} agents up)",
+                                 f"`monarch status{_name_flag(record.name)}`, or `monarch stop` to give up")
+        time.sleep(0.05)
+
+
+def _read_agents(record: JobRecord) -> list[HostRecord]:
+    out = []
+    for rank in range(record.spec.hosts):
+        try:
+            with open(agent_file(record.job_dir, rank)) as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if d.get("started_at", 0) + 1 < record.created_at:
+            continue  # left over from an earlier reservation
+        out.append(HostRecord(d["host"], d["host_rank"], d["addr"], d["pid"], d.get("ip", ""), d.get("log_dir", "")))
+    return out
+
+
+def load_live(name: str | None = None, *, paths: StatePaths | None = None, wait: bool = True,
+              progress: Progress = _quiet) -> tuple[JobRecord, str]:
+    """The reservation a command should use; raises StateError if there is none or it is gone."""
+    paths = paths or StatePaths()
+    path = paths.resolve(name)
+    record = load_state(path)
+    d = describe(record)
+    if d is None or not d.state.alive:
+        why = d.reason if d is not None and d.reason else "the scheduler no longer knows it"
+        raise StateError(f"the reservation {record.name!r} ({record.job_id}) is gone: {why}",
+                         f"`monarch serve{_name_flag(record.name)}` to reserve again (or `monarch stop` to clean up)")
+    if not record.ready:
+        if not wait:
+            return record, path
+        record = wait_ready(record, path, progress=progress)
+    return record, path
+
+
+def release(record: JobRecord, path: str | None) -> None:
+    """Release the hosts and remove the state. Safe to repeat."""
+    try:
+        scheduler_for(record).release(record.job_id, job_dir=record.job_dir)
+    finally:
+        if path:
+            remove_state(path)
+
+
+def _name_flag(name: str) -> str:
+    return "" if name == "default" else f" --name {name}"
+
+
+def agent_unreachable(record: JobRecord, host: HostRecord) -> AgentError:
+    return AgentError(f"host agent on {host.host} (pid {host.pid}) does not answer",
+                      f"`monarch status{_name_flag(record.name)}`; `monarch serve --replace` makes a new reservation")

@@ -1,0 +1,219 @@
+"""The job state file: what ``monarch serve`` reserved, so later commands reuse it.
+
+One :class:`JobRecord` per reservation, pickled (as a versioned plain dict, so a
+new monarch can refuse an old file cleanly) to ``.monarch/job_state.pkl`` in
+the working directory, mode 0600, written atomically.  Named contexts live
+beside it (``.monarch/<name>.job_state.pkl``); ``.monarch/current`` names the
+context in use; ``MONARCH_JOB`` points at a state file anywhere.
+:class:`StatePaths` names every file under ``.monarch/``.
+
+Live sockets are never stored: addresses and keys are, and connections are
+reopened after load.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agents.transport import JobKeys
+from monarch.errors import StateError
+
+STATE_FORMAT = "monarch-job-state"
+STATE_VERSION = 1
+DEFAULT_CONTEXT = "default"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """One reserved host and its agent."""
+
+    host: str
+    host_rank: int
+    addr: str
+    pid: int
+    ip: str
+    log_dir: str
+
+
+@dataclass
+class JobSpec:
+    """What was asked for; two specs are compatible when a reservation can be reused."""
+
+    scheduler: str = "local"
+    hosts: int = 1
+    procs_per_host: int = 1
+    options: dict = field(default_factory=dict)
+
+    def compatible(self, other: "JobSpec") -> bool:
+        return (self.scheduler, self.hosts, self.procs_per_host, self.options) == (
+            other.scheduler, other.hosts, other.procs_per_host, other.options)
+
+    def summary(self) -> str:
+        return f"{self.hosts} host{'s' if self.hosts != 1 else ''} × {self.procs_per_host} procs ({self.scheduler})"
+
+
+@dataclass
+class JobRecord:
+    """A reservation: scheduler, job id, hosts with agent addresses, keys, and the spec."""
+
+    name: str
+    spec: JobSpec
+    job_id: str
+    job_dir: str
+    keys: JobKeys
+    hosts: list[HostRecord] = field(default_factory=list)
+    created_at: float = field(default_factory=time.time)
+    version: int = STATE_VERSION
+
+    @property
+    def ready(self) -> bool:
+        return len(self.hosts) == self.spec.hosts
+
+    def host_mesh(self) -> Any:
+        """The reserved hosts as a ``HostMesh`` (dims ``{hosts: N}``)."""
+        from monarch.actor._client import HostRef, ensure_runtime
+        from monarch.actor._mesh import HostMesh
+
+        ensure_runtime(self.keys)
+        return HostMesh([HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)])
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["keys"] = {k: getattr(self.keys, k) for k in ("server_public", "server_secret", "client_public", "client_secret")}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobRecord":
+        return cls(
+            name=d["name"], spec=JobSpec(**d["spec"]), job_id=d["job_id"], job_dir=d["job_dir"],
+            keys=JobKeys(**d["keys"]), hosts=[HostRecord(**h) for h in d["hosts"]],
+            created_at=d["created_at"], version=d["version"],
+        )
+
+
+class StatePaths:
+    """Names every file under ``.monarch/`` for one working directory."""
+
+    def __init__(self, root: str | None = None):
+        self.root = os.path.abspath(os.path.join(root or os.getcwd(), ".monarch"))
+
+    def check_name(self, name: str) -> str:
+        if not _NAME_RE.match(name):
+            raise StateError(f"bad context name {name!r}", "use letters, digits, '.', '_' or '-'")
+        return name
+
+    def state_file(self, name: str) -> str:
+        self.check_name(name)
+        if name == DEFAULT_CONTEXT:
+            return os.path.join(self.root, "job_state.pkl")
+        return os.path.join(self.root, f"{name}.job_state.pkl")
+
+    def job_dir(self, name: str) -> str:
+        return os.path.join(self.root, "jobs", self.check_name(name))
+
+    @property
+    def current_file(self) -> str:
+        return os.path.join(self.root, "current")
+
+    def current(self) -> str:
+        try:
+            with open(self.current_file) as f:
+                name = f.read().strip()
+            return name or DEFAULT_CONTEXT
+        except FileNotFoundError:
+            return DEFAULT_CONTEXT
+
+    def set_current(self, name: str) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        write_atomic(self.current_file, (self.check_name(name) + "\n").encode())
+
+    def contexts(self) -> list[str]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in sorted(names):
+            if n == "job_state.pkl":
+                out.append(DEFAULT_CONTEXT)
+            elif n.endswith(".job_state.pkl"):
+                out.append(n[: -len(".job_state.pkl")])
+        return out
+
+    def resolve(self, name: str | None = None) -> str:
+        """The state file a command should use: MONARCH_JOB, then --name, then the current context."""
+        env = os.environ.get("MONARCH_JOB")
+        if env and name is None:
+            return os.path.abspath(env)
+        return self.state_file(name or self.current())
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save_state(path: str, state: JobRecord) -> None:
+    payload = {"format": STATE_FORMAT, "version": STATE_VERSION, "state": state.to_dict()}
+    write_atomic(path, pickle.dumps(payload, protocol=5))
+
+
+def load_state(path: str) -> JobRecord:
+    """Load a state file; raises StateError (with the fixing command) if it is missing or unusable."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise StateError(f"no reservation at {_rel(path)}", "run `monarch serve` first") from None
+    except OSError as e:
+        raise StateError(f"cannot read {_rel(path)}: {e.strerror}", "check its permissions") from None
+    try:
+        payload = pickle.loads(raw)
+    except Exception:
+        raise StateError(f"state file {_rel(path)} is corrupt",
+                         f"remove it with `monarch stop --force` or `rm {_rel(path)}`, then `monarch serve`") from None
+    if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
+        raise StateError(f"{_rel(path)} is not a monarch state file", f"remove it (`rm {_rel(path)}`), then `monarch serve`")
+    if payload.get("version") != STATE_VERSION:
+        raise StateError(f"state file {_rel(path)} is version {payload.get('version')}, this monarch reads {STATE_VERSION}",
+                         "run `monarch stop --force` with the monarch that made it, or remove the file, then `monarch serve`")
+    try:
+        return JobRecord.from_dict(payload["state"])
+    except Exception:
+        raise StateError(f"state file {_rel(path)} is corrupt",
+                         f"remove it with `monarch stop --force`, then `monarch serve`") from None
+
+
+def remove_state(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _rel(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+        return rel if not rel.startswith("..") else path
+    except ValueError:
+        return path

@@ -1,0 +1,36 @@
+"""The command line that starts a host agent, shared by every scheduler."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from agents.transport import JobKeys
+from monarch.job.state import write_atomic
+
+
+def write_keys(job_dir: str, keys: JobKeys) -> str:
+    """Keys for the agents of a job, in a 0600 file they read at start (never on a command line)."""
+    path = os.path.join(job_dir, "keys.json")
+    data = {k: getattr(keys, k) for k in ("server_public", "server_secret", "client_public", "client_secret")}
+    write_atomic(path, json.dumps(data).encode())
+    return path
+
+
+def agent_argv(job_dir: str, *, python: str | None = None, extra: list[str] | None = None) -> list[str]:
+    """``python -m agents.host_agent`` with the job's files; rank and hostname are added per host."""
+    return [
+        python or sys.executable, "-m", "agents.host_agent",
+        "--keys-file", os.path.join(job_dir, "keys.json"),
+        *(extra or []),
+    ]
+
+
+def agent_file(job_dir: str, rank: int | str) -> str:
+    return os.path.join(job_dir, "agents", f"{rank}.json")
+
+
+def project_root() -> str:
+    """Where the ``agents`` package lives, for PYTHONPATH of agents started elsewhere."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
