@@ -62,6 +62,7 @@ class _Run:
     reply: m.PortRef
     argv: list
     log_paths: dict
+    owner: str = ""
     pid: int = 0
     started: float = field(default_factory=time.time)
     pumps_left: int = 2
@@ -123,6 +124,7 @@ class HostAgent:
                 return
             self.owners.add(owner)
         self.rt.watch(owner, lambda err: self._owner_lost(owner))
+        self.rt.mailbox.connect(owner)
 
     def _owner_lost(self, owner: str) -> None:
         log.info("owner %s is gone; reaping what it owned", owner)
@@ -213,11 +215,12 @@ class HostAgent:
     # -- commands ----------------------------------------------------------
 
     def on_run(self, msg: m.RunCommand) -> None:
-        self._track_owner(msg.owner)
+        if msg.owner:
+            self._track_owner(msg.owner)
         run_dir = os.path.join(self.log_dir, "runs", msg.run_id)
         os.makedirs(run_dir, exist_ok=True)
         paths = {s: os.path.join(run_dir, f"{msg.rank}.{s}") for s in ("stdout", "stderr")}
-        run = _Run(msg.run_id, msg.rank, msg.reply, list(msg.argv), paths)
+        run = _Run(msg.run_id, msg.rank, msg.reply, list(msg.argv), paths, owner=msg.owner)
         with open(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
             json.dump({"argv": msg.argv, "rank": msg.rank, "host": self.host, "started": run.started}, f)
         env = dict(os.environ)
@@ -256,7 +259,8 @@ class HostAgent:
                         continue
                     files[key.data].write(data)
                     files[key.data].flush()
-                    self._send(run.reply.addr, m.RunOutput(run.run_id, run.rank, key.data, data))
+                    if run.reply.addr:
+                        self._send(run.reply.addr, m.RunOutput(run.run_id, run.rank, key.data, data))
         finally:
             for fd in open_fds:
                 os.close(fd)
@@ -279,7 +283,8 @@ class HostAgent:
                 json.dump({"code": code, "reason": reason, "ended": time.time()}, f)
         except OSError:
             pass
-        self._send(run.reply.addr, m.RunExited(run.run_id, run.rank, code, reason))
+        if run.reply.addr:
+            self._send(run.reply.addr, m.RunExited(run.run_id, run.rank, code, reason))
 
     def on_signal_run(self, msg: m.SignalRun) -> None:
         with self.lock:
@@ -316,7 +321,7 @@ class HostAgent:
         rid = self.zygote.request({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": msg.cwd, "pty": True},
                                   [slave, slave, slave])
         os.close(slave)
-        run = _Run(msg.shell_id, 0, msg.reply, list(msg.argv), {})
+        run = _Run(msg.shell_id, 0, msg.reply, list(msg.argv), {}, owner=msg.owner)
         run.pumps_left = 1
         with self.lock:
             self.pending_ids[rid] = ("shell", run)
@@ -385,7 +390,7 @@ class HostAgent:
                         self.children[pid] = _Child(pid, "proc", msg.owner, mesh_id=msg.mesh_id, token=token)
                     else:
                         ctx.pid = pid
-                        self.children[pid] = _Child(pid, kind, ctx.reply.addr, run=ctx)
+                        self.children[pid] = _Child(pid, kind, ctx.owner, run=ctx)
             elif op == "exited":
                 self._child_exited(ev["pid"], ev["code"], ev["reason"])
 

@@ -262,6 +262,10 @@ class Mailbox:
             self.dead.add(addr)
             self.on_peer_lost(addr)
 
+    def connect(self, addr: str) -> None:
+        """Open the connection to ``addr`` now, so its loss is noticed even before we send."""
+        self._peer(addr)
+
     def send(self, addr: str, msg: Any) -> None:
         """Send ``msg`` to the process at ``addr``. Thread-safe; never blocks on the IO thread."""
         if addr in self.dead:

@@ -1,0 +1,226 @@
+"""Run a command on reserved hosts: the engine behind ``monarch run -- CMD``.
+
+Each selected host agent runs the command with the environment multi-node
+torchrun and ``torch.distributed`` expect (``MASTER_ADDR``/``MASTER_PORT``,
+``NODE_RANK``, ``NNODES`` and torchrun's ``PET_*`` twins) plus ``MONARCH_*``.
+Output comes back live; the first rank that fails stops the others and its
+exit code becomes ours.  Interrupting stops every rank within 2 s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agents import messages as m
+from agents.errors import SupervisionError
+from agents.runtime import Runtime
+from monarch.actor._client import ensure_runtime
+from monarch.errors import RunError
+from monarch.job.state import HostRecord, JobRecord
+
+_STOP_GRACE_S = 1.5
+
+
+@dataclass
+class RankResult:
+    rank: int
+    host: str
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    results: list[RankResult] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def first_failure(self) -> RankResult | None:
+        failed = [r for r in self.results if r.exit_code not in (0, None)]
+        return failed[0] if failed else None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        f = self.first_failure
+        if f is None:
+            return 0
+        return f.exit_code if f.exit_code and f.exit_code > 0 else 128 + abs(f.exit_code or 1)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def run_env(record: JobRecord, hosts: list[HostRecord], index: int, run_id: str, master_port: int,
+            extra: dict[str, str]) -> dict[str, str]:
+    """The environment of one rank (host) of a run."""
+    n = len(hosts)
+    master = hosts[0].ip or "127.0.0.1"
+    env = {
+        "MASTER_ADDR": master, "MASTER_PORT": str(master_port),
+        "NODE_RANK": str(index), "GROUP_RANK": str(index), "NNODES": str(n),
+        "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(master_port),
+        "PET_NODE_RANK": str(index), "PET_NNODES": str(n),
+        "MONARCH_JOB_NAME": record.name, "MONARCH_RUN_ID": run_id,
+        "MONARCH_HOST_RANK": str(hosts[index].host_rank), "MONARCH_NUM_HOSTS": str(n),
+        "MONARCH_PROCS_PER_HOST": str(record.spec.procs_per_host),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(extra)
+    return env
+
+
+def pick_port(host: HostRecord) -> int:
+    """A free port for the rendezvous on the first host (checked when it is this machine)."""
+    for _ in range(20):
+        port = random.randint(20000, 45000)
+        if host.ip not in ("127.0.0.1", "localhost", ""):
+            return port
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    return random.randint(20000, 45000)
+
+
+class RunLock:
+    """One ``monarch run`` at a time per reservation (a second one gets a clear error)."""
+
+    def __init__(self, record: JobRecord):
+        self.path = os.path.join(record.job_dir, "run.lock")
+        self.fd = -1
+        self.record = record
+
+    def __enter__(self) -> "RunLock":
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise RunError(f"another `monarch run` (pid {holder or '?'}) is using job {self.record.name!r}",
+                           "wait for it, stop it with Ctrl-C, or reserve another job with `monarch serve --name NAME`")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def record_run(record: JobRecord, run_id: str, argv: list[str], hosts: list[HostRecord], detached: bool) -> None:
+    """Append the run to the job's history, for ``monarch logs``."""
+    path = os.path.join(record.job_dir, "runs.jsonl")
+    with open(path, "a") as f:
+        f.write(json.dumps({"run_id": run_id, "argv": argv, "hosts": [h.host_rank for h in hosts],
+                            "started": time.time(), "detached": detached}) + "\n")
+
+
+def run_history(record: JobRecord) -> list[dict]:
+    try:
+        with open(os.path.join(record.job_dir, "runs.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        return []
+
+
+class RemoteRun:
+    """A command running on several host agents; output arrives via ``on_output``."""
+
+    def __init__(self, record: JobRecord, hosts: list[HostRecord], argv: list[str], *, env: dict[str, str],
+                 cwd: str | None, on_output: Callable[[int, str, bytes], None], detach: bool = False):
+        self.record = record
+        self.hosts = hosts
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.on_output = on_output
+        self.detach = detach
+        self.run_id = new_run_id()
+        self.rt: Runtime = ensure_runtime(record.keys)
+        self.outcome = RunOutcome(self.run_id, [RankResult(i, h.host) for i, h in enumerate(hosts)])
+        self.left = len(hosts)
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        rt = self.rt
+        rt.register(m.RunOutput, self._output)
+        rt.register(m.RunExited, self._exited)
+        port = self.pick_master_port()
+        reply = m.PortRef("" if self.detach else rt.addr, 0)
+        owner = "" if self.detach else rt.addr
+        for i, h in enumerate(self.hosts):
+            env = run_env(self.record, self.hosts, i, self.run_id, port, self.env)
+            if not self.detach:
+                rt.watch(h.addr, lambda err, i=i: self._agent_lost(i, err))
+            try:
+                rt.send(h.addr, m.RunCommand(self.run_id, list(self.argv), env, self.cwd, reply, i, owner))
+            except SupervisionError as e:
+                self._agent_lost(i, e)
+
+    def pick_master_port(self) -> int:
+        return pick_port(self.hosts[0])
+
+    def _output(self, msg: m.RunOutput) -> None:
+        if msg.run_id == self.run_id:
+            self.on_output(msg.rank, msg.stream, msg.data)
+
+    def _exited(self, msg: m.RunExited) -> None:
+        if msg.run_id != self.run_id:
+            return
+        self._finish(msg.rank, msg.exit_code, msg.reason)
+
+    def _agent_lost(self, rank: int, err: SupervisionError) -> None:
+        self._finish(rank, 255, f"host agent on {self.hosts[rank].host} died during the run ({err})")
+
+    def _finish(self, rank: int, code: int, reason: str) -> None:
+        with self.lock:
+            r = self.outcome.results[rank]
+            if r.exit_code is not None:
+                return
+            r.exit_code, r.reason = code, reason
+            self.left -= 1
+            first_failure = code != 0 and sum(1 for x in self.outcome.results if x.exit_code not in (0, None)) == 1
+            finished = self.left == 0
+        if first_failure:
+            # The other ranks would wait forever for the failed one (torchrun does): stop them.
+            self.signal(signal.SIGTERM)
+        if finished:
+            self.done.set()
+
+    def signal(self, signum: int) -> None:
+        for h in self.hosts:
+            try:
+                self.rt.send(h.addr, m.SignalRun(self.run_id, signum))
+            except SupervisionError:
+                pass
+
+    def stop(self) -> None:
+        """Stop every rank: SIGTERM, then SIGKILL after a short grace."""
+        self.outcome.interrupted = True
+        self.signal(signal.SIGTERM)
+        if not self.done.wait(_STOP_GRACE_S):
+            self.signal(signal.SIGKILL)
+            self.done.wait(0.5)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)

@@ -1,0 +1,48 @@
+"""``monarch context ls|use``: named reservations in this directory."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from rich.table import Table
+
+from monarch.errors import StateError
+from monarch.job.state import StatePaths, load_state
+from monarch_cli.commands._common import handled, opts
+from monarch_cli.output import err, out, print_json
+
+app = typer.Typer(help="List or switch between named reservations (contexts).", no_args_is_help=True)
+
+
+@app.command("ls")
+def ls(ctx: typer.Context) -> None:
+    """List the reservations in this directory; * marks the current one."""
+    with handled(ctx):
+        paths = StatePaths()
+        cur = paths.current()
+        rows = []
+        for n in paths.contexts():
+            try:
+                r = load_state(paths.state_file(n))
+                rows.append({"name": n, "current": n == cur, "job_id": r.job_id, "shape": r.spec.summary()})
+            except StateError as e:
+                rows.append({"name": n, "current": n == cur, "job_id": "", "shape": f"unreadable: {e.message}"})
+        if opts(ctx.parent or ctx).json:
+            print_json(rows)
+            return
+        t = Table("", "name", "job", "shape")
+        for r in rows:
+            t.add_row("*" if r["current"] else "", r["name"], r["job_id"], r["shape"])
+        out.print(t)
+
+
+@app.command("use")
+def use(ctx: typer.Context, name: str) -> None:
+    """Make NAME the reservation later commands use."""
+    with handled(ctx):
+        paths = StatePaths()
+        if not os.path.exists(paths.state_file(name)):
+            raise StateError(f"no reservation named {name!r}", f"`monarch serve --name {name}` creates it")
+        paths.set_current(name)
+        err.print(f"now using {name!r}")

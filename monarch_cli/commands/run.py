@@ -1,0 +1,155 @@
+"""``monarch run``: run a command on every reserved host, or an actor program against them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Annotated
+
+import typer
+
+from monarch.errors import RunError, UsageError
+from monarch.job.reserve import load_live
+from monarch.job.run import RemoteRun, RunLock, record_run
+from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.output import err, print_json
+
+
+def run(
+    ctx: typer.Context,
+    command: Annotated[list[str] | None, typer.Argument(help="`-- CMD ARGS...` to run on every host, or SCRIPT.py to run here against the reservation.")] = None,
+    name: NameOpt = None,
+    hosts: Annotated[str | None, typer.Option("--hosts", help="Only these host ranks, e.g. 0,2.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V added to the environment (repeatable).")] = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="Working directory on the hosts (default: this one).")] = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Start and return; read output with `monarch logs`.")] = False,
+) -> None:
+    """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
+    o = opts(ctx)
+    argv = list(command or []) + list(ctx.args)
+    with handled(ctx):
+        if not argv:
+            raise UsageError("nothing to run", "`monarch run -- CMD ARGS...` or `monarch run script.py`")
+        extra = {}
+        for kv in env or []:
+            k, sep, v = kv.partition("=")
+            if not sep or not k:
+                raise UsageError(f"--env expects K=V, got {kv!r}")
+            extra[k] = v
+        record, path = load_live(name, progress=lambda *a: None)
+        if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
+            raise typer.Exit(_run_controller(argv, path, extra))
+        selected = record.hosts
+        if hosts:
+            try:
+                wanted = [int(x) for x in hosts.split(",") if x.strip()]
+            except ValueError:
+                raise UsageError(f"--hosts expects ranks like 0,2, got {hosts!r}") from None
+            by_rank = {h.host_rank: h for h in record.hosts}
+            missing = [w for w in wanted if w not in by_rank]
+            if missing:
+                raise UsageError(f"no host rank {missing[0]} in this reservation (it has 0..{len(record.hosts) - 1})")
+            selected = [by_rank[w] for w in wanted]
+        else:
+            selected = sorted(record.hosts, key=lambda h: h.host_rank)
+        printer = _Printer(selected, sys.stdout.isatty() and not o.json)
+        with RunLock(record):
+            rr = RemoteRun(record, selected, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write,
+                           detach=detach)
+            record_run(record, rr.run_id, argv, selected, detach)
+            rr.start()
+            if detach:
+                if o.json:
+                    print_json({"run_id": rr.run_id, "detached": True})
+                else:
+                    err.print(f"started run {rr.run_id} on {len(selected)} host(s); `monarch logs --run {rr.run_id} -f` follows it")
+                return
+            code = _wait(rr)
+        printer.flush()
+        outcome = rr.outcome
+        if o.json:
+            print_json({"run_id": rr.run_id, "exit_code": code,
+                        "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason} for r in outcome.results]})
+        elif outcome.interrupted:
+            err.print("[yellow]interrupted: stopped every rank[/]")
+        elif outcome.first_failure is not None:
+            f = outcome.first_failure
+            err.print(f"[bold red]error:[/] rank {f.rank} on {f.host} {f.reason}")
+        raise typer.Exit(code)
+
+
+def _wait(rr: RemoteRun) -> int:
+    """Wait for the run; the first Ctrl-C/SIGTERM stops all ranks, a second one kills them."""
+    interrupts = []
+
+    def on_signal(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) == 1:
+            threading.Thread(target=rr.stop, daemon=True).start()
+        else:
+            rr.signal(signal.SIGKILL)
+            rr.outcome.interrupted = True
+            rr.done.set()
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not rr.wait(0.2):
+            pass
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    return rr.outcome.exit_code
+
+
+class _Printer:
+    """Prefixes each line with its host; keeps partial lines until they end."""
+
+    def __init__(self, hosts, color: bool):
+        self.names = {i: h.host for i, h in enumerate(hosts)}
+        self.partial: dict[tuple[int, str], bytes] = {}
+        self.lock = threading.Lock()
+        self.color = color
+
+    def write(self, rank: int, stream: str, data: bytes) -> None:
+        with self.lock:
+            buf = self.partial.pop((rank, stream), b"") + data
+            *lines, rest = buf.split(b"\n")
+            if rest:
+                self.partial[(rank, stream)] = rest
+            for line in lines:
+                self._emit(rank, stream, line)
+
+    def _emit(self, rank: int, stream: str, line: bytes) -> None:
+        text = line.decode(errors="replace")
+        prefix = f"[{self.names.get(rank, rank)}] "
+        if self.color:
+            prefix = f"\x1b[{36 + rank % 2}m{prefix}\x1b[0m"
+        target = sys.stderr if stream == "stderr" else sys.stdout
+        target.write(prefix + text + "\n")
+        target.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            for (rank, stream), rest in list(self.partial.items()):
+                self._emit(rank, stream, rest)
+            self.partial.clear()
+
+
+def _run_controller(argv: list[str], state_path: str, extra: dict) -> int:
+    """Run a single-controller actor program here, its this_host() being the reservation."""
+    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path}
+    proc = subprocess.Popen([sys.executable, *argv], env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The program got the same Ctrl-C (same process group); give it a moment to stop.
+        try:
+            return proc.wait(timeout=5)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+            return 130

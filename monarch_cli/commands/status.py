@@ -1,0 +1,76 @@
+"""``monarch status``: the reservation, a live check of every agent, its procs and runs."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.table import Table
+
+from agents.messages import HostInfo, Ping
+from monarch.actor._client import ensure_runtime
+from monarch.job.reserve import describe
+from monarch.job.state import StatePaths, load_state
+from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.output import err, out, print_json
+
+_PING_TIMEOUT_S = 2.0
+
+
+def status(ctx: typer.Context, name: NameOpt = None) -> None:
+    """Show the reservation and check every host agent (exit 5 if one does not answer)."""
+    o = opts(ctx)
+    with handled(ctx):
+        path = StatePaths().resolve(name)
+        record = load_state(path)
+        d = describe(record)
+        sched_state = d.state.value if d else "GONE"
+        rt = ensure_runtime(record.keys)
+        t0 = time.monotonic()
+        futures = [(h, rt.request(h.addr, lambda port: Ping(port))) for h in record.hosts] if d and d.state.alive else []
+        hosts = []
+        for h, f in futures:
+            entry = {"host": h.host, "rank": h.host_rank, "addr": h.addr, "pid": h.pid}
+            try:
+                info: HostInfo = f.get(timeout=max(0.1, _PING_TIMEOUT_S - (time.monotonic() - t0)))
+                entry.update(agent="up", procs=len(info.procs), runs=[" ".join(r["argv"]) for r in info.runs],
+                             uptime_s=round(time.time() - info.started_at, 1))
+            except Exception as e:
+                entry.update(agent="unreachable", error=str(e).splitlines()[0], procs=0, runs=[])
+            hosts.append(entry)
+        data = {
+            "name": record.name, "job_id": record.job_id, "scheduler": record.spec.scheduler,
+            "state": sched_state, "reason": d.reason if d else "the scheduler no longer knows this job",
+            "time_left_s": d.time_left_s if d else None, "shape": record.spec.summary(),
+            "ready": record.ready, "hosts": hosts,
+        }
+        bad = [h for h in hosts if h["agent"] != "up"]
+        if o.json:
+            print_json(data)
+        else:
+            line = f"job [bold]{record.name!r}[/] {record.job_id} ({record.spec.summary()}): {sched_state}"
+            if data["reason"]:
+                line += f" — {data['reason']}"
+            if d and d.time_left_s is not None:
+                line += f", {_fmt_left(d.time_left_s)} left"
+                if d.time_left_s < 300:
+                    line += " [yellow](time limit soon)[/]"
+            err.print(line)
+            t = Table("rank", "host", "agent", "pid", "procs", "running", "address")
+            for h in hosts:
+                style = "green" if h["agent"] == "up" else "red"
+                t.add_row(str(h["rank"]), h["host"], f"[{style}]{h['agent']}[/]", str(h["pid"]), str(h["procs"]),
+                          "; ".join(h["runs"]) or "-", h["addr"])
+            if hosts:
+                out.print(t)
+        if not d or not d.state.alive:
+            raise typer.Exit(3)
+        if bad:
+            raise typer.Exit(5)
+
+
+def _fmt_left(s: float) -> str:
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    mnt, sec = divmod(rem, 60)
+    return f"{h}:{mnt:02d}:{sec:02d}"

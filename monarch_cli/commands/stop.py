@@ -1,0 +1,46 @@
+"""``monarch stop``: release the reservation; every agent and proc goes away."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from monarch.errors import StateError
+from monarch.job.reserve import release
+from monarch.job.state import StatePaths, load_state, remove_state
+from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.output import err, print_json
+
+
+def stop(
+    ctx: typer.Context,
+    name: NameOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Remove a corrupt or unreadable state file too.")] = False,
+) -> None:
+    """Release the reserved hosts and remove the state file (safe to repeat)."""
+    o = opts(ctx)
+    with handled(ctx):
+        paths = StatePaths()
+        path = paths.resolve(name)
+        if not os.path.exists(path):
+            if o.json:
+                print_json({"stopped": False, "reason": "no reservation"})
+            else:
+                err.print("nothing to stop: no reservation here")
+            return
+        try:
+            record = load_state(path)
+        except StateError:
+            if not force:
+                raise
+            remove_state(path)
+            err.print(f"removed unreadable state file {path}")
+            return
+        with err.status(f"releasing {record.name!r} ({record.job_id}) …"):
+            release(record, path)
+        if o.json:
+            print_json({"stopped": True, "name": record.name, "job_id": record.job_id})
+        else:
+            err.print(f"stopped job {record.name!r} ({record.job_id}); hosts released")

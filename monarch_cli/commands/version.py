@@ -1,0 +1,22 @@
+"""``monarch version``."""
+
+from __future__ import annotations
+
+import platform
+
+import typer
+
+import monarch
+from monarch_cli.commands._common import opts
+from monarch_cli.output import out, print_json
+
+
+def version(ctx: typer.Context) -> None:
+    """Print monarch's version."""
+    import zmq
+
+    data = {"monarch": monarch.__version__, "python": platform.python_version(), "pyzmq": zmq.__version__}
+    if opts(ctx).json:
+        print_json(data)
+    else:
+        out.print(f"monarch {monarch.__version__} (python {data['python']}, pyzmq {data['pyzmq']})")

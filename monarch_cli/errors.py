@@ -1,0 +1,64 @@
+"""The one place errors become what the user sees: one red line, the hint, an exit code.
+
+Exit codes (each has a test in tests/cli/test_errors.py):
+
+    0  success
+    1  a run's command failed (its own exit code is passed through when possible)
+    2  bad usage (UsageError, or Typer's own usage errors)
+    3  no reservation / unusable state file (StateError)
+    4  the scheduler refused or failed (SchedulerError)
+    5  a host agent is unreachable (AgentError)
+    6  a run could not start (RunError)
+  130  interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import typer
+from rich.console import Console
+
+from monarch.errors import MonarchError
+
+EXIT_CODES = {
+    "ok": 0,
+    "failed": 1,
+    "usage": 2,
+    "state": 3,
+    "scheduler": 4,
+    "agent": 5,
+    "run": 6,
+    "interrupted": 130,
+}
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def fail(e: BaseException, verbose: bool = False) -> "typer.Exit":
+    """Print ``e`` as one line (plus hint) and return the Exit to raise."""
+    if isinstance(e, MonarchError):
+        err_console.print(f"[bold red]error:[/] {_escape(e.message)}")
+        if e.hint:
+            err_console.print(f"  [dim]hint:[/] {_escape(e.hint)}")
+        code = e.exit_code
+    elif isinstance(e, KeyboardInterrupt):
+        err_console.print("[yellow]interrupted[/]")
+        code = EXIT_CODES["interrupted"]
+    else:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        err_console.print(f"[bold red]error:[/] {type(e).__name__}{': ' + _escape(first) if first else ''}")
+        if not verbose:
+            err_console.print("  [dim]hint:[/] run again with --verbose for details")
+        code = EXIT_CODES["failed"]
+    if verbose:
+        # No local variables: keys live in locals.
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
