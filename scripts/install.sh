@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install monarch into ./.venv (idempotent). With --test, also what the test suite needs
+# (torch CPU wheel, TorchX, pytest, and a real Slurm via scripts/slurm_cluster.sh install).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch first and pinned: 2.13.0 is the local CPU wheel; anything looser pulls GBs of CUDA.
+if [ "${1:-}" = "--test" ]; then
+  .venv/bin/pip install -q torch==2.13.0
+  .venv/bin/pip install -q -e ".[test]"
+  if [ "$(id -u)" = 0 ]; then scripts/slurm_cluster.sh install; fi
+else
+  .venv/bin/pip install -q -e .
+fi
