@@ -44,11 +44,11 @@ class RunOutcome:
     run_id: str
     results: list[RankResult] = field(default_factory=list)
     interrupted: bool = False
+    first_failed: int | None = None  # the rank that failed first, in time
 
     @property
     def first_failure(self) -> RankResult | None:
-        failed = [r for r in self.results if r.exit_code not in (0, None)]
-        return failed[0] if failed else None
+        return None if self.first_failed is None else self.results[self.first_failed]
 
     @property
     def exit_code(self) -> int:
@@ -199,7 +199,9 @@ class RemoteRun:
                 return
             r.exit_code, r.reason = code, reason
             self.left -= 1
-            first_failure = code != 0 and sum(1 for x in self.outcome.results if x.exit_code not in (0, None)) == 1
+            first_failure = code != 0 and self.outcome.first_failed is None
+            if first_failure:
+                self.outcome.first_failed = rank
             finished = self.left == 0
         if first_failure:
             # The other ranks would wait forever for the failed one (torchrun does): stop them.

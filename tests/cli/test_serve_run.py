@@ -1,0 +1,148 @@
+"""End to end on the local scheduler: the real `monarch` command, real agents, real torchrun."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.cli.conftest import MONARCH, ROOT, monarch
+
+
+def _pids_alive(pids):
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _wait_gone(pids, deadline_s=5.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not _pids_alive(pids):
+            return []
+        time.sleep(0.05)
+    return _pids_alive(pids)
+
+
+def test_serve_run_twice_reuses_agents_and_matches_reference(workdir):
+    r = monarch("--json", "serve", "--hosts", "2", "--procs-per-host", "2", cwd=workdir, check=True)
+    first = json.loads(r.stdout)
+    assert [h["host"] for h in first["hosts"]] == ["host0", "host1"]
+    assert oct(os.stat(workdir / ".monarch" / "job_state.pkl").st_mode & 0o777) == "0o600"
+    script = os.path.join(ROOT, "examples", "train_ddp.py")
+    losses = []
+    for _ in range(2):
+        r = monarch("run", "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", script,
+                    cwd=workdir, timeout=240)
+        assert r.returncode == 0, r.stderr
+        m = re.search(r"\[host0\] final_loss ([0-9.]+) world 4", r.stdout)
+        assert m, r.stdout + r.stderr
+        losses.append(float(m.group(1)))
+    again = json.loads(monarch("--json", "serve", "--hosts", "2", "--procs-per-host", "2", cwd=workdir, check=True).stdout)
+    assert again["reused"] is True
+    assert [h["pid"] for h in again["hosts"]] == [h["pid"] for h in first["hosts"]]
+    # Reference: the same training in one process over the whole data set.
+    ref = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", script],
+                         capture_output=True, text=True, timeout=240, cwd=workdir)
+    ref_loss = float(re.search(r"final_loss ([0-9.]+)", ref.stdout).group(1))
+    assert losses[0] == losses[1]
+    assert abs(losses[0] - ref_loss) < 1e-4
+    pids = [h["pid"] for h in first["hosts"]]
+    monarch("stop", cwd=workdir, check=True)
+    assert _wait_gone(pids) == []
+    assert not (workdir / ".monarch" / "job_state.pkl").exists()
+    r = monarch("stop", cwd=workdir)
+    assert r.returncode == 0
+
+
+def test_run_env_exit_code_hosts_and_detach(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    r = monarch("run", "--hosts", "1", "--env", "FOO=bar", "--", "sh", "-c", "echo $FOO $NODE_RANK $NNODES $MASTER_ADDR",
+                cwd=workdir, check=True)
+    assert r.stdout.strip() == "[host1] bar 0 1 127.0.0.1"
+    r = monarch("run", "--", "sh", "-c", 'if [ "$NODE_RANK" = 1 ]; then exit 7; fi; sleep 30', cwd=workdir, timeout=30)
+    assert r.returncode == 7
+    assert "rank 1 on host1 exited with code 7" in r.stderr
+    r = monarch("run", "--", "no-such-command-xyz", cwd=workdir)
+    assert r.returncode == 127
+    r = monarch("--json", "run", "--detach", "--", "sh", "-c", "echo detached-$NODE_RANK", cwd=workdir, check=True)
+    run_id = json.loads(r.stdout)["run_id"]
+    r = monarch("logs", "--run", run_id, "-f", cwd=workdir, check=True, timeout=30)
+    assert "[host0] detached-0" in r.stdout and "[host1] detached-1" in r.stdout
+    r = monarch("--json", "status", cwd=workdir, check=True)
+    st = json.loads(r.stdout)
+    assert st["state"] == "RUNNING" and all(h["agent"] == "up" for h in st["hosts"])
+
+
+def test_actor_program_runs_on_reservation(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    prog = workdir / "prog.py"
+    prog.write_text(
+        "import os\n"
+        "from monarch.actor import Actor, endpoint, this_host\n"
+        "class A(Actor):\n"
+        "    @endpoint\n"
+        "    def host(self):\n"
+        "        return os.environ['MONARCH_HOSTNAME']\n"
+        "procs = this_host().spawn_procs(per_host={'gpus': 2})\n"
+        "print(sorted(procs.spawn('a', A).host.call().get().values()))\n")
+    r = monarch("run", str(prog), cwd=workdir, check=True)
+    assert "['host0', 'host0', 'host1', 'host1']" in r.stdout
+
+
+def test_interrupt_stops_every_rank(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    e = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
+    p = subprocess.Popen([*MONARCH, "run", "--", "sh", "-c", "echo started; exec sleep 60"], cwd=workdir,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    assert p.stdout.readline().startswith("[host")
+    assert p.stdout.readline().startswith("[host")
+    sleepers = [c.pid for c in psutil.process_iter(["cmdline"]) if c.info["cmdline"] == ["sleep", "60"]]
+    assert len(sleepers) == 2
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=10) == 130
+    assert _wait_gone(sleepers, 3.0) == []
+
+
+def test_host_agent_killed_during_run(workdir):
+    r = monarch("--json", "serve", "--hosts", "2", cwd=workdir, check=True)
+    victim = json.loads(r.stdout)["hosts"][1]["pid"]
+    e = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
+    p = subprocess.Popen([*MONARCH, "run", "--", "sh", "-c", "echo go; exec sleep 60"], cwd=workdir,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    p.stdout.readline()
+    p.stdout.readline()
+    os.kill(victim, signal.SIGKILL)
+    code = p.wait(timeout=20)
+    err = p.stderr.read()
+    assert code != 0
+    assert "host agent on host1 died" in err
+    r = monarch("status", cwd=workdir)
+    assert r.returncode in (3, 5)
+
+
+def test_two_runs_at_once_refused(workdir):
+    monarch("serve", cwd=workdir, check=True)
+    e = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
+    p = subprocess.Popen([*MONARCH, "run", "--", "sh", "-c", "echo up; exec sleep 30"], cwd=workdir,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        p.stdout.readline()
+        r = monarch("run", "--", "true", cwd=workdir)
+        assert r.returncode == 6
+        assert "another `monarch run`" in r.stderr
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=10)
+
+
+def test_incompatible_serve_is_reported(workdir):
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    r = monarch("serve", "--hosts", "2", cwd=workdir)
+    assert r.returncode == 3
+    assert "different shape" in r.stderr and "monarch stop" in r.stderr
+    r = monarch("--json", "serve", "--hosts", "2", "--replace", cwd=workdir, check=True)
+    assert len(json.loads(r.stdout)["hosts"]) == 2
