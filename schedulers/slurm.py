@@ -222,7 +222,7 @@ def describe_native(job_id: str, state: str, reason: str = "", time_left: str = 
     if host_state is HostState.PENDING and reason:
         words = PENDING_REASONS.get(reason)
         why = f"{reason}: {words}" if words else reason
-    elif host_state is HostState.FAILED and reason and native != "CANCELLED":
+    elif host_state is HostState.FAILED and reason and native not in ("CANCELLED", "TIMEOUT"):
         why = f"{why} ({reason})"
     left = None
     if host_state.alive and time_left:
@@ -267,7 +267,7 @@ class SlurmScheduler(Scheduler):
 
         sb = [f"--job-name=monarch-{name}", f"--nodes={n}", "--ntasks-per-node=1",
               f"--output={_q(os.path.join(logs, 'slurm-%j.out'))}"]
-        for key, flag in (("partition", "partition"), ("time", "time"), ("account", "account"), ("qos", "qos")):
+        for key in ("partition", "time", "account", "qos"):
             v = opts.get(key)
             if v is None or v == "":
                 continue
@@ -277,7 +277,7 @@ class SlurmScheduler(Scheduler):
                 except ValueError:
                     raise UsageError(f"bad Slurm time limit {v!r}",
                                      "use MM, MM:SS, HH:MM:SS or D-HH:MM:SS, e.g. --time 2:00:00") from None
-            sb.append(f"--{flag}={_q(str(v))}")
+            sb.append(f"--{key}={_q(str(v))}")
         if opts.get("gpus_per_node") is not None:
             g = opts["gpus_per_node"]
             if isinstance(g, bool) or not isinstance(g, (int, str)) or not str(g).strip():
@@ -293,7 +293,8 @@ class SlurmScheduler(Scheduler):
         sb.extend(_group_args(extra))
 
         client_host = opts.get("client_host") or self.client_host or default_client_host()
-        agent_file, log_dir = os.path.join(job_dir, "agents", "$SLURM_NODEID.json"), os.path.join(logs, "host$SLURM_NODEID")
+        agent_file = os.path.join(job_dir, "agents", "$SLURM_NODEID.json")
+        log_dir = os.path.join(logs, "host$SLURM_NODEID")
         agent = agent_argv(job_dir, python=self.python, extra=[
             "--host-rank", "$SLURM_NODEID", "--hostname", "$SLURMD_NODENAME",
             "--client-host", client_host, *(["--bind", str(opts["bind"])] if opts.get("bind") else []),
@@ -477,6 +478,8 @@ def _one_line(text: str) -> str:
 
 def _sbatch_hint(msg: str) -> str:
     m = msg.lower()
+    if "configuration source" in m or "contact slurm controller" in m:
+        return "no Slurm controller answers from here: set SLURM_CONF or run on a login node; `sinfo` checks"
     if "partition" in m:
         return "`sinfo -s` lists the partitions (--partition)"
     if "time limit" in m:
