@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Annotated
 
@@ -60,7 +61,8 @@ def serve(
             if o.json:
                 print_json({"scheduler": req.scheduler, "hosts": req.hosts, "request": req.text})
             else:
-                out.print(req.text, markup=False)
+                # Plain stdout: the script must be copy-pasteable, not wrapped to the terminal.
+                sys.stdout.write(req.text.rstrip("\n") + "\n")
             return
         started = time.monotonic()
         with err.status(f"reserving {spec.summary()} …") as st:
