@@ -103,17 +103,34 @@ def _reduce_tensor(t: Any) -> Any:
 # The C pickler is ~10x faster than a Python-level reducer_override; it is
 # right unless the stream names ``__main__`` (must go by value), holds torch
 # tensors (we send their memory out of band) or big in-band bytes.
-_REDO_MARKERS = (b"__main__", b"torch")
+_REDO_MARKERS = (b"__main__",)
+
+
+def _tensor_dispatch() -> dict:
+    # The C pickler consults dispatch_table per type without calling into
+    # Python for every object, so tensors go out of band at C speed.
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    def reduce(t: Any) -> Any:
+        return _reduce_tensor(t) or t.__reduce_ex__(5)
+    return {torch.Tensor: reduce}
 
 
 def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle a user value; returns the body and its out-of-band buffers."""
     buffers: list[pickle.PickleBuffer] = []
+    f = io.BytesIO()
     try:
-        body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+        p = pickle.Pickler(f, protocol=5, buffer_callback=_keep_into(buffers))
+        table = _tensor_dispatch()
+        if table:
+            p.dispatch_table = {**__import__("copyreg").dispatch_table, **table}
+        p.dump(obj)
+        body = f.getvalue()
     except Exception:
         body = None
-    if body is not None and len(body) < OOB_THRESHOLD and not any(m in body for m in _REDO_MARKERS):
+    if body is not None and not any(m in body for m in _REDO_MARKERS):
         return body, buffers
     return dumps_full(obj)
 
