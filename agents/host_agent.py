@@ -92,6 +92,8 @@ class HostAgent:
         self.children: dict[int, _Child] = {}
         self.pending_ids: dict[int, tuple] = {}  # zygote request id -> (kind, context)
         self.spawns: dict[str, _PendingSpawn] = {}  # token -> pending spawn
+        # pid -> addr of procs whose ProcReady came before the zygote's "spawned" event was read
+        self.early_ready: dict[int, str] = {}
         self.runs: dict[str, _Run] = {}
         self.shells: dict[str, tuple[int, int]] = {}  # shell id -> (master fd, pid)
         self.owners: set[str] = set()
@@ -161,8 +163,8 @@ class HostAgent:
             env.update({str(k): str(v) for k, v in msg.env.items()})
             env["MONARCH_HOSTNAME"] = self.host
             fds = self._stdio_for(f"procs/{msg.mesh_id}-{i}.log")
-            rid = self.zygote.request({"kind": "proc", "config": config, "env": env}, fds)
-            with self.lock:
+            with self.lock:  # held so the "spawned" event cannot be read before this is noted
+                rid = self.zygote.request({"kind": "proc", "config": config, "env": env}, fds)
                 self.pending_ids[rid] = ("proc", (msg, token))
             for fd in fds:
                 if fd > 2:
@@ -182,6 +184,9 @@ class HostAgent:
             child = self.children.get(msg.pid)
             if child is not None:
                 child.addr = msg.addr
+            elif pending is not None:
+                # Two threads race here; without its address the proc's death would go unreported.
+                self.early_ready[msg.pid] = msg.addr
         if pending is None:
             return
         slot = pending.tokens[msg.token]
@@ -230,8 +235,8 @@ class HostAgent:
         err_r, err_w = os.pipe()
         with self.lock:
             self.runs[msg.run_id] = run
-        rid = self.zygote.request({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": msg.cwd}, [out_w, err_w])
-        with self.lock:
+        with self.lock:  # held so the "spawned" event cannot be read before this is noted
+            rid = self.zygote.request({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": msg.cwd}, [out_w, err_w])
             self.pending_ids[rid] = ("run", run)
         os.close(out_w)
         os.close(err_w)
@@ -277,12 +282,13 @@ class HostAgent:
                 return
             run.sent_exit = True
         code, reason = run.exit
-        run_dir = os.path.dirname(run.log_paths["stdout"])
-        try:
-            with open(os.path.join(run_dir, f"{run.rank}.exit"), "w") as f:
-                json.dump({"code": code, "reason": reason, "ended": time.time()}, f)
-        except OSError:
-            pass
+        if run.log_paths:  # a shell keeps no logs, so no exit file either
+            run_dir = os.path.dirname(run.log_paths["stdout"])
+            try:
+                with open(os.path.join(run_dir, f"{run.rank}.exit"), "w") as f:
+                    json.dump({"code": code, "reason": reason, "ended": time.time()}, f)
+            except OSError:
+                pass
         if run.reply.addr:
             self._send(run.reply.addr, m.RunExited(run.run_id, run.rank, code, reason))
 
@@ -318,12 +324,12 @@ class HostAgent:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in msg.env.items()})
         env["MONARCH_HOSTNAME"] = self.host
-        rid = self.zygote.request({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": msg.cwd, "pty": True},
-                                  [slave, slave, slave])
-        os.close(slave)
         run = _Run(msg.shell_id, 0, msg.reply, list(msg.argv), {}, owner=msg.owner)
         run.pumps_left = 1
-        with self.lock:
+        with self.lock:  # held so the "spawned" event cannot be read before this is noted
+            rid = self.zygote.request({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": msg.cwd, "pty": True},
+                                      [slave, slave, slave])
+            os.close(slave)
             self.pending_ids[rid] = ("shell", run)
             self.runs[msg.shell_id] = run
             self.shells[msg.shell_id] = (master, 0)
@@ -387,10 +393,15 @@ class HostAgent:
                 with self.lock:
                     if kind == "proc":
                         msg, token = ctx
-                        self.children[pid] = _Child(pid, "proc", msg.owner, mesh_id=msg.mesh_id, token=token)
+                        self.children[pid] = _Child(pid, "proc", msg.owner, mesh_id=msg.mesh_id, token=token,
+                                                    addr=self.early_ready.pop(pid, ""))
                     else:
                         ctx.pid = pid
                         self.children[pid] = _Child(pid, kind, ctx.owner, run=ctx)
+                    owner = self.children[pid].owner
+                if self.rt.death(owner) is not None:
+                    # Its owner died while it was being started, after _owner_lost looked for victims.
+                    _killpg(pid, signal.SIGKILL)
             elif op == "exited":
                 self._child_exited(ev["pid"], ev["code"], ev["reason"])
 

@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import signal
+import sys
 import threading
 import traceback
 from typing import Any
@@ -119,8 +120,11 @@ class ActorSlot:
             # Bridge the thread-safe mailbox into the loop without polling.
             while True:
                 item = self.mailbox.get()
-                self.loop.call_soon_threadsafe(q.put_nowait, item)
-                if item is _STOP:
+                if item is _STOP:  # posted below once the loop is done
+                    return
+                try:
+                    self.loop.call_soon_threadsafe(q.put_nowait, item)
+                except RuntimeError:  # the loop closed: the actor was stopped
                     return
 
         threading.Thread(target=pump, name=f"actor-{self.msg.name}-pump", daemon=True).start()
@@ -138,6 +142,7 @@ class ActorSlot:
                 break
         for t in tasks:
             t.cancel()
+        self.mailbox.put(_STOP)  # or the pump thread would wait for a message forever
 
     def _is_concurrent(self, method: str) -> bool:
         desc = endpoint_spec(type(self.instance), method)
@@ -194,6 +199,11 @@ class ActorSlot:
                     result = await result
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):
+                    # A concurrent call cut short by a stop: its caller must not wait forever.
+                    if item.reply is not None:
+                        err = SupervisionError(f"actor {self.msg.name!r} was stopped during {item.method}",
+                                               actor=self.msg.name, rank=item.rank, host=self.agent.rt.host)
+                        self.agent.send_reply(item.reply, err, ok=False, rank=item.rank)
                     raise
                 self._failed_call(item, e)
             else:
@@ -399,6 +409,10 @@ def main(config: dict) -> None:
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     keys = JobKeys(**config["keys"])
+    # The zygote's sys.path was fixed when it started; put the spawner's own entries (its
+    # script's directory, say) first, in its order, so its modules import here by name too.
+    extra = [p for p in os.environ.get("MONARCH_SYS_PATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [p for p in extra if p not in sys.path]
     os.environ["MONARCH_HOST_AGENT"] = config["host_agent"]
     os.environ["MONARCH_HOST_RANK"] = str(config["host_rank"])
     rt = install(Runtime(keys, bind_host=config["bind_host"], name=f"proc[{config['mesh_id']}]", host=config["host"]))

@@ -148,6 +148,7 @@ class Mailbox:
         bind_host: str = "127.0.0.1",
         bind_port: int = 0,
         name: str = "mailbox",
+        ctx: zmq.Context | None = None,
     ):
         self.keys = keys
         self.on_message = on_message
@@ -156,7 +157,9 @@ class Mailbox:
         self.bind_port = bind_port
         self.name = name
         self.addr = ""
-        self._ctx = context()
+        # One mailbox per process shares the process context; another one in the same process
+        # (tests) needs a context of its own, as each context has a single ZAP handler.
+        self._ctx = ctx or context()
         self._auth: ThreadAuthenticator | None = None
         self._router: zmq.Socket | None = None
         self._peers: dict[str, _Peer] = {}
@@ -238,6 +241,8 @@ class Mailbox:
             p = self._peers.get(addr)
             if p is not None:
                 return p
+            if addr in self.dead:  # declared dead (and its socket closed) since the caller looked
+                raise PeerLost(addr)
             s = self._ctx.socket(zmq.DEALER)
             s.curve_serverkey = self.keys.server_public.encode()
             s.curve_publickey = self.keys.client_public.encode()
@@ -247,7 +252,13 @@ class Mailbox:
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
             mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            s.connect(addr)
+            try:
+                s.connect(addr)
+            except zmq.ZMQError:
+                # A malformed address (say, from a corrupted message): close what we made,
+                # or each try leaks three sockets until the context has none left.
+                _close_quietly(s, mon)
+                raise
             p = _Peer(s, mon, is_same_host(addr))
             self._peers[addr] = p
             self._new_monitors.append((addr, mon))
@@ -260,11 +271,15 @@ class Mailbox:
         if p is not None and not p.connected and addr not in self.dead:
             log.warning("%s: could not connect to %s within %.0f s", self.name, addr, _CONNECT_DEADLINE_S)
             self.dead.add(addr)
+            self._close_peer(addr)
             self.on_peer_lost(addr)
 
     def connect(self, addr: str) -> None:
         """Open the connection to ``addr`` now, so its loss is noticed even before we send."""
-        self._peer(addr)
+        try:
+            self._peer(addr)
+        except PeerLost:
+            pass  # already known dead, and so already reported
 
     def send(self, addr: str, msg: Any) -> None:
         """Send ``msg`` to the process at ``addr``. Thread-safe; never blocks on the IO thread."""
@@ -277,13 +292,23 @@ class Mailbox:
     def send_frames(self, addr: str, frames: list[Any], p: _Peer | None = None) -> None:
         p = p or self._peer(addr)
         big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
+        # Never block: the IO thread sends too (replies), and a DEALER with no pipe to its
+        # peer would wait forever.  With the pipe there, only a full queue says Again.
         with p.lock:
-            if big:
-                tracker = p.sock.send_multipart(frames, copy=False, track=True)
-            else:
-                p.sock.send_multipart(frames)
-                return
-        # The caller may reuse its buffer as soon as we return: wait until sent.
+            try:
+                if big:
+                    tracker = p.sock.send_multipart(frames, zmq.NOBLOCK, copy=False, track=True)
+                else:
+                    p.sock.send_multipart(frames, zmq.NOBLOCK)
+                    return
+            except zmq.Again:
+                raise PeerLost(addr) from None
+            except zmq.ZMQError:
+                if p.sock.closed:  # the peer was declared dead meanwhile and its socket closed
+                    raise PeerLost(addr) from None
+                raise
+        # The caller may reuse its buffer as soon as we return: wait until sent (or
+        # dropped, when the peer dies and its socket is closed).
         tracker.wait()
 
     def encode_for(self, addr: str, msg: Any) -> list[Any]:
@@ -310,19 +335,27 @@ class Mailbox:
 
     def forget(self, addr: str) -> None:
         """Close the socket to ``addr`` (it will be reopened on the next send)."""
-        def do() -> None:
-            with self._peers_lock:
-                p = self._peers.pop(addr, None)
-            if p is not None:
-                self._poller.unregister(p.monitor) if p.monitor in self._registered else None
-                self._registered.discard(p.monitor)
-                try:
-                    p.sock.disable_monitor()
-                except zmq.ZMQError:
-                    pass
-                p.monitor.close(0)
-                p.sock.close(0)
-        self.call_soon(do)
+        self.call_soon(lambda: self._close_peer(addr))
+
+    def _close_peer(self, addr: str) -> None:
+        """Close the sockets to ``addr`` (IO thread only).
+
+        Done for every peer declared dead: a long-lived host agent outlives many
+        clients, and three sockets kept per dead peer would use up the context.
+        Anything still queued for the peer is dropped, which also releases a
+        sender waiting in :meth:`send_frames` for a big message to leave.
+        """
+        with self._peers_lock:
+            p = self._peers.pop(addr, None)
+            if p is None:
+                return
+            self._new_monitors = [(a, mon) for a, mon in self._new_monitors if mon is not p.monitor]
+        if p.monitor in self._registered:
+            self._poller.unregister(p.monitor)
+            self._registered.discard(p.monitor)
+        self._monitors.pop(p.monitor, None)
+        with p.lock:
+            _close_quietly(p.sock, p.monitor)
 
     # -- the IO thread -----------------------------------------------------
 
@@ -335,6 +368,7 @@ class Mailbox:
         poller.register(router, zmq.POLLIN)
         poller.register(wake_recv, zmq.POLLIN)
         monitors: dict[zmq.Socket, str] = {}
+        self._monitors = monitors
         try:
             while self._running:
                 timeout = None
@@ -415,9 +449,20 @@ class Mailbox:
                 if addr not in self.dead:
                     self.dead.add(addr)
                     self._guard(lambda: self.on_peer_lost(addr))
+                self._close_peer(addr)
+                return  # its monitor is closed now
 
     def statistics(self) -> dict:
         return {"received": self.stats_received, "dropped": self.stats_dropped, "peers": len(self._peers)}
+
+
+def _close_quietly(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(0)
+    sock.close(0)
 
 
 def _nbytes(f: Any) -> int:

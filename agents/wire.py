@@ -40,6 +40,7 @@ OOB_THRESHOLD = 64 * 1024
 #: Buffers at least this large go through shared memory when the peer shares our host.
 SHM_THRESHOLD = 1 << 20
 
+_PROTO_5 = b"\x80\x05"  # how a pickle protocol 5 stream begins
 _KIND_FRAME = 0
 _KIND_SHM = 1
 SHM_DIR = "/dev/shm"
@@ -206,6 +207,14 @@ def decode(frames: Sequence[Any]) -> Any:
     kinds = bytes(header[_HEADER.size :])
     if len(kinds) != nbuf or len(frames) != 2 + nbuf:
         raise WireError(f"expected {nbuf} buffers, got {len(frames) - 2} frames")
+    try:
+        body = _buf(frames[1])
+        proto = bytes(memoryview(body)[:2])
+    except TypeError as e:
+        raise WireError(f"bad body: {e}") from None
+    if proto != _PROTO_5:
+        # Every body we write starts so; anything else never reaches the unpickler.
+        raise WireError("body is not a protocol 5 pickle")
     buffers = []
     try:
         for kind, f in zip(kinds, frames[2:]):
@@ -215,7 +224,7 @@ def decode(frames: Sequence[Any]) -> Any:
                 buffers.append(_from_shm(bytes(_buf(f))))
             else:
                 raise WireError(f"unknown buffer kind {kind}")
-        return loads(_buf(frames[1]), buffers)
+        return loads(body, buffers)
     except WireError:
         raise
     except Exception as e:  # a malformed pickle can raise nearly anything

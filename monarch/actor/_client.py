@@ -108,6 +108,26 @@ def local_host() -> HostRef:
         return _local_host
 
 
+#: Carries :func:`user_sys_path` to new procs (see ``agents.proc_agent.main``).
+SYS_PATH_ENV = "MONARCH_SYS_PATH"
+
+
+def user_sys_path() -> list[str]:
+    """This process's sys.path entries that a fresh interpreter would not have.
+
+    That is the script's directory, PYTHONPATH, and what the program added;
+    not the standard library or site-packages (a remote proc has its own).
+    """
+    prefixes = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    out = []
+    for p in sys.path:
+        p = os.path.abspath(p or os.getcwd())  # "" is the current directory
+        if any(p == x or p.startswith(x + os.sep) for x in prefixes) or not os.path.isdir(p):
+            continue
+        out.append(p)
+    return list(dict.fromkeys(out))
+
+
 def _pythonpath() -> str:
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parts = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

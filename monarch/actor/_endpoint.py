@@ -176,8 +176,10 @@ def _load_error(payload: Any) -> BaseException:
 
 
 def _call_failed(label: str, rank: int | None, error: SupervisionError) -> SupervisionError:
+    # Without a rank of the messaged slice, name the failed proc's rank in its mesh (when we own it).
+    rank = rank if rank is not None else error.rank
     where = f"{label}" + (f" rank {rank}" if rank is not None else "")
-    return SupervisionError(f"call to {where} failed: {error}", actor=label, rank=rank if rank is not None else error.rank,
+    return SupervisionError(f"call to {where} failed: {error}", actor=label, rank=rank,
                             host=error.host, exit_code=error.exit_code)
 
 
@@ -237,7 +239,8 @@ class Endpoint(Generic[R]):
         rt = self._mesh._rt()
         fut: Future = Future(_load_value)
         addr = self._mesh._procs[shape.indices[0]].addr
-        port = rt.open_port(_One(rt, fut, self._label, 0), (addr,))
+        # The rank of a one-actor slice is always 0; leave it to the error to say which proc it was.
+        port = rt.open_port(_One(rt, fut, self._label, None), (addr,))
         self._send_or_fail(args, kwargs, port, shape, fut)
         return fut
 

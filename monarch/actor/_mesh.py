@@ -22,7 +22,7 @@ from agents.errors import ActorError, MeshFailure, SupervisionError
 from agents.future import Future
 from agents.proc_agent import actor_kind, endpoint_spec
 from agents.runtime import Runtime
-from monarch.actor._client import HostRef, ensure_runtime, local_host
+from monarch.actor._client import SYS_PATH_ENV, HostRef, ensure_runtime, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
 
@@ -95,10 +95,13 @@ class HostMesh(_MeshBase):
         mesh_name = name or "procs"
         mesh_id = f"{mesh_name}-{os.getpid()}-{next(_mesh_ids)}-{uuid.uuid4().hex[:6]}"
         preload = tuple(mod for mod in ("torch", "numpy") if mod in __import__("sys").modules)
+        # Procs are forked from a zygote whose sys.path was fixed when it started: hand them
+        # ours, so what we import by name (a module next to the script) imports there too.
+        env = {SYS_PATH_ENV: os.pathsep.join(user_sys_path())}
         futures = []
         hosts = self.hosts
         for h in hosts:
-            futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, {}, preload)))
+            futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, env, preload)))
         procs: list[m.ProcInfo] = []
         for h, f in zip(hosts, futures):
             try:
@@ -198,6 +201,7 @@ class ProcMesh(_MeshBase):
         try:
             fut.get(timeout=_SPAWN_TIMEOUT_S)
         except ActorError as e:
+            mesh.stop("its spawn failed")  # the ranks that did start must not linger, unreachable
             raise ActorError(e.exception, e.remote_traceback, actor=f"{name}.__init__", rank=e.rank, host=e.host,
                              message=f"spawning {cls.__name__} failed: {e.message}") from None
         return mesh

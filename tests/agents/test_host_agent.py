@@ -1,0 +1,176 @@
+"""The host agent, spoken to in its own messages: procs, commands, shells, deaths, shutdown."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import uuid
+
+import psutil
+import pytest
+
+from agents import messages as m
+from agents.errors import SupervisionError
+from tests.helpers import start_host_agent, wait_gone
+
+pytestmark = pytest.mark.timeout(60)
+
+T = 30
+
+
+@pytest.fixture(scope="module")
+def agent(client, tmp_path_factory):
+    a = start_host_agent(client.keys, tmp_path_factory.mktemp("agent"), hostname="testhost")
+    yield a
+    a.stop()
+    assert wait_gone([a.pid]) == []
+
+
+class Streams:
+    """Routes RunOutput / RunExited / ShellData messages to one queue per run id."""
+
+    def __init__(self, rt):
+        self.queues: dict[str, queue.Queue] = {}
+        for t in (m.RunOutput, m.RunExited, m.ShellData):
+            rt.register(t, self._on)
+
+    def _on(self, msg) -> None:
+        key = getattr(msg, "run_id", None) or msg.shell_id
+        self.queue(key).put(msg)
+
+    def queue(self, key: str) -> queue.Queue:
+        return self.queues.setdefault(key, queue.Queue())
+
+    def collect(self, key: str) -> tuple[dict, m.RunExited]:
+        """Output per stream, and the exit, of run ``key``."""
+        out = {"stdout": b"", "stderr": b""}
+        q = self.queue(key)
+        while True:
+            msg = q.get(timeout=T)
+            if isinstance(msg, m.RunExited):
+                return out, msg
+            if isinstance(msg, m.RunOutput):
+                out[msg.stream] += msg.data
+            else:
+                out["stdout"] += msg.data
+
+
+@pytest.fixture(scope="module")
+def streams(client):
+    return Streams(client)
+
+
+def _spawn(rt, agent, count: int, env: dict | None = None) -> list[m.ProcInfo]:
+    mesh_id = f"t-{uuid.uuid4().hex[:8]}"
+    infos = rt.request(agent.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, env or {})).get(timeout=T)
+    return mesh_id, infos
+
+
+def _run(rt, agent, argv, env=None, cwd=None, rank=0) -> str:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    port = m.PortRef(rt.addr, 0)  # run output arrives as its own messages, not as replies
+    rt.send(agent.addr, m.RunCommand(run_id, list(argv), env or {}, cwd, port, rank, rt.addr))
+    return run_id
+
+
+def test_ping_answers_host_info(client, agent):
+    info = client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
+    assert isinstance(info, m.HostInfo)
+    assert info.host == "testhost" and info.pid == agent.pid and info.addr == agent.addr
+    assert info.ip == "127.0.0.1"
+
+
+def test_spawn_and_stop_procs(client, agent):
+    mesh_id, infos = _spawn(client, agent, 3)
+    assert len(infos) == 3 and all(isinstance(i, m.ProcInfo) for i in infos)
+    pids = [i.pid for i in infos]
+    assert len(set(pids)) == 3 and all(i.host == "testhost" for i in infos)
+    # Forked from the zygote, a child of the agent.
+    zygotes = {psutil.Process(p).ppid() for p in pids}
+    assert len(zygotes) == 1 and psutil.Process(zygotes.pop()).ppid() == agent.pid
+    listed = client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T).procs
+    assert {p["pid"] for p in listed if p["mesh"] == mesh_id} == set(pids)
+    stopped = client.request(agent.addr, lambda port: m.StopProcs(mesh_id, port)).get(timeout=T)
+    assert stopped == 3
+    assert wait_gone(pids) == []
+
+
+def test_owner_is_told_how_its_proc_died(client, agent):
+    _, (info,) = _spawn(client, agent, 1)
+    client.own(info.addr, {"what": f"proc t[0] (pid {info.pid})", "rank": 0, "host": info.host})
+    died: queue.Queue = queue.Queue()
+    client.watch(info.addr, died.put)
+    os.kill(info.pid, signal.SIGKILL)
+    err = died.get(timeout=T)
+    assert isinstance(err, SupervisionError)
+    assert "killed by SIGKILL" in str(err) and "testhost" in str(err)
+    assert err.exit_code == -signal.SIGKILL and err.rank == 0
+    client.disown(info.addr)
+
+
+def test_proc_that_fails_to_start_fails_the_spawn(client, agent):
+    # An invalid log level makes the new proc exit before it reports in.
+    with pytest.raises(RuntimeError, match="failed to start"):
+        _spawn(client, agent, 2, env={"MONARCH_LOG": "NOT-A-LEVEL"})
+    # The agent is fine afterwards.
+    mesh_id, infos = _spawn(client, agent, 1)
+    client.request(agent.addr, lambda port: m.StopProcs(mesh_id, port)).get(timeout=T)
+    assert wait_gone([i.pid for i in infos]) == []
+
+
+def test_run_command_streams_output_and_exit(client, agent, streams, tmp_path):
+    run_id = _run(client, agent, ["sh", "-c", 'echo "out $FOO"; pwd; echo err >&2; exit 7'],
+                  env={"FOO": "bar"}, cwd=str(tmp_path))
+    out, exited = streams.collect(run_id)
+    assert out["stdout"].decode().splitlines() == ["out bar", str(tmp_path)]
+    assert out["stderr"] == b"err\n"
+    assert (exited.exit_code, exited.reason) == (7, "exited with code 7")
+    # The output was also kept in the agent's log, readable later.
+    logs = client.request(agent.addr, lambda port: m.ReadLog(run_id, "stdout", 0, port)).get(timeout=T)
+    data, done = logs[0]
+    assert data.decode().startswith("out bar") and done
+
+
+def test_run_missing_command(client, agent, streams):
+    run_id = _run(client, agent, ["/no/such/program"])
+    out, exited = streams.collect(run_id)
+    assert exited.exit_code == 127
+    assert b"cannot run" in out["stderr"]
+
+
+def test_signal_run(client, agent, streams):
+    run_id = _run(client, agent, ["sh", "-c", "echo started; exec sleep 60"])
+    q = streams.queue(run_id)
+    first = q.get(timeout=T)
+    assert first.data == b"started\n"
+    client.send(agent.addr, m.SignalRun(run_id, signal.SIGTERM))
+    _, exited = streams.collect(run_id)
+    assert exited.reason == "killed by SIGTERM" and exited.exit_code == -signal.SIGTERM
+
+
+def test_shell(client, agent, streams):
+    shell_id = f"sh-{uuid.uuid4().hex[:8]}"
+    client.send(agent.addr, m.OpenShell(shell_id, ["sh"], {"PS1": "$ "}, None, 24, 80, m.PortRef(client.addr, 0),
+                                        client.addr))
+    client.send(agent.addr, m.ShellData(shell_id, b"echo hello-$((6*7))\nexit 3\n"))
+    out, exited = streams.collect(shell_id)
+    assert b"hello-42" in out["stdout"]
+    assert exited.exit_code == 3
+
+
+def test_zygote_death_stops_the_agent(client, tmp_path):
+    a = start_host_agent(client.keys, tmp_path, hostname="zygote-dies")
+    (zygote,) = a.children()
+    os.kill(zygote, signal.SIGKILL)
+    assert a.proc.wait(timeout=T) == 0
+    assert wait_gone([zygote]) == []
+
+
+def test_shutdown_stops_agent_and_its_procs(client, tmp_path):
+    a = start_host_agent(client.keys, tmp_path, hostname="shut")
+    _, infos = _spawn(client, a, 2)
+    pids = [i.pid for i in infos] + a.children()
+    assert client.request(a.addr, lambda port: m.Shutdown(port)).get(timeout=T) is True
+    assert a.proc.wait(timeout=T) == 0
+    assert wait_gone(pids) == []

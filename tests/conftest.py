@@ -1,0 +1,43 @@
+"""Fixtures and the end-of-session leak check (helpers live in ``tests/helpers.py``).
+
+Every process a test starts inherits ``MONARCH_TEST_SESSION`` (set by
+``tests.helpers`` when it is imported, before anything is started), so what
+*this* session left behind can be told apart from another session's processes.
+At the end of the session none may be left: no host agent, no zygote, no proc,
+no test script.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import kill_tree, session_pids, stop_client, wait_no_new_pids
+
+
+@pytest.fixture
+def no_leaked_processes():
+    """Fails the test if a process it started is still running ~5 s after it ended."""
+    before = set(session_pids())
+    yield
+    left = wait_no_new_pids(before)
+    if left:
+        kill_tree(left)
+        pytest.fail(f"test left processes running: {left}")
+
+
+# -- the session check --------------------------------------------------------------
+
+
+def pytest_sessionfinish(session, exitstatus):
+    try:
+        stop_client()
+    except Exception as e:  # pragma: no cover - reported below through the leftovers
+        print(f"\nstopping the test client failed: {e}", file=sys.stderr)
+    left = wait_no_new_pids(set())
+    if left:
+        kill_tree(left)
+        lines = "\n".join(f"  {pid}: {cmd}" for pid, cmd in sorted(left.items()))
+        print(f"\nERROR: the test session left {len(left)} process(es) running (now killed):\n{lines}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
