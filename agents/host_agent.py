@@ -149,7 +149,7 @@ class HostAgent:
             with self.lock:
                 self.spawns[token] = pending
             config = {
-                "keys": _keys_dict(self.keys),
+                "keys": self.keys.as_dict(),
                 "host_agent": self.rt.addr,
                 "host": self.host,
                 "host_rank": self.host_rank,
@@ -476,11 +476,6 @@ class HostAgent:
         time.sleep(0.05)  # let the last replies leave
         self.rt.close()
         os._exit(0)
-
-
-def _keys_dict(keys: JobKeys) -> dict:
-    return {"server_public": keys.server_public, "server_secret": keys.server_secret,
-            "client_public": keys.client_public, "client_secret": keys.client_secret}
 
 
 def _killpg(pid: int, sig: int) -> None:

@@ -51,6 +51,11 @@ class JobKeys:
     client_public: str
     client_secret: str
 
+    def as_dict(self) -> dict:
+        """The four keys by name (what agents read from their keys file or stdin)."""
+        return {"server_public": self.server_public, "server_secret": self.server_secret,
+                "client_public": self.client_public, "client_secret": self.client_secret}
+
     @classmethod
     def generate(cls) -> "JobKeys":
         sp, ss = zmq.curve_keypair()

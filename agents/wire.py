@@ -289,8 +289,3 @@ def discard(frames: Sequence[Any]) -> None:
                         pass
     except Exception:
         pass
-
-
-def is_main_module_object(obj: Any) -> bool:
-    """True when ``obj`` (a class or function) lives in ``__main__``."""
-    return getattr(obj, "__module__", None) == "__main__" and "__main__" in sys.modules

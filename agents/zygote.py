@@ -25,7 +25,6 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _MAX_FDS = 4

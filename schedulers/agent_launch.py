@@ -13,8 +13,7 @@ from monarch.job.state import write_atomic
 def write_keys(job_dir: str, keys: JobKeys) -> str:
     """Keys for the agents of a job, in a 0600 file they read at start (never on a command line)."""
     path = os.path.join(job_dir, "keys.json")
-    data = {k: getattr(keys, k) for k in ("server_public", "server_secret", "client_public", "client_secret")}
-    write_atomic(path, json.dumps(data).encode())
+    write_atomic(path, json.dumps(keys.as_dict()).encode())
     return path
 
 

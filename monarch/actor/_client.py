@@ -97,7 +97,7 @@ def local_host() -> HostRef:
                                 env={**os.environ, "PYTHONPATH": _pythonpath()})
         os.close(w)
         assert proc.stdin is not None
-        proc.stdin.write((json.dumps(_keys_dict(rt.keys)) + "\n").encode())
+        proc.stdin.write((json.dumps(rt.keys.as_dict()) + "\n").encode())
         proc.stdin.close()
         info = _read_info(r, proc)
         _local_proc = proc
@@ -153,11 +153,6 @@ def _read_info(fd: int, proc: subprocess.Popen) -> dict:
     finally:
         os.close(fd)
     return json.loads(buf)
-
-
-def _keys_dict(keys: JobKeys) -> dict:
-    return {"server_public": keys.server_public, "server_secret": keys.server_secret,
-            "client_public": keys.client_public, "client_secret": keys.client_secret}
 
 
 def _stop_local_host() -> None:

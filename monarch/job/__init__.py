@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from monarch.job.state import DEFAULT_CONTEXT, JobRecord, JobSpec, StatePaths
+from monarch.job.state import JobRecord, JobSpec, StatePaths
 
 DEFAULT_JOB_PATH = ".monarch/job_state.pkl"
 

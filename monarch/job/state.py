@@ -85,7 +85,7 @@ class JobRecord:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["keys"] = {k: getattr(self.keys, k) for k in ("server_public", "server_secret", "client_public", "client_secret")}
+        d["keys"] = self.keys.as_dict()
         return d
 
     @classmethod
@@ -201,7 +201,7 @@ def load_state(path: str) -> JobRecord:
         return JobRecord.from_dict(payload["state"])
     except Exception:
         raise StateError(f"state file {_rel(path)} is corrupt",
-                         f"remove it with `monarch stop --force`, then `monarch serve`") from None
+                         "remove it with `monarch stop --force`, then `monarch serve`") from None
 
 
 def remove_state(path: str) -> None:

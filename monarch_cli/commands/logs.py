@@ -15,7 +15,7 @@ from monarch.job.reserve import load_live, scheduler_for
 from monarch.job.run import run_history
 from monarch.job.state import StatePaths, load_state
 from monarch_cli.commands._common import NameOpt, handled, opts
-from monarch_cli.output import err, print_json
+from monarch_cli.output import print_json
 
 _POLL_S = 0.25
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from monarch.errors import RunError, UsageError
+from monarch.errors import UsageError
 from monarch.job.reserve import load_live
 from monarch.job.run import RemoteRun, RunLock, record_run
 from monarch_cli.commands._common import NameOpt, handled, opts

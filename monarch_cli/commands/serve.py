@@ -12,7 +12,7 @@ from monarch.errors import UsageError
 from monarch.job.reserve import reserve
 from monarch.job.state import DEFAULT_CONTEXT, JobSpec, StatePaths
 from monarch_cli.commands._common import handled, opts
-from monarch_cli.output import err, out, print_json
+from monarch_cli.output import err, print_json
 
 
 def serve(
