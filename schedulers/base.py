@@ -25,7 +25,9 @@ class HostState(enum.Enum):
 
     @property
     def alive(self) -> bool:
-        return self in (HostState.PENDING, HostState.RUNNING)
+        """Not known to be over. UNKNOWN counts: a scheduler that cannot answer
+        right now (a slow controller) is no proof the hosts are gone."""
+        return self not in (HostState.ENDED, HostState.FAILED)
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ class Job:
 
     def state(self, cached_path: str | None = None) -> JobState:
         """The job's meshes; waits for agents if the reservation is still starting."""
+        from monarch.job.reserve import load_live
 
-        self.record, self.path = _reload(self.path)
+        self.record, self.path = load_live(path=self.path)
         return JobState({"hosts": self.record.host_mesh()})
 
     def kill(self) -> None:
@@ -57,20 +58,6 @@ class Job:
 
         d = describe(self.record)
         return d is not None and d.state.alive
-
-
-def _reload(path: str) -> tuple[JobRecord, str]:
-    from monarch.errors import StateError
-    from monarch.job.reserve import describe, wait_ready
-    from monarch.job.state import load_state
-
-    record = load_state(path)
-    d = describe(record)
-    if d is None or not d.state.alive:
-        raise StateError(f"the reservation {record.name!r} ({record.job_id}) is gone", "`monarch serve` to reserve again")
-    if not record.ready:
-        record = wait_ready(record, path)
-    return record, path
 
 
 def job_load(filename: str | None = None) -> Job:

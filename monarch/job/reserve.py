@@ -152,10 +152,9 @@ def _read_agents(record: JobRecord) -> list[HostRecord]:
 
 
 def load_live(name: str | None = None, *, paths: StatePaths | None = None, wait: bool = True,
-              progress: Progress = _quiet) -> tuple[JobRecord, str]:
-    """The reservation a command should use; raises StateError if there is none or it is gone."""
-    paths = paths or StatePaths()
-    path = paths.resolve(name)
+              progress: Progress = _quiet, path: str | None = None) -> tuple[JobRecord, str]:
+    """The reservation a command should use (``path``, else by name); raises StateError if it is gone."""
+    path = path or (paths or StatePaths()).resolve(name)
     record = load_state(path)
     d = describe(record)
     if d is None or not d.state.alive:
