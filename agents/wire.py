@@ -107,15 +107,23 @@ def _reduce_tensor(t: Any) -> Any:
 _REDO_MARKERS = (b"__main__",)
 
 
-def _tensor_dispatch() -> dict:
-    # The C pickler consults dispatch_table per type without calling into
-    # Python for every object, so tensors go out of band at C speed.
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
-    def reduce(t: Any) -> Any:
-        return _reduce_tensor(t) or t.__reduce_ex__(5)
-    return {torch.Tensor: reduce}
+_dispatch: dict | None = None
+
+
+def _tensor_dispatch() -> dict | None:
+    """copyreg's table plus torch.Tensor, built once torch is imported (None before).
+
+    The C pickler consults dispatch_table per type without calling into
+    Python for every object, so tensors go out of band at C speed.
+    """
+    global _dispatch
+    if _dispatch is None and "torch" in sys.modules:
+        import copyreg
+
+        def reduce(t: Any) -> Any:
+            return _reduce_tensor(t) or t.__reduce_ex__(5)
+        _dispatch = {**copyreg.dispatch_table, sys.modules["torch"].Tensor: reduce}
+    return _dispatch
 
 
 def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -125,8 +133,8 @@ def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     try:
         p = pickle.Pickler(f, protocol=5, buffer_callback=_keep_into(buffers))
         table = _tensor_dispatch()
-        if table:
-            p.dispatch_table = {**__import__("copyreg").dispatch_table, **table}
+        if table is not None:
+            p.dispatch_table = table
         p.dump(obj)
         body = f.getvalue()
     except Exception:

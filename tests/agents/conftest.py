@@ -1,16 +1,1 @@
-import pytest
-
-from tests.helpers import start_client, stop_client
-
-
-@pytest.fixture(scope="package", autouse=True)
-def client():
-    """This process's monarch runtime and private host agent, for every test of the package."""
-    rt = start_client()
-    yield rt
-    stop_client()
-
-
-@pytest.fixture(autouse=True)
-def _every_test_cleans_up(no_leaked_processes):
-    yield
+from tests.fixtures import _every_test_cleans_up, client  # noqa: F401  (shared fixtures)

@@ -146,3 +146,13 @@ def test_incompatible_serve_is_reported(workdir):
     assert "different shape" in r.stderr and "monarch stop" in r.stderr
     r = monarch("--json", "serve", "--hosts", "2", "--replace", cwd=workdir, check=True)
     assert len(json.loads(r.stdout)["hosts"]) == 2
+
+
+def test_shell_runs_on_a_pty_and_passes_the_exit_code(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    r = monarch("shell", "--host", "1", "--", "sh", "-c", "test -t 0 && echo tty-on $MONARCH_HOSTNAME; exit 3",
+                cwd=workdir, stdin=subprocess.DEVNULL)
+    assert r.returncode == 3
+    assert "tty-on host1" in r.stdout
+    r = monarch("shell", "--host", "5", cwd=workdir, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "no host rank 5" in r.stderr
