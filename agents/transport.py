@@ -22,7 +22,6 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -31,6 +30,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
 from agents import wire
+from agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
 
 log = logging.getLogger("monarch.transport")
 
@@ -40,27 +40,6 @@ _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 5000
 #: A peer that has not completed the CURVE handshake by then is treated as gone.
 _CONNECT_DEADLINE_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class JobKeys:
-    """The CURVE keys of one job, as z85 text (safe to keep in a 0600 file)."""
-
-    server_public: str
-    server_secret: str
-    client_public: str
-    client_secret: str
-
-    def as_dict(self) -> dict:
-        """The four keys by name (what agents read from their keys file or stdin)."""
-        return {"server_public": self.server_public, "server_secret": self.server_secret,
-                "client_public": self.client_public, "client_secret": self.client_secret}
-
-    @classmethod
-    def generate(cls) -> "JobKeys":
-        sp, ss = zmq.curve_keypair()
-        cp, cs = zmq.curve_keypair()
-        return cls(sp.decode(), ss.decode(), cp.decode(), cs.decode())
 
 
 _ctx_lock = threading.Lock()

@@ -18,9 +18,9 @@ import sys
 import traceback
 
 import typer
-from rich.console import Console
 
 from monarch.errors import MonarchError
+from monarch_cli.output import err as err_console
 
 EXIT_CODES = {
     "ok": 0,
@@ -32,8 +32,6 @@ EXIT_CODES = {
     "run": 6,
     "interrupted": 130,
 }
-
-err_console = Console(stderr=True, highlight=False)
 
 
 def fail(e: BaseException, verbose: bool = False) -> "typer.Exit":

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+# Command modules keep their machinery (ZeroMQ, Rich, the job code) in function-local
+# imports: every `monarch run` pays for what this line imports, and that budget is ~50 ms.
 from monarch_cli.commands import context, logs, run, serve, shell, status, stop, version
 
 app = typer.Typer(

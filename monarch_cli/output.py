@@ -6,16 +6,28 @@ import json
 import sys
 from typing import Any
 
-from rich.console import Console
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+
+class _LazyConsole:
+    """A Rich console made on first use: importing Rich costs tens of ms that
+    ``monarch run`` piped into a file never needs."""
+
+    def __init__(self, **kwargs: Any):
+        self._kwargs = kwargs
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return getattr(self._console, name)
+
+
+out = _LazyConsole(highlight=False)
+err = _LazyConsole(stderr=True, highlight=False)
 
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
-
-
-def interactive() -> bool:
-    return err.is_terminal

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from agents.transport import JobKeys
+from agents.keys import JobKeys
 from monarch.job.state import write_atomic
 
 

@@ -22,7 +22,7 @@ from agents import runtime as rt_mod
 from agents import supervision
 from agents.messages import HostInfo, Ping, Shutdown
 from agents.runtime import Runtime
-from agents.transport import JobKeys
+from agents.keys import JobKeys
 
 _lock = threading.RLock()
 _local_host: "HostRef | None" = None

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from agents.transport import JobKeys
+from agents.keys import JobKeys
 from monarch.errors import AgentError, SchedulerError, StateError
 from monarch.job.state import (
     HostRecord,

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 
 import typer
-from rich.table import Table
 
 from monarch.errors import StateError
-from monarch.job.state import StatePaths, load_state
 from monarch_cli.commands._common import handled, opts
 from monarch_cli.output import err, out, print_json
 
@@ -18,6 +16,8 @@ app = typer.Typer(help="List or switch between named reservations (contexts).", 
 @app.command("ls")
 def ls(ctx: typer.Context) -> None:
     """List the reservations in this directory; * marks the current one."""
+    from rich.table import Table
+    from monarch.job.state import StatePaths, load_state
     with handled(ctx):
         paths = StatePaths()
         cur = paths.current()
@@ -40,6 +40,7 @@ def ls(ctx: typer.Context) -> None:
 @app.command("use")
 def use(ctx: typer.Context, name: str) -> None:
     """Make NAME the reservation later commands use."""
+    from monarch.job.state import StatePaths
     with handled(ctx):
         paths = StatePaths()
         if not os.path.exists(paths.state_file(name)):

@@ -8,12 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agents.messages import ReadLog
-from monarch.actor._client import ensure_runtime
 from monarch.errors import UsageError
-from monarch.job.reserve import load_live, scheduler_for
-from monarch.job.run import run_history
-from monarch.job.state import StatePaths, load_state
 from monarch_cli.commands._common import NameOpt, handled, opts
 from monarch_cli.output import print_json
 
@@ -32,6 +27,11 @@ def logs(
     scheduler_logs: Annotated[bool, typer.Option("--scheduler", help="Show the scheduler/agent start-up logs.")] = False,
 ) -> None:
     """Print a run's output, prefixed by host; -f follows it live."""
+    from agents.messages import ReadLog
+    from monarch.actor._client import ensure_runtime
+    from monarch.job.reserve import load_live, scheduler_for
+    from monarch.job.run import run_history
+    from monarch.job.state import StatePaths, load_state
     o = opts(ctx)
     with handled(ctx):
         if scheduler_logs:

@@ -7,15 +7,16 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from monarch.errors import UsageError
-from monarch.job.reserve import load_live
-from monarch.job.run import RemoteRun, RunLock, record_run
 from monarch_cli.commands._common import NameOpt, handled, opts
 from monarch_cli.output import err, print_json
+
+if TYPE_CHECKING:
+    from monarch.job.run import RemoteRun
 
 
 def run(
@@ -28,6 +29,8 @@ def run(
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Start and return; read output with `monarch logs`.")] = False,
 ) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
+    from monarch.job.reserve import load_live
+    from monarch.job.run import RemoteRun, RunLock, record_run
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):

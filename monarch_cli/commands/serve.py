@@ -9,8 +9,6 @@ from typing import Annotated
 import typer
 
 from monarch.errors import UsageError
-from monarch.job.reserve import reserve
-from monarch.job.state import DEFAULT_CONTEXT, JobSpec, StatePaths
 from monarch_cli.commands._common import handled, opts
 from monarch_cli.output import err, print_json
 
@@ -20,7 +18,7 @@ def serve(
     hosts: Annotated[int, typer.Option("--hosts", help="How many hosts to reserve.", min=1)] = 1,
     procs_per_host: Annotated[int, typer.Option("--procs-per-host", help="Procs per host (torchrun --nproc-per-node).", min=1)] = 1,
     scheduler: Annotated[str, typer.Option("--scheduler", "-s", help="local (default) or slurm.")] = "local",
-    name: Annotated[str, typer.Option("--name", "-n", help="Name of this reservation (context).")] = DEFAULT_CONTEXT,
+    name: Annotated[str, typer.Option("--name", "-n", help="Name of this reservation (context).")] = "default",
     partition: Annotated[str | None, typer.Option(help="Slurm partition.")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="Slurm time limit, e.g. 2:00:00.")] = None,
     account: Annotated[str | None, typer.Option(help="Slurm account.")] = None,
@@ -36,6 +34,8 @@ def serve(
     timeout: Annotated[float | None, typer.Option(help="Give up waiting for hosts after this many seconds.")] = None,
 ) -> None:
     """Reserve hosts and start a monarch agent on each; reuses a live reservation of the same shape."""
+    from monarch.job.reserve import reserve
+    from monarch.job.state import JobSpec, StatePaths
     o = opts(ctx)
     with handled(ctx):
         options: dict = {}

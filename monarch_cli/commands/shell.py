@@ -15,10 +15,7 @@ from typing import Annotated
 
 import typer
 
-from agents import messages as m
-from monarch.actor._client import ensure_runtime
 from monarch.errors import UsageError
-from monarch.job.reserve import load_live
 from monarch_cli.commands._common import NameOpt, handled
 
 
@@ -29,6 +26,9 @@ def shell(
     command: Annotated[list[str] | None, typer.Argument(help="Program to run instead of $SHELL.")] = None,
 ) -> None:
     """Open an interactive shell on a reserved host (exit the shell to come back)."""
+    from agents import messages as m
+    from monarch.actor._client import ensure_runtime
+    from monarch.job.reserve import load_live
     with handled(ctx):
         record, _ = load_live(name)
         by_rank = {h.host_rank: h for h in record.hosts}

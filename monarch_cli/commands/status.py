@@ -5,12 +5,7 @@ from __future__ import annotations
 import time
 
 import typer
-from rich.table import Table
 
-from agents.messages import HostInfo, Ping
-from monarch.actor._client import ensure_runtime
-from monarch.job.reserve import describe
-from monarch.job.state import StatePaths, load_state
 from monarch_cli.commands._common import NameOpt, handled, opts
 from monarch_cli.output import err, out, print_json
 
@@ -19,6 +14,11 @@ _PING_TIMEOUT_S = 2.0
 
 def status(ctx: typer.Context, name: NameOpt = None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
+    from rich.table import Table
+    from agents.messages import HostInfo, Ping
+    from monarch.actor._client import ensure_runtime
+    from monarch.job.reserve import describe
+    from monarch.job.state import StatePaths, load_state
     o = opts(ctx)
     with handled(ctx):
         path = StatePaths().resolve(name)

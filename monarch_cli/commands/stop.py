@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 from monarch.errors import StateError
-from monarch.job.reserve import release
-from monarch.job.state import StatePaths, load_state, remove_state
 from monarch_cli.commands._common import NameOpt, handled, opts
 from monarch_cli.output import err, print_json
 
@@ -20,6 +18,8 @@ def stop(
     force: Annotated[bool, typer.Option("--force", help="Remove a corrupt or unreadable state file too.")] = False,
 ) -> None:
     """Release the reserved hosts and remove the state file (safe to repeat)."""
+    from monarch.job.reserve import release
+    from monarch.job.state import StatePaths, load_state, remove_state
     o = opts(ctx)
     with handled(ctx):
         paths = StatePaths()
