@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from typing import Any, Callable, Generic, TypeVar
 
@@ -101,6 +100,8 @@ class Future(Generic[R]):
 
     def __await__(self):
         if self._state == _PENDING:
+            import asyncio  # here, not at the top: plain `monarch run` never awaits and asyncio costs ~20 ms
+
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
 
