@@ -20,16 +20,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import struct
 import threading
 import time
 from typing import Any, Callable
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import parse_monitor_message
 
 from agents import wire
+from agents.zap import KeyGate
 from agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
 
 log = logging.getLogger("monarch.transport")
@@ -60,12 +59,13 @@ def context() -> zmq.Context:
         return _ctx
 
 
-class _AllowKeys:
-    def __init__(self, keys: set[bytes]):
-        self.keys = keys
+def _monitor_event(frames: list[bytes]) -> int:
+    """The event id of a socket-monitor message (ZMQ_EVENT_*).
 
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self.keys
+    Parsed here rather than with ``zmq.utils.monitor``, which imports asyncio.
+    The first frame is a native-endian uint16 event id followed by an int32 value.
+    """
+    return struct.unpack("=hi", frames[0][:6])[0]
 
 
 def _local_ips() -> set[str]:
@@ -144,7 +144,7 @@ class Mailbox:
         # One mailbox per process shares the process context; another one in the same process
         # (tests) needs a context of its own, as each context has a single ZAP handler.
         self._ctx = ctx or context()
-        self._auth: ThreadAuthenticator | None = None
+        self._auth: KeyGate | None = None
         self._router: zmq.Socket | None = None
         self._peers: dict[str, _Peer] = {}
         self._peers_lock = threading.Lock()
@@ -165,9 +165,7 @@ class Mailbox:
 
     def start(self) -> str:
         """Bind and start the IO thread; returns the bound address."""
-        self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("monarch.auth"))
-        self._auth.start()
-        self._auth.configure_curve_callback("*", credentials_provider=_AllowKeys({self.keys.client_public.encode()}))
+        self._auth = KeyGate(self._ctx, {self.keys.client_public.encode()})
         r = self._ctx.socket(zmq.ROUTER)
         r.curve_server = True
         r.curve_secretkey = self.keys.server_secret.encode()
@@ -421,15 +419,15 @@ class Mailbox:
         addr = monitors.get(mon)
         while True:
             try:
-                ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+                event = _monitor_event(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             except zmq.ZMQError:
                 return
             p = self._peers.get(addr) if addr else None
-            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and p is not None:
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and p is not None:
                 p.connected = True
-            elif ev["event"] == zmq.EVENT_DISCONNECTED and addr and p is not None and p.connected:
+            elif event == zmq.EVENT_DISCONNECTED and addr and p is not None and p.connected:
                 if addr not in self.dead:
                     self.dead.add(addr)
                     self._guard(lambda: self.on_peer_lost(addr))

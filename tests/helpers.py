@@ -88,7 +88,8 @@ def kill_tree(pids) -> None:
 
 def start_client():
     """This process's monarch runtime and its private host agent (started once)."""
-    from monarch.actor._client import ensure_runtime, local_host
+    from agents.client import ensure_runtime
+    from monarch.actor._client import local_host
 
     rt = ensure_runtime()
     local_host()

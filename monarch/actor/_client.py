@@ -15,16 +15,13 @@ import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 from agents import runtime as rt_mod
 from agents import supervision
 from agents.messages import HostInfo, Ping, Shutdown
-from agents.runtime import Runtime
-from agents.keys import JobKeys
+from agents.client import _lock, ensure_runtime  # noqa: F401  (the client runtime; re-exported)
 
-_lock = threading.RLock()
 _local_host: "HostRef | None" = None
 _local_proc: subprocess.Popen | None = None
 
@@ -48,36 +45,6 @@ class HostRef:
 
     def __repr__(self) -> str:
         return f"HostRef({self.host!r}, {self.addr!r})"
-
-
-def _job_keys() -> JobKeys | None:
-    path = os.environ.get("MONARCH_RUN_JOB")
-    if not path:
-        return None
-    from monarch.job.state import load_state
-
-    return load_state(path).keys
-
-
-def ensure_runtime(keys: JobKeys | None = None) -> Runtime:
-    """This process's runtime, started on first use (with ``keys`` when it talks to a reservation)."""
-    with _lock:
-        rt = rt_mod.current()
-        if rt is not None:
-            if keys is not None and keys != rt.keys:
-                raise RuntimeError("this process already talks to another monarch job; "
-                                   "use one reservation per process (or load the job before calling this_host())")
-            return rt
-        keys = keys or _job_keys() or JobKeys.generate()
-        bind = os.environ.get("MONARCH_BIND", "127.0.0.1")
-        rt = Runtime(keys, bind_host=bind, name="client")
-        supervision.install(rt)
-        rt.start()
-        rt_mod.install(rt)
-        return rt
-
-
-rt_mod.factory = ensure_runtime
 
 
 def local_host() -> HostRef:

@@ -28,7 +28,7 @@ def logs(
 ) -> None:
     """Print a run's output, prefixed by host; -f follows it live."""
     from agents.messages import ReadLog
-    from monarch.actor._client import ensure_runtime
+    from agents.client import ensure_runtime
     from monarch.job.reserve import load_live, scheduler_for
     from monarch.job.run import run_history
     from monarch.job.state import StatePaths, load_state

@@ -27,7 +27,7 @@ def shell(
 ) -> None:
     """Open an interactive shell on a reserved host (exit the shell to come back)."""
     from agents import messages as m
-    from monarch.actor._client import ensure_runtime
+    from agents.client import ensure_runtime
     from monarch.job.reserve import load_live
     with handled(ctx):
         record, _ = load_live(name)
