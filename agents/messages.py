@@ -5,6 +5,9 @@ wants an answer names a :class:`PortRef` (address + port id) to send it to.
 User values (endpoint arguments, results) travel as :class:`Pickled` so that they
 are encoded once for a whole mesh and decoded by the thread that uses them,
 not by the receive loop.
+
+No ``slots=True`` on these dataclasses: it builds each class twice, and the ~10 ms
+that costs at import is paid by every ``monarch`` command.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from agents import wire
 
 
-@dataclass(slots=True)
+@dataclass
 class Pickled:
     """A user value, pickled once; decode with :meth:`load`."""
 
@@ -36,7 +39,7 @@ class Pickled:
         return Pickled, (pickle.PickleBuffer(self.body) if len(self.body) >= wire.OOB_THRESHOLD else bytes(self.body), bufs)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PortRef:
     """Where to send answers: a process's inbound address and a port in it."""
 
@@ -44,7 +47,7 @@ class PortRef:
     port_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Reply:
     """One answer to a port. ``ok`` False means ``payload`` is an exception."""
 
@@ -57,7 +60,7 @@ class Reply:
 # --- proc agent -------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SpawnActor:
     actor_id: str
     name: str
@@ -68,7 +71,7 @@ class SpawnActor:
     owner: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Call:
     actor_id: str
     method: str
@@ -80,14 +83,14 @@ class Call:
     sender: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StopActor:
     actor_id: str
     reply: PortRef
     rank: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StopProc:
     reply: PortRef | None
 
@@ -95,7 +98,7 @@ class StopProc:
 # --- host agent -------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SpawnProcs:
     """Start ``count`` proc agents owned by ``owner``; answer a list of ProcInfo."""
 
@@ -108,7 +111,7 @@ class SpawnProcs:
     point_base: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ProcInfo:
     addr: str
     pid: int
@@ -116,7 +119,7 @@ class ProcInfo:
     host_rank: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ProcDied:
     """Sent by a host agent to a proc's owner the moment the proc exits."""
 
@@ -127,18 +130,18 @@ class ProcDied:
     exit_code: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StopProcs:
     mesh_id: str
     reply: PortRef | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Ping:
     reply: PortRef
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HostInfo:
     host: str
     host_rank: int
@@ -151,7 +154,7 @@ class HostInfo:
     log_dir: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RunCommand:
     """Run ``argv`` on the host; output streams to ``reply`` as RunOutput/RunExited."""
 
@@ -164,7 +167,7 @@ class RunCommand:
     owner: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RunOutput:
     run_id: str
     rank: int
@@ -172,7 +175,7 @@ class RunOutput:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RunExited:
     run_id: str
     rank: int
@@ -180,18 +183,18 @@ class RunExited:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SignalRun:
     run_id: str
     signum: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Shutdown:
     reply: PortRef | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class OpenShell:
     """Start an interactive shell on a pty; bytes flow as ShellData both ways."""
 
@@ -205,7 +208,7 @@ class OpenShell:
     owner: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ShellData:
     shell_id: str
     data: bytes
@@ -213,7 +216,7 @@ class ShellData:
     cols: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ProcReady:
     """A new proc agent telling its host agent where it listens."""
 
@@ -222,7 +225,7 @@ class ProcReady:
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ReadLog:
     """Ask a host agent for bytes of a run's log, from ``offset``; answers (data, size, done)."""
 
@@ -232,7 +235,7 @@ class ReadLog:
     reply: PortRef
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ActorFailed:
     """An actor failed (its supervision was not handled); sent to the actor's owner."""
 
