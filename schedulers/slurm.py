@@ -74,7 +74,7 @@ STATES: dict[str, tuple[HostState, str]] = {
     "RESV_DEL_HOLD": (HostState.PENDING, "held: its reservation was deleted"),
     "SUSPENDED": (HostState.PENDING, "suspended"),
     "RUNNING": (HostState.RUNNING, ""),
-    "COMPLETING": (HostState.RUNNING, "completing"),
+    "COMPLETING": (HostState.RUNNING, "ending (Slurm is cleaning up its nodes)"),
     "SIGNALING": (HostState.RUNNING, "being signaled"),
     "STAGE_OUT": (HostState.RUNNING, "staging out"),
     "RESIZING": (HostState.RUNNING, "resizing"),
@@ -107,6 +107,13 @@ PENDING_REASONS = {
     "QOSMaxJobsPerUserLimit": "QOS limit on jobs per user",
     "AssocGrpCPULimit": "the account's CPU limit is reached",
     "AssocGrpGRES": "the account's GPU limit is reached",
+}
+
+#: Why a job that is COMPLETING ends (``squeue %r``), for the reasons that matter to its hosts.
+ENDING_REASONS = {
+    "TimeLimit": "hit its time limit",
+    "NodeDown": "a node failed",
+    "DeadLine": "hit its deadline",
 }
 
 OPTIONS = ("partition", "time", "account", "qos", "gpus_per_node", "constraint", "exclusive", "sbatch_args",
@@ -224,12 +231,20 @@ def describe_native(job_id: str, state: str, reason: str = "", time_left: str = 
         why = f"{reason}: {words}" if words else reason
     elif host_state is HostState.FAILED and reason and native not in ("CANCELLED", "TIMEOUT"):
         why = f"{why} ({reason})"
+    elif native == "COMPLETING" and reason in ENDING_REASONS:
+        # squeue shows COMPLETING over the final state while the nodes clean up; the reason still says why.
+        why = f"ending: {ENDING_REASONS[reason]}"
     left = None
     if host_state.alive and time_left:
         try:
             left = parse_time(time_left)
         except ValueError:
             left = None
+        # %L is INVALID once a running job is past its limit: Slurm ends it at its next time check
+        # (every 30 s), and until then squeue still says RUNNING.
+        if left is None and native == "RUNNING" and time_left.strip().upper() == "INVALID":
+            left = 0.0
+            why = "past its time limit: Slurm is about to end it"
     nodes: list[str] = []
     if nodelist.strip() and not nodelist.strip().startswith("("):
         try:
@@ -293,6 +308,9 @@ class SlurmScheduler(Scheduler):
         sb.extend(_group_args(extra))
 
         client_host = opts.get("client_host") or self.client_host or default_client_host()
+        if not isinstance(client_host, str) or not re.fullmatch(r"[A-Za-z0-9_.:%-]+", client_host):
+            raise UsageError(f"bad client host {client_host!r}",
+                             "an address or host name the compute nodes can reach, e.g. --client-host 10.0.0.5")
         agent_file = os.path.join(job_dir, "agents", "$SLURM_NODEID.json")
         log_dir = os.path.join(logs, "host$SLURM_NODEID")
         agent = agent_argv(job_dir, python=self.python, extra=[

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from agents.keys import JobKeys
-from monarch.errors import AgentError, SchedulerError, StateError
+from monarch.errors import AgentError, SchedulerError, StateError, UsageError
 from monarch.job.state import (
     HostRecord,
     JobRecord,
@@ -31,6 +31,30 @@ from schedulers.agent_launch import agent_file, write_keys
 
 #: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).
 Progress = Callable[[str, int, int, "Description | None"], None]
+
+
+#: How often ``wait_ready`` asks the scheduler about a starting job, and the most it backs off to while queued.
+_DESCRIBE_EVERY_S = 0.5
+_DESCRIBE_PENDING_MAX_S = 3.0
+
+
+#: How long before its time limit a reservation is flagged by ``status`` and ``run`` warns.
+TIME_WARNING_MIN = 5.0
+TIME_WARNING_ENV = "MONARCH_WARN_BEFORE"
+
+
+def time_warning_s(minutes: float | None = None) -> float:
+    """The warning lead in seconds: ``minutes``, else $MONARCH_WARN_BEFORE (minutes), else 5 minutes."""
+    if minutes is None:
+        text = os.environ.get(TIME_WARNING_ENV, "").strip()
+        try:
+            minutes = float(text) if text else TIME_WARNING_MIN
+        except ValueError:
+            raise UsageError(f"{TIME_WARNING_ENV}={text!r} is not a number of minutes",
+                             f"e.g. {TIME_WARNING_ENV}=10, or unset it") from None
+    if not minutes >= 0:
+        raise UsageError(f"the time-limit warning must be 0 or more minutes, got {minutes!r}")
+    return minutes * 60.0
 
 
 def _quiet(*_: object) -> None:
@@ -93,7 +117,12 @@ def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: 
     sched = scheduler_for(spec)
     request = sched.dryrun(spec, job_dir)
     progress("submitting", 0, spec.hosts, None)
-    job_id = sched.allocate(request)
+    try:
+        job_id = sched.allocate(request)
+    except BaseException:
+        # A refused submission reserved nothing: leave no keys or half-made job folder behind.
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
     record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys)
     save_state(path, record)
     if wait:
@@ -111,6 +140,7 @@ def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, tim
     sched = scheduler_for(record)
     deadline = None if timeout is None else time.monotonic() + timeout
     last_describe = 0.0
+    describe_every = _DESCRIBE_EVERY_S
     d: Description | None = None
     while True:
         hosts = _read_agents(record)
@@ -120,9 +150,13 @@ def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, tim
             progress("ready", len(hosts), record.spec.hosts, d)
             return record
         now = time.monotonic()
-        if now - last_describe > 0.5:
+        if now - last_describe > describe_every:
             last_describe = now
             d = sched.describe(record.job_id, job_dir=record.job_dir)
+            # A queued job can wait for hours: ask the controller less and less often, but look at
+            # the agent files as often as ever, so readiness is seen as soon as the job runs.
+            pending = d is not None and d.state is HostState.PENDING
+            describe_every = min(describe_every * 1.5, _DESCRIBE_PENDING_MAX_S) if pending else _DESCRIBE_EVERY_S
             if d is not None and not d.state.alive:
                 logs = sched.logs(record.job_id, job_dir=record.job_dir).strip().splitlines()[-5:]
                 raise SchedulerError(

@@ -25,10 +25,14 @@ from agents import messages as m
 from agents.errors import SupervisionError
 from agents.runtime import Runtime
 from monarch.actor._client import ensure_runtime
-from monarch.errors import RunError
+from monarch.errors import MonarchError, RunError
 from monarch.job.state import HostRecord, JobRecord
 
 _STOP_GRACE_S = 1.5
+#: How often a run re-reads its reservation's time left (an admin may change the limit).
+_TIME_RECHECK_S = 60.0
+#: How long a failed run waits for a job that is COMPLETING to show why it ended.
+_ENDING_WAIT_S = 3.0
 
 
 @dataclass
@@ -226,3 +230,76 @@ class RemoteRun:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
+
+
+def watch_time_limit(record: JobRecord, done: threading.Event, warn_s: float,
+                     emit: Callable[[str], None]) -> threading.Thread:
+    """Warn once (``emit``) when the reservation has less than ``warn_s`` left before its time limit.
+
+    Runs beside the run, off its output path: it asks the scheduler once at the start (even if
+    the run is already over: a short run is warned too; join the thread to be sure of it), then
+    only when the warning falls due or once a minute, and stops with ``done``.  Schedulers
+    without a time limit (local) answer None and the watch ends at once.
+    """
+    from monarch.job.reserve import describe
+
+    def watch() -> None:
+        while True:
+            try:
+                d = describe(record)
+            except MonarchError:
+                return  # a controller that does not answer is for `monarch status` to report
+            if d is None or not d.state.alive or d.time_left_s is None:
+                return
+            if d.time_left_s <= warn_s:
+                emit(time_limit_warning(record, d.time_left_s))
+                return
+            if done.wait(min(d.time_left_s - warn_s, _TIME_RECHECK_S)):
+                return
+
+    t = threading.Thread(target=watch, name="time-limit-watch", daemon=True)
+    t.start()
+    return t
+
+
+def time_limit_warning(record: JobRecord, left_s: float) -> str:
+    """One line for a run whose reservation is close to (or past) its time limit."""
+    job = f"{record.spec.scheduler} job {record.job_id}"
+    if left_s <= 0:
+        return f"the reservation ({job}) is past its time limit: the scheduler is about to end it, and this run with it"
+    return (f"the reservation ({job}) reaches its time limit in {format_duration(left_s)}: "
+            "this run is stopped then; `monarch serve` a longer --time for more")
+
+
+def reservation_end(record: JobRecord) -> str | None:
+    """Why the reservation has ended or is ending, in words; None while it lives.
+
+    Asked after a run failed, so that a run killed with its allocation (a time limit, a scancel,
+    a node failure) says so instead of showing only a signal.
+    """
+    from monarch.job.reserve import describe
+
+    deadline = time.monotonic() + _ENDING_WAIT_S
+    while True:
+        try:
+            d = describe(record)
+        except MonarchError:
+            return None
+        if d is None:
+            return "the scheduler no longer knows it"
+        if not d.state.alive:
+            return d.reason or d.native_state.lower() or "ended"
+        if d.native_state != "COMPLETING":
+            return None
+        # Slurm shows COMPLETING over the final state until the nodes are clean (seconds at most).
+        if time.monotonic() > deadline:
+            return d.reason
+        time.sleep(0.1)
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS`` (or ``M:SS`` under an hour), as Slurm shows time left."""
+    s = max(0, int(seconds))
+    h, rem = divmod(s, 3600)
+    mnt, sec = divmod(rem, 60)
+    return f"{h}:{mnt:02d}:{sec:02d}" if h else f"{mnt}:{sec:02d}"

@@ -27,10 +27,14 @@ def run(
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V added to the environment (repeatable).")] = None,
     workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="Working directory on the hosts (default: this one).")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Start and return; read output with `monarch logs`.")] = False,
+    warn_before: Annotated[float | None, typer.Option("--warn-before", envvar="MONARCH_WARN_BEFORE", metavar="MINUTES",
+                                                      help="Warn when the reservation is this close to its time limit (Slurm; default 5).")] = None,
 ) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
-    from monarch.job.reserve import load_live
-    from monarch.job.run import RemoteRun, RunLock, record_run
+    from rich.markup import escape
+
+    from monarch.job.reserve import load_live, time_warning_s
+    from monarch.job.run import RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):
@@ -42,6 +46,7 @@ def run(
             if not sep or not k:
                 raise UsageError(f"--env expects K=V, got {kv!r}")
             extra[k] = v
+        warn_s = time_warning_s(warn_before)
         record, path = load_live(name, progress=lambda *a: None)
         if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
             raise typer.Exit(_run_controller(argv, path, extra))
@@ -70,8 +75,10 @@ def run(
                 else:
                     err.print(f"started run {rr.run_id} on {len(selected)} host(s); `monarch logs --run {rr.run_id} -f` follows it")
                 return
+            watch = watch_time_limit(record, rr.done, warn_s, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
             code = _wait(rr)
         printer.flush()
+        watch.join(_WATCH_JOIN_S)
         outcome = rr.outcome
         if o.json:
             print_json({"run_id": rr.run_id, "exit_code": code,
@@ -80,8 +87,21 @@ def run(
             err.print("[yellow]interrupted: stopped every rank[/]")
         elif outcome.first_failure is not None:
             f = outcome.first_failure
-            err.print(f"[bold red]error:[/] rank {f.rank} on {f.host} {f.reason}")
+            ended = reservation_end(record)
+            if ended:
+                # The ranks died with the allocation: say that, not only the signal they got.
+                err.print(f"[bold red]error:[/] the reservation ended during the run "
+                          f"({record.spec.scheduler} job {record.job_id}: {escape(ended)})")
+                err.print("  [dim]hint:[/] `monarch serve` reserves again (`monarch status` shows why it ended)")
+                if o.verbose:
+                    err.print(f"  first failure: rank {f.rank} on {f.host} {escape(f.reason)}")
+            else:
+                err.print(f"[bold red]error:[/] rank {f.rank} on {f.host} {f.reason}")
         raise typer.Exit(code)
+
+
+#: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).
+_WATCH_JOIN_S = 1.0
 
 
 def _wait(rr: RemoteRun) -> int:

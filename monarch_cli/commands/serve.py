@@ -27,6 +27,7 @@ def serve(
     constraint: Annotated[str | None, typer.Option(help="Slurm node constraint.")] = None,
     exclusive: Annotated[bool, typer.Option(help="Slurm: whole nodes only.")] = False,
     sbatch_arg: Annotated[list[str] | None, typer.Option("--sbatch-arg", help="Extra sbatch argument (repeatable).")] = None,
+    client_host: Annotated[str | None, typer.Option("--client-host", help="Slurm: this machine's address as the nodes reach it; agents bind to their route towards it (default: what this host's name resolves to).")] = None,
     bind: Annotated[str | None, typer.Option(help="Address agents bind to (default: loopback for local).")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="Release an incompatible or broken reservation and make a new one.")] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Submit and return; a later command waits for the hosts.")] = False,
@@ -41,14 +42,14 @@ def serve(
         options: dict = {}
         if scheduler == "slurm":
             for k, v in {"partition": partition, "time": time_limit, "account": account, "qos": qos,
-                         "gpus_per_node": gpus_per_node, "constraint": constraint}.items():
+                         "gpus_per_node": gpus_per_node, "constraint": constraint, "client_host": client_host}.items():
                 if v is not None:
                     options[k] = v
             if exclusive:
                 options["exclusive"] = True
             if sbatch_arg:
                 options["sbatch_args"] = list(sbatch_arg)
-        elif any(v is not None for v in (partition, time_limit, account, qos, gpus_per_node, constraint)) or sbatch_arg:
+        elif any(v is not None for v in (partition, time_limit, account, qos, gpus_per_node, constraint, client_host)) or sbatch_arg:
             raise UsageError(f"Slurm options given with --scheduler {scheduler}", "add --scheduler slurm")
         if bind:
             options["bind"] = bind

@@ -17,7 +17,7 @@ def status(ctx: typer.Context, name: NameOpt = None) -> None:
     from rich.table import Table
     from agents.messages import HostInfo, Ping
     from monarch.actor._client import ensure_runtime
-    from monarch.job.reserve import describe
+    from monarch.job.reserve import describe, time_warning_s
     from monarch.job.state import StatePaths, load_state
     o = opts(ctx)
     with handled(ctx):
@@ -53,7 +53,7 @@ def status(ctx: typer.Context, name: NameOpt = None) -> None:
                 line += f" — {data['reason']}"
             if d and d.time_left_s is not None:
                 line += f", {_fmt_left(d.time_left_s)} left"
-                if d.time_left_s < 300:
+                if d.time_left_s <= time_warning_s():
                     line += " [yellow](time limit soon)[/]"
             err.print(line)
             t = Table("rank", "host", "agent", "pid", "procs", "running", "address")

@@ -1,22 +1,17 @@
-"""End to end against a real Slurm cluster (scripts/slurm_cluster.sh: 4 nodes on this machine).
-
-The session fixture installs and starts the cluster in a temporary directory, on free ports,
-and stops it at the end; without root (or without slurmctld and apt-get) every test here is
-skipped.  Each test works in its own directory and releases its job in a ``finally``.
+"""End to end against a real Slurm cluster (the ``slurm_cluster`` fixture in conftest.py: 4 nodes
+on this machine), through the job API.  Each test works in its own directory and releases its
+job in a ``finally``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from monarch.errors import SchedulerError, StateError
@@ -24,122 +19,11 @@ from monarch.job.reserve import describe, load_live, release, reserve
 from monarch.job.state import JobSpec, StatePaths
 from schedulers import HostState
 from schedulers.agent_launch import project_root
+from tests.schedulers.conftest import assert_released, leftovers, poll
 
-SCRIPT = os.path.join(project_root(), "scripts", "slurm_cluster.sh")
 OPTS = {"partition": "debug", "time": "10:00"}
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _free_ports(count: int, consecutive: bool = False) -> list[int]:
-    """Ports nothing listens on now (``consecutive``: a block of ``count``)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        ports = list(range(base, base + count)) if consecutive else [base]
-        if ports[-1] > 65535:
-            continue
-        try:
-            socks = []
-            for p in ports:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return ports
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm cluster needs root (munged runs as munge, slurmd as root)")
-    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
-    if shutil.which("slurmctld", path=path) is None and shutil.which("apt-get") is None:
-        pytest.skip("slurmctld is not installed and apt-get is not available to install it")
-    # The daemons must not carry the test session's mark (tests/helpers.py): they are not leaks of
-    # this session, and munged, shared with any other cluster on the machine, may outlive it.
-    env = {k: v for k, v in os.environ.items() if k != "MONARCH_TEST_SESSION"}
-    env["PATH"] = path
-    # Ports of our own, so a cluster someone already runs here (default ports) does not collide.
-    taken = set()
-    for var, n, block in (("MONARCH_SLURMCTLD_PORT", 1, False), ("MONARCH_SLURMD_PORT", 1, False),
-                          ("MONARCH_SLURM_NODE_PORT", 4, True)):
-        while True:
-            ports = _free_ports(n, block)
-            if not taken & set(ports):
-                break
-        taken |= set(ports)
-        env.setdefault(var, str(ports[0]))
-    r = subprocess.run([SCRIPT, "install"], env=env, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"slurm_cluster.sh install failed:\n{r.stderr[-3000:]}")
-    cluster_dir = str(tmp_path_factory.mktemp("slurm"))
-    r = subprocess.run([SCRIPT, "start", cluster_dir], env=env, capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        pytest.fail(f"slurm_cluster.sh start failed:\n{r.stderr[-3000:]}")
-    export = r.stdout.strip().splitlines()[-1]
-    assert export.startswith("export SLURM_CONF="), r.stdout
-    conf = export.split("=", 1)[1]
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SLURM_CONF", conf)
-    try:
-        yield conf
-    finally:
-        mp.undo()
-        subprocess.run([SCRIPT, "stop", cluster_dir], env=env, capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture
-def workdir(slurm_cluster, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def _squeue(job_id: str) -> str:
-    """What the default squeue listing (jobs not done yet) says about the job."""
-    r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    return r.stdout.strip()
-
-
-def _leftovers(job_id: str, job_dir: str) -> list[str]:
-    """Live processes of the job: its agents (job dir on the command line) or anything in its steps."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
-                continue
-            cmd = " ".join(p.info["cmdline"] or [])
-            if job_dir in cmd or p.environ().get("SLURM_JOB_ID") == job_id:
-                found.append(f"{p.pid} {cmd[:200]}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def _assert_released(job_id: str, job_dir: str) -> None:
-    assert _squeue(job_id) == "", f"job {job_id} is still queued"
-    # PID 1 reaps orphans lazily; allow a moment for processes that are on their way out.
-    deadline = time.monotonic() + 3
-    while (left := _leftovers(job_id, job_dir)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, f"processes of job {job_id} remain: {left}"
-
-
-def _poll(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 # The actor part runs in a fresh interpreter: a process talks to one job (one set of keys), and
@@ -173,7 +57,7 @@ def test_reserve_four_nodes_spawn_and_release(workdir):
         assert d.state is HostState.RUNNING and d.native_state == "RUNNING"
         assert d.nodes == ["n1", "n2", "n3", "n4"] and 0 < d.time_left_s <= 600
         # The leftover check below can see the agents (so its "none left" means something).
-        agents = [p for p in _leftovers(rec.job_id, rec.job_dir) if "agents.host_agent" in p]
+        agents = [p for p in leftovers(rec.job_id, rec.job_dir) if "agents.host_agent" in p]
         assert len(agents) == 4, agents
         print(f"reserve: {time.monotonic() - t0:.2f} s")
 
@@ -191,7 +75,7 @@ def test_reserve_four_nodes_spawn_and_release(workdir):
         t0 = time.monotonic()
         release(rec, r.path)
         print(f"release: {time.monotonic() - t0:.2f} s")
-    _assert_released(rec.job_id, rec.job_dir)
+    assert_released(rec.job_id, rec.job_dir)
     assert not os.path.exists(r.path)
     # Releasing again is harmless.
     release(rec, r.path)
@@ -221,7 +105,7 @@ def test_no_wait_then_load_live_waits(workdir):
         assert r2.reused and r2.record.job_id == rec.job_id
     finally:
         release(r.record, r.path)
-    _assert_released(r.record.job_id, r.record.job_dir)
+    assert_released(r.record.job_id, r.record.job_dir)
 
 
 def test_external_scancel_is_detected(workdir):
@@ -229,7 +113,7 @@ def test_external_scancel_is_detected(workdir):
     rec = r.record
     try:
         subprocess.run(["scancel", rec.job_id], check=True, capture_output=True)
-        d = _poll(lambda: (lambda d: d if not d.state.alive else None)(describe(rec)), 15, "the job to end")
+        d = poll(lambda: (lambda d: d if not d.state.alive else None)(describe(rec)), 15, "the job to end")
         assert d.state is HostState.FAILED and d.native_state == "CANCELLED"
         assert d.reason == "cancelled (scancel or admin)"
         with pytest.raises(StateError) as e:
@@ -238,7 +122,7 @@ def test_external_scancel_is_detected(workdir):
         assert "monarch serve" in e.value.hint
     finally:
         release(rec, r.path)
-    _assert_released(rec.job_id, rec.job_dir)
+    assert_released(rec.job_id, rec.job_dir)
 
 
 def test_time_limit_shows_as_time_left(workdir):
@@ -252,7 +136,7 @@ def test_time_limit_shows_as_time_left(workdir):
         assert "#SBATCH --time=1\n" in open(os.path.join(rec.job_dir, "slurm.sbatch")).read()
     finally:
         release(rec, r.path)
-    _assert_released(rec.job_id, rec.job_dir)
+    assert_released(rec.job_id, rec.job_dir)
 
 
 def test_sbatch_refusal_is_quick_and_readable(workdir):
@@ -264,5 +148,6 @@ def test_sbatch_refusal_is_quick_and_readable(workdir):
     assert msg.startswith("sbatch refused the job: ") and "\n" not in msg
     assert "no-such-partition" in msg or "partition" in msg.lower()
     assert "sinfo" in e.value.hint
-    # Nothing half-made is left behind.
+    # Nothing half-made is left behind: no state, no job folder with keys in it.
     assert not os.path.exists(StatePaths().state_file("default"))
+    assert not os.path.exists(StatePaths().job_dir("default"))

@@ -149,6 +149,20 @@ def test_time_left_only_while_alive():
     assert describe_native("9", "COMPLETED", "None", "1:00", "n1").time_left_s is None
 
 
+def test_running_past_its_time_limit():
+    # What squeue printed between a 1-minute job's limit and Slurm's next time check (seen here).
+    d = describe_native("9", "RUNNING", "None", "INVALID", "n1")
+    assert d.state is HostState.RUNNING and d.time_left_s == 0.0
+    assert d.reason == "past its time limit: Slurm is about to end it"
+    assert describe_native("9", "RUNNING", "None", "UNLIMITED", "n1").time_left_s is None
+
+
+def test_completing_says_why_it_ends():
+    d = describe_native("9", "COMPLETING", "TimeLimit", "INVALID", "n1")
+    assert d.state.alive and d.reason == "ending: hit its time limit"
+    assert describe_native("9", "COMPLETING", "None").reason.startswith("ending")
+
+
 # -- dryrun: the sbatch script ------------------------------------------------------------------
 
 
@@ -414,3 +428,92 @@ def test_logs_finds_the_job_dir_from_the_job_id(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert SlurmScheduler().logs("8") == "== slurm-8.out ==\nout\n"
     assert SlurmScheduler().logs("9") == ""
+
+
+# -- what a run is told about the time limit and the job's end -------------------------------------
+
+
+def _record(tmp_path):
+    from agents.keys import JobKeys
+    from monarch.job.state import JobRecord
+
+    keys = JobKeys("a" * 40, "b" * 40, "c" * 40, "d" * 40)
+    return JobRecord("default", JobSpec("slurm", 2, 1, {}), "12", str(tmp_path / "j"), keys)
+
+
+def test_reservation_end_names_the_time_limit(fake_slurm, tmp_path):
+    from monarch.job.run import reservation_end
+
+    rec = _record(tmp_path)
+    fake_slurm("squeue", out="RUNNING|None|9:00|n[1-2]\n")
+    assert reservation_end(rec) is None
+    fake_slurm("squeue", out="TIMEOUT|TimeLimit|INVALID|n[1-2]\n")
+    assert reservation_end(rec) == "hit its time limit"
+    fake_slurm("squeue", out="CANCELLED|None|9:00|n[1-2]\n")
+    assert reservation_end(rec) == "cancelled (scancel or admin)"
+    fake_slurm("squeue", out="NODE_FAIL|NodeDown|9:00|n[1-2]\n")
+    assert reservation_end(rec) == "a node failed (NodeDown)"
+    # The controller not answering is no proof the job ended.
+    fake_slurm("squeue", err="slurm_load_jobs error: Unable to contact slurm controller\n", rc=1)
+    assert reservation_end(rec) is None
+
+
+def test_reservation_end_waits_out_completing(fake_slurm, tmp_path):
+    from monarch.job.run import reservation_end
+
+    # COMPLETING twice, then the final state.
+    counter = tmp_path / "n"
+    counter.write_text("0\n")
+    (tmp_path / "bin" / "squeue").write_text(f"""#!/bin/sh
+read n < {counter}; n=$((n + 1)); echo $n > {counter}
+if [ $n -le 2 ]; then echo 'COMPLETING|TimeLimit|INVALID|n1'; else echo 'TIMEOUT|TimeLimit|INVALID|n1'; fi
+""")
+    assert reservation_end(_record(tmp_path)) == "hit its time limit"
+    assert counter.read_text() == "3\n"
+
+
+def test_time_limit_warning_text(tmp_path):
+    from monarch.job.run import format_duration, time_limit_warning
+
+    rec = _record(tmp_path)
+    assert time_limit_warning(rec, 252) == ("the reservation (slurm job 12) reaches its time limit in 4:12: "
+                                            "this run is stopped then; `monarch serve` a longer --time for more")
+    assert "past its time limit" in time_limit_warning(rec, 0)
+    assert [format_duration(s) for s in (0, 59.9, 61, 3600, 90061)] == ["0:00", "0:59", "1:01", "1:00:00", "25:01:01"]
+
+
+def test_time_warning_setting(monkeypatch):
+    from monarch.job.reserve import time_warning_s
+
+    monkeypatch.delenv("MONARCH_WARN_BEFORE", raising=False)
+    assert time_warning_s() == 300.0
+    assert time_warning_s(0.5) == 30.0
+    monkeypatch.setenv("MONARCH_WARN_BEFORE", "10")
+    assert time_warning_s() == 600.0 and time_warning_s(1) == 60.0
+    monkeypatch.setenv("MONARCH_WARN_BEFORE", "soon")
+    with pytest.raises(UsageError, match="MONARCH_WARN_BEFORE='soon' is not a number of minutes"):
+        time_warning_s()
+    with pytest.raises(UsageError, match="0 or more minutes"):
+        time_warning_s(-1)
+
+
+def test_watch_time_limit_warns_once_and_stops_with_the_run(fake_slurm, tmp_path):
+    import threading
+
+    from monarch.job.run import time_limit_warning, watch_time_limit
+
+    rec = _record(tmp_path)
+    got: list[str] = []
+    done = threading.Event()
+    done.set()  # a run that is already over is still warned: the first check always happens
+    fake_slurm("squeue", out="RUNNING|None|4:00|n1\n")
+    t = watch_time_limit(rec, done, 300, got.append)
+    t.join(10)
+    assert not t.is_alive() and got == [time_limit_warning(rec, 240)]
+    got.clear()
+    fake_slurm("squeue", out="RUNNING|None|1:00:00|n1\n")
+    done = threading.Event()
+    t = watch_time_limit(rec, done, 300, got.append)
+    done.set()
+    t.join(10)
+    assert not t.is_alive() and got == []
