@@ -61,11 +61,19 @@ class Job:
 
 
 def job_load(filename: str | None = None) -> Job:
-    """Load the job at ``filename`` (default: MONARCH_JOB, else .monarch/job_state.pkl)."""
+    """Load the job at ``filename`` (default: MONARCH_JOB, else .monarch/job_state.pkl).
+
+    A job made by ``monarch.job.spmd.serve`` comes back as an ``SPMDJob`` (with ``run_spmd()``).
+    """
     from monarch.job.state import load_state
 
     path = os.path.abspath(filename) if filename else StatePaths().resolve(None)
-    return Job(load_state(path), path)
+    record = load_state(path)
+    if record.program is not None:
+        from monarch.job.spmd import SPMDJob
+
+        return SPMDJob(record, path)
+    return Job(record, path)
 
 
 __all__ = ["DEFAULT_JOB_PATH", "Job", "JobState", "JobSpec", "job_load"]

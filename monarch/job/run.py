@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -24,7 +25,7 @@ from typing import Callable
 from agents import messages as m
 from agents.errors import SupervisionError
 from agents.runtime import Runtime
-from monarch.actor._client import ensure_runtime
+from agents.client import ensure_runtime
 from monarch.errors import MonarchError, RunError
 from monarch.job.state import HostRecord, JobRecord
 
@@ -150,7 +151,12 @@ class RemoteRun:
     """A command running on several host agents; output arrives via ``on_output``."""
 
     def __init__(self, record: JobRecord, hosts: list[HostRecord], argv: list[str], *, env: dict[str, str],
-                 cwd: str | None, on_output: Callable[[int, str, bytes], None], detach: bool = False):
+                 cwd: str | None, on_output: Callable[[int, str, bytes], None], detach: bool = False,
+                 expand: dict[str, str] | None = None):
+        """``expand``: when given, ``$NAME``/``${NAME}`` in ``argv`` is replaced per rank from the rank's
+        environment and then from ``expand`` (TorchX macros such as ``${replica_id}``), as TorchX and a
+        shell would; ``$$`` is a literal ``$``.  Without it, ``argv`` goes out untouched."""
+        self.expand = expand
         self.record = record
         self.hosts = hosts
         self.argv = argv
@@ -177,9 +183,17 @@ class RemoteRun:
             if not self.detach:
                 rt.watch(h.addr, lambda err, i=i: self._agent_lost(i, err))
             try:
-                rt.send(h.addr, m.RunCommand(self.run_id, list(self.argv), env, self.cwd, reply, i, owner))
+                rt.send(h.addr, m.RunCommand(self.run_id, self.argv_for(i, env), env, self.cwd, reply, i, owner))
             except SupervisionError as e:
                 self._agent_lost(i, e)
+
+    def argv_for(self, index: int, env: dict[str, str]) -> list[str]:
+        if self.expand is None:
+            return list(self.argv)
+        import string
+
+        values = {**self.expand, "replica_id": str(index), **env}
+        return [string.Template(a).safe_substitute(values) for a in self.argv]
 
     def pick_master_port(self) -> int:
         return pick_port(self.hosts[0])
@@ -303,3 +317,40 @@ def format_duration(seconds: float) -> str:
     h, rem = divmod(s, 3600)
     mnt, sec = divmod(rem, 60)
     return f"{h}:{mnt:02d}:{sec:02d}" if h else f"{mnt}:{sec:02d}"
+
+
+class LinePrinter:
+    """Writes a run's output to this process's stdout/stderr, each line prefixed by its host.
+
+    Partial lines are kept until they end, so ranks never interleave inside a line.
+    """
+
+    def __init__(self, hosts, color: bool):
+        self.names = {i: h.host for i, h in enumerate(hosts)}
+        self.partial: dict[tuple[int, str], bytes] = {}
+        self.lock = threading.Lock()
+        self.color = color
+
+    def write(self, rank: int, stream: str, data: bytes) -> None:
+        with self.lock:
+            buf = self.partial.pop((rank, stream), b"") + data
+            *lines, rest = buf.split(b"\n")
+            if rest:
+                self.partial[(rank, stream)] = rest
+            for line in lines:
+                self._emit(rank, stream, line)
+
+    def _emit(self, rank: int, stream: str, line: bytes) -> None:
+        text = line.decode(errors="replace")
+        prefix = f"[{self.names.get(rank, rank)}] "
+        if self.color:
+            prefix = f"\x1b[{36 + rank % 2}m{prefix}\x1b[0m"
+        target = sys.stderr if stream == "stderr" else sys.stdout
+        target.write(prefix + text + "\n")
+        target.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            for (rank, stream), rest in list(self.partial.items()):
+                self._emit(rank, stream, rest)
+            self.partial.clear()

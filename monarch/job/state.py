@@ -70,6 +70,9 @@ class JobRecord:
     hosts: list[HostRecord] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     version: int = STATE_VERSION
+    #: The SPMD program ``monarch.job.spmd.serve`` reserved for (argv, env, ...), so that
+    #: ``job_load(...).run_spmd()`` in another process runs it again; None for ``monarch serve``.
+    program: dict | None = None
 
     @property
     def ready(self) -> bool:
@@ -93,7 +96,7 @@ class JobRecord:
         return cls(
             name=d["name"], spec=JobSpec(**d["spec"]), job_id=d["job_id"], job_dir=d["job_dir"],
             keys=JobKeys(**d["keys"]), hosts=[HostRecord(**h) for h in d["hosts"]],
-            created_at=d["created_at"], version=d["version"],
+            created_at=d["created_at"], version=d["version"], program=d.get("program"),
         )
 
 

@@ -34,7 +34,7 @@ def run(
     from rich.markup import escape
 
     from monarch.job.reserve import load_live, time_warning_s
-    from monarch.job.run import RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
+    from monarch.job.run import LinePrinter, RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):
@@ -63,7 +63,7 @@ def run(
             selected = [by_rank[w] for w in wanted]
         else:
             selected = sorted(record.hosts, key=lambda h: h.host_rank)
-        printer = _Printer(selected, sys.stdout.isatty() and not o.json)
+        printer = LinePrinter(selected, sys.stdout.isatty() and not o.json)
         with RunLock(record):
             rr = RemoteRun(record, selected, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write,
                            detach=detach)
@@ -126,40 +126,6 @@ def _wait(rr: RemoteRun) -> int:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     return rr.outcome.exit_code
-
-
-class _Printer:
-    """Prefixes each line with its host; keeps partial lines until they end."""
-
-    def __init__(self, hosts, color: bool):
-        self.names = {i: h.host for i, h in enumerate(hosts)}
-        self.partial: dict[tuple[int, str], bytes] = {}
-        self.lock = threading.Lock()
-        self.color = color
-
-    def write(self, rank: int, stream: str, data: bytes) -> None:
-        with self.lock:
-            buf = self.partial.pop((rank, stream), b"") + data
-            *lines, rest = buf.split(b"\n")
-            if rest:
-                self.partial[(rank, stream)] = rest
-            for line in lines:
-                self._emit(rank, stream, line)
-
-    def _emit(self, rank: int, stream: str, line: bytes) -> None:
-        text = line.decode(errors="replace")
-        prefix = f"[{self.names.get(rank, rank)}] "
-        if self.color:
-            prefix = f"\x1b[{36 + rank % 2}m{prefix}\x1b[0m"
-        target = sys.stderr if stream == "stderr" else sys.stdout
-        target.write(prefix + text + "\n")
-        target.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            for (rank, stream), rest in list(self.partial.items()):
-                self._emit(rank, stream, rest)
-            self.partial.clear()
 
 
 def _run_controller(argv: list[str], state_path: str, extra: dict) -> int:

@@ -16,7 +16,7 @@ def status(ctx: typer.Context, name: NameOpt = None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
     from rich.table import Table
     from agents.messages import HostInfo, Ping
-    from monarch.actor._client import ensure_runtime
+    from agents.client import ensure_runtime
     from monarch.job.reserve import describe, time_warning_s
     from monarch.job.state import StatePaths, load_state
     o = opts(ctx)
