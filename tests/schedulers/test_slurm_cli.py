@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
-from tests.schedulers.conftest import assert_released
+from tests.schedulers.conftest import assert_released, poll
 
 SLURM = ["--scheduler", "slurm", "--partition", "debug"]
 
@@ -80,6 +80,32 @@ def test_no_wait_then_reattach_from_another_directory(workdir, tmp_path_factory)
         assert not os.path.exists(served["state_file"])
     finally:
         _stop(workdir)
+
+
+def test_pending_job_shows_its_queue_state_and_a_later_run_picks_it_up(workdir):
+    # Another user's job holds every CPU of the 4 nodes, so ours waits in the queue.
+    r = subprocess.run(["salloc", "-N4", "--exclusive", "--time=5:00", "--no-shell"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    blocker = re.search(r"Granted job allocation (\d+)", r.stderr).group(1)
+    served = {}
+    try:
+        served = _serve(workdir, "--hosts", "4", "--time", "10:00", "--no-wait")
+        # A job has no queue reason until Slurm's scheduler has looked at it once.
+        st = poll(lambda: (lambda st: st if st["reason"] else None)(
+            json.loads(monarch("--json", "status", cwd=workdir, check=True).stdout)), 30, "a queue reason")
+        assert st["state"] == "PENDING" and st["reason"] == "Resources: waiting for free nodes", st
+        assert st["hosts"] == [] and st["ready"] is False
+        r = monarch("status", cwd=workdir, check=True)
+        assert f"{served['job_id']} (4 hosts × 1 procs (slurm)): PENDING — Resources: waiting for free nodes" in _flat(r.stderr)
+        subprocess.run(["scancel", blocker], check=True, capture_output=True)
+        r = monarch("run", "--", "hostname", cwd=workdir, check=True)
+        assert sorted(line.split()[0] for line in r.stdout.splitlines()) == ["[n1]", "[n2]", "[n3]", "[n4]"]
+    finally:
+        subprocess.run(["scancel", blocker], capture_output=True)
+        _stop(workdir)
+    if served:
+        assert_released(served["job_id"], str(workdir / ".monarch" / "jobs" / "default"))
 
 
 def test_run_and_status_warn_near_the_time_limit(workdir):
