@@ -121,12 +121,6 @@ class Runtime:
         except PeerLost:
             raise self._death.get(addr) or SupervisionError(f"connection to {addr} was lost")
 
-    def send_frames(self, addr: str, frames: list) -> None:
-        err = self._death.get(addr)
-        if err is not None:
-            raise err
-        self.mailbox.send_frames(addr, frames)
-
     def _on_message(self, msg: Any) -> None:
         if type(msg) is Reply:
             h = self._ports.get(msg.port_id)

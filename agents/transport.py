@@ -1,17 +1,24 @@
-"""The authenticated ZeroMQ transport: one inbound address per process.
+"""The authenticated transport: one inbound address per process.
 
 Every monarch process (client, host agent, proc agent) owns one
-:class:`Mailbox`: a CURVE ROUTER socket bound to one address, read by one IO
-thread, and a cache of outbound DEALER sockets, one per peer address, that any
+:class:`Mailbox`: a CURVE ROUTER socket bound to one TCP address, read by one
+IO thread, and a cache of outbound sockets, one per peer address, that any
 thread may send on (each behind its own lock, so sends never wait for the IO
 thread).  Messages are one-way; answers go to the sender's own address.
 
-Peers are watched through ZeroMQ socket monitors: when the TCP connection to a
-peer closes (the peer died, or its host did), ``on_peer_lost(addr)`` runs within
-milliseconds.  ZMTP heartbeats catch peers that vanish without closing.
+A peer on the same host is reached through the Unix socket that stands for
+its TCP address (``agents/ipc.py``): the sending thread writes the message
+itself, large buffers go as shared memory, and no ZeroMQ thread or CURVE
+encryption sits in between.  Peers on other hosts get ZeroMQ DEALER sockets.
+
+Peers are watched: when the connection to a peer closes (the peer died, or its
+host did), ``on_peer_lost(addr)`` runs within milliseconds.  For ZeroMQ peers
+socket monitors tell, and ZMTP heartbeats catch peers that vanish without
+closing; a Unix socket simply reads end-of-file.
 
 Security: the ROUTER is a CURVE server, and a ZAP authenticator admits only the
-job's client key, so an unauthenticated peer never gets a message decoded.
+job's client key, so an unauthenticated peer never gets a message decoded; the
+Unix socket applies the same rule with a key handshake (see ``agents/ipc.py``).
 Nothing binds a wildcard address unless the caller passes one.
 """
 
@@ -27,7 +34,7 @@ from typing import Any, Callable
 
 import zmq
 
-from agents import wire
+from agents import ipc, wire
 from agents.zap import KeyGate
 from agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
 
@@ -101,13 +108,14 @@ def addr_host(addr: str) -> str:
 
 
 class _Peer:
-    __slots__ = ("sock", "lock", "monitor", "same_host", "connected", "created")
+    """A ZeroMQ DEALER to a peer on another host, and its monitor."""
 
-    def __init__(self, sock: zmq.Socket, monitor: zmq.Socket, same_host: bool):
+    __slots__ = ("sock", "lock", "monitor", "connected", "created")
+
+    def __init__(self, sock: zmq.Socket, monitor: zmq.Socket):
         self.sock = sock
         self.lock = threading.Lock()
         self.monitor = monitor
-        self.same_host = same_host
         self.connected = False
         self.created = time.monotonic()
 
@@ -133,6 +141,7 @@ class Mailbox:
         bind_port: int = 0,
         name: str = "mailbox",
         ctx: zmq.Context | None = None,
+        local_ipc: bool = True,
     ):
         self.keys = keys
         self.on_message = on_message
@@ -146,9 +155,14 @@ class Mailbox:
         self._ctx = ctx or context()
         self._auth: KeyGate | None = None
         self._router: zmq.Socket | None = None
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, _Peer | ipc.Link] = {}
         self._peers_lock = threading.Lock()
         self._new_monitors: list[tuple[str, zmq.Socket]] = []
+        self._local_ipc = local_ipc
+        self._listener: ipc.Listener | None = None
+        self._links: dict[int, ipc.Link] = {}  # fd -> link, IO thread only
+        self._new_links: list[ipc.Link] = []
+        self._connecting: dict[str, threading.Lock] = {}
         self._calls: list[Callable[[], None]] = []
         self._calls_lock = threading.Lock()
         self._timers: list[tuple[float, Callable[[], None]]] = []
@@ -181,6 +195,11 @@ class Mailbox:
             r.bind(f"{fmt}:*")
         self.addr = r.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = r
+        if self._local_ipc:
+            try:
+                self._listener = ipc.Listener(self.addr, self.keys)
+            except OSError as e:  # taken, or no abstract sockets here: peers on this host use TCP
+                log.warning("%s: no Unix socket for %s (%s); same-host peers use TCP", self.name, self.addr, e)
         wake_recv = self._ctx.socket(zmq.PULL)
         self._wake_addr = f"inproc://wake-{id(self)}"
         wake_recv.bind(self._wake_addr)
@@ -201,13 +220,22 @@ class Mailbox:
             self._thread.join(timeout=2)
         with self._peers_lock:
             peers, self._peers = self._peers, {}
+            new_links, self._new_links = self._new_links, []
         for p in peers.values():
+            if isinstance(p, ipc.Link):
+                p.close()
+                continue
             try:
                 p.sock.disable_monitor()
             except zmq.ZMQError:
                 pass
             p.monitor.close(0)
             p.sock.close()
+        for link in [*self._links.values(), *new_links]:
+            link.close()
+        self._links.clear()
+        if self._listener is not None:
+            self._listener.close()
         if self._wake_send is not None:
             self._wake_send.close(0)
         if self._auth is not None:
@@ -215,37 +243,53 @@ class Mailbox:
 
     # -- sending -----------------------------------------------------------
 
-    def _peer(self, addr: str) -> _Peer:
+    def _peer(self, addr: str) -> _Peer | ipc.Link:
         p = self._peers.get(addr)
         if p is not None:
             return p
         with self._peers_lock:
-            p = self._peers.get(addr)
-            if p is not None:
-                return p
-            if addr in self.dead:  # declared dead (and its socket closed) since the caller looked
-                raise PeerLost(addr)
-            s = self._ctx.socket(zmq.DEALER)
-            s.curve_serverkey = self.keys.server_public.encode()
-            s.curve_publickey = self.keys.client_public.encode()
-            s.curve_secretkey = self.keys.client_secret.encode()
-            s.sndhwm = _HWM
-            s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
-            s.setsockopt(zmq.RECONNECT_IVL, 100)
-            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            try:
-                s.connect(addr)
-            except zmq.ZMQError:
-                # A malformed address (say, from a corrupted message): close what we made,
-                # or each try leaks three sockets until the context has none left.
-                _close_quietly(s, mon)
-                raise
-            p = _Peer(s, mon, is_same_host(addr))
-            self._peers[addr] = p
-            self._new_monitors.append((addr, mon))
+            connecting = self._connecting.setdefault(addr, threading.Lock())
+        with connecting:  # one connection per peer, however many threads send to it first
+            with self._peers_lock:
+                p = self._peers.get(addr)
+                if p is not None or addr in self.dead:
+                    self._connecting.pop(addr, None)
+                    if p is None:  # declared dead (and its socket closed) since the caller looked
+                        raise PeerLost(addr)
+                    return p
+            link = ipc.connect(addr, self.keys) if self._local_ipc and is_same_host(addr) else None
+            with self._peers_lock:
+                self._connecting.pop(addr, None)
+                if link is not None:
+                    self._peers[addr] = p = link
+                    self._new_links.append(link)
+                else:
+                    p = self._zmq_peer(addr)
         self.wake()
         self.call_later(_CONNECT_DEADLINE_S, lambda: self._check_connected(addr))
+        return p
+
+    def _zmq_peer(self, addr: str) -> _Peer:
+        """A DEALER to ``addr`` (under the peers lock)."""
+        s = self._ctx.socket(zmq.DEALER)
+        s.curve_serverkey = self.keys.server_public.encode()
+        s.curve_publickey = self.keys.client_public.encode()
+        s.curve_secretkey = self.keys.client_secret.encode()
+        s.sndhwm = _HWM
+        s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        s.setsockopt(zmq.RECONNECT_IVL, 100)
+        mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        try:
+            s.connect(addr)
+        except zmq.ZMQError:
+            # A malformed address (say, from a corrupted message): close what we made,
+            # or each try leaks three sockets until the context has none left.
+            _close_quietly(s, mon)
+            raise
+        p = _Peer(s, mon)
+        self._peers[addr] = p
+        self._new_monitors.append((addr, mon))
         return p
 
     def _check_connected(self, addr: str) -> None:
@@ -268,11 +312,19 @@ class Mailbox:
         if addr in self.dead:
             raise PeerLost(addr)
         p = self._peer(addr)
-        frames = wire.encode(msg, same_host=p.same_host)
-        self.send_frames(addr, frames, p)
+        if type(p) is ipc.Link:
+            fds: list[int] = []
+            frames = wire.encode(msg, fds=fds if p.same_host else None)
+            try:
+                drain = p.send(frames, fds)
+            except ipc.PeerGone:
+                raise PeerLost(addr) from None
+            if drain:
+                self.call_soon(lambda: self._watch_writable(p))
+            return
+        self._send_zmq(addr, wire.encode(msg), p)
 
-    def send_frames(self, addr: str, frames: list[Any], p: _Peer | None = None) -> None:
-        p = p or self._peer(addr)
+    def _send_zmq(self, addr: str, frames: list[Any], p: _Peer) -> None:
         big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
         # Never block: the IO thread sends too (replies), and a DEALER with no pipe to its
         # peer would wait forever.  With the pipe there, only a full queue says Again.
@@ -292,9 +344,6 @@ class Mailbox:
         # The caller may reuse its buffer as soon as we return: wait until sent (or
         # dropped, when the peer dies and its socket is closed).
         tracker.wait()
-
-    def encode_for(self, addr: str, msg: Any) -> list[Any]:
-        return wire.encode(msg, same_host=self._peer(addr).same_host)
 
     def wake(self) -> None:
         if self._wake_send is None:
@@ -325,12 +374,18 @@ class Mailbox:
         Done for every peer declared dead: a long-lived host agent outlives many
         clients, and three sockets kept per dead peer would use up the context.
         Anything still queued for the peer is dropped, which also releases a
-        sender waiting in :meth:`send_frames` for a big message to leave.
+        sender waiting in :meth:`_send_zmq` for a big message to leave.
         """
         with self._peers_lock:
             p = self._peers.pop(addr, None)
             if p is None:
                 return
+            if type(p) is ipc.Link:
+                self._new_links = [link for link in self._new_links if link is not p]
+        if type(p) is ipc.Link:
+            self._drop_link(p)
+            return
+        with self._peers_lock:
             self._new_monitors = [(a, mon) for a, mon in self._new_monitors if mon is not p.monitor]
         if p.monitor in self._registered:
             self._poller.unregister(p.monitor)
@@ -351,13 +406,23 @@ class Mailbox:
         poller.register(wake_recv, zmq.POLLIN)
         monitors: dict[zmq.Socket, str] = {}
         self._monitors = monitors
+        listener = self._listener
+        if listener is not None:
+            poller.register(listener.fd, zmq.POLLIN)
         try:
             while self._running:
                 timeout = None
                 if self._timers:
                     timeout = max(0.0, min(t for t, _ in self._timers) - time.monotonic()) * 1000
-                for sock, _ in poller.poll(timeout):
-                    if sock is router:
+                for sock, ev in poller.poll(timeout):
+                    if type(sock) is int:
+                        if listener is not None and sock == listener.fd:
+                            self._accept(listener)
+                        else:
+                            link = self._links.get(sock)
+                            if link is not None:
+                                self._link_event(link, ev)
+                    elif sock is router:
                         self._drain(router)
                     elif sock is wake_recv:
                         while True:
@@ -374,6 +439,11 @@ class Mailbox:
                         monitors[mon] = addr
                         poller.register(mon, zmq.POLLIN)
                         self._registered.add(mon)
+                if self._new_links:
+                    with self._peers_lock:
+                        links, self._new_links = self._new_links, []
+                    for link in links:
+                        self._add_link(link)
                 if self._calls:
                     with self._calls_lock:
                         calls, self._calls = self._calls, []
@@ -402,18 +472,78 @@ class Mailbox:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                msg = wire.decode(frames[1:])
-            except wire.WireError as e:
-                self.stats_dropped += 1
-                wire.discard(frames[1:])
-                log.warning("%s: dropped a malformed message: %s", self.name, e)
-                continue
-            self.stats_received += 1
-            try:
-                self.on_message(msg)
-            except Exception:
-                log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+            self._deliver(frames[1:], ())
+
+    def _deliver(self, frames: Any, fds: Any) -> None:
+        try:
+            msg = wire.decode(frames, fds)
+        except wire.WireError as e:
+            self.stats_dropped += 1
+            log.warning("%s: dropped a malformed message: %s", self.name, e)
+            return
+        self.stats_received += 1
+        try:
+            self.on_message(msg)
+        except Exception:
+            log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+
+    # -- same-host links (IO thread) ----------------------------------------------
+
+    def _accept(self, listener: ipc.Listener) -> None:
+        links, refused = listener.accept()
+        if refused:
+            log.warning("%s: refused %d connection(s) from another user", self.name, refused)
+        for link in links:
+            self._add_link(link)
+
+    def _add_link(self, link: ipc.Link) -> None:
+        if link.closed:
+            return
+        self._links[link.fd] = link
+        self._poller.register(link.fd, zmq.POLLIN)
+        if link.pending and link.ready:
+            self._watch_writable(link)
+
+    def _watch_writable(self, link: ipc.Link) -> None:
+        if self._links.get(link.fd) is link and not link.closed:
+            self._poller.register(link.fd, zmq.POLLIN | zmq.POLLOUT)
+
+    def _link_event(self, link: ipc.Link, ev: int) -> None:
+        try:
+            if ev & zmq.POLLOUT and not link.flush():
+                self._poller.register(link.fd, zmq.POLLIN)
+            if ev & (zmq.POLLIN | zmq.POLLERR):
+                was_ready = link.ready
+                messages, eof = link.receive()
+                for frames, fds in messages:
+                    self._deliver(frames, fds)
+                if link.ready and not was_ready and link.outbound and link.flush():
+                    self._watch_writable(link)
+                if eof:
+                    self._link_lost(link, "")
+        except ipc.LinkError as e:
+            log.warning("%s: closed a link: %s", self.name, e)
+            self._link_lost(link, str(e))
+        except (ipc.PeerGone, OSError):
+            self._link_lost(link, "")
+
+    def _link_lost(self, link: ipc.Link, why: str) -> None:
+        """An outbound link's end is its peer's death (or refusal); an inbound one's means nothing."""
+        self._drop_link(link)
+        addr = link.addr
+        if not link.outbound or self._peers.get(addr) is not link:
+            return
+        with self._peers_lock:
+            self._peers.pop(addr, None)
+        if addr not in self.dead:
+            self.dead.add(addr)
+            self._guard(lambda: self.on_peer_lost(addr))
+
+    def _drop_link(self, link: ipc.Link) -> None:
+        if self._links.get(link.fd) is link:
+            del self._links[link.fd]
+            self._poller.unregister(link.fd)
+        link.close()
 
     def _monitor_event(self, mon: zmq.Socket, monitors: dict[zmq.Socket, str]) -> None:
         addr = monitors.get(mon)

@@ -1,19 +1,21 @@
-"""Framing: one message <-> a list of ZeroMQ frames.
+"""Framing: one message <-> a list of frames.
 
 A message on the wire is::
 
     [header, body, buf_0, buf_1, ...]
 
 ``header`` is a fixed struct (magic, version, number of buffers) followed by one
-kind byte per buffer: ``0`` the buffer travels as its own frame, ``1`` the frame
-holds a shared-memory descriptor (the buffer itself was written to /dev/shm by a
-sender on the same host).  ``body`` is pickle protocol 5; large buffers (NumPy
+kind byte per buffer: ``0`` the buffer travels as its own frame, ``1`` the
+frame holds only its length and the buffer is a shared-memory segment whose
+descriptor travels beside the frames (same-host peers, see ``agents/ipc.py``
+and ``agents/shm.py``).  ``body`` is pickle protocol 5; large buffers (NumPy
 arrays, tensors, big ``bytes``) are taken out of band so they are never copied
 into the pickle stream.
 
 This is the only module that calls ``pickle``.  It is only ever handed frames
-from a CURVE-authenticated socket (see ``agents/transport.py``); anything that
-does not decode raises :class:`WireError`, which the receive loop logs and drops.
+from an authenticated peer (see ``agents/transport.py`` and ``agents/ipc.py``);
+anything that does not decode raises :class:`WireError`, which the receive
+loop logs and drops.
 
 What this module does not do: compression, or encryption (CURVE does that).
 """
@@ -21,15 +23,15 @@ What this module does not do: compression, or encryption (CURVE does that).
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import pickle
 import struct
 import sys
-import uuid
 from typing import Any, Sequence
 
 import cloudpickle
+
+from agents import shm
 
 MAGIC = b"MNRC"
 VERSION = 1
@@ -39,12 +41,13 @@ _HEADER = struct.Struct("!4sHI")  # magic, version, number of out-of-band buffer
 OOB_THRESHOLD = 64 * 1024
 #: Buffers at least this large go through shared memory when the peer shares our host.
 SHM_THRESHOLD = 1 << 20
+#: At most this many buffers of one message go through shared memory (the rest as frames).
+MAX_SEGMENTS = 32
 
 _PROTO_5 = b"\x80\x05"  # how a pickle protocol 5 stream begins
 _KIND_FRAME = 0
-_KIND_SHM = 1
-SHM_DIR = "/dev/shm"
-_SHM_PREFIX = "monarch-"
+_KIND_SEGMENT = 1
+_SEGMENT = struct.Struct("!Q")  # a segment's frame: its length
 
 
 class WireError(Exception):
@@ -52,7 +55,70 @@ class WireError(Exception):
 
 
 def _rebuild_bytes(buf: Any) -> bytes:
-    return bytes(buf)
+    return shm.to_bytes(buf)
+
+
+def _rebuild_bytearray(buf: Any) -> bytearray:
+    return bytearray(buf)
+
+
+class _Buffer:
+    """A big ``bytes``, ``bytearray`` or ``memoryview`` on its way out of band.
+
+    The C pickler writes ``bytes`` and ``bytearray`` into the stream itself and
+    never asks a reducer about them, so they are wrapped before pickling (a
+    ``memoryview`` arrives as ``bytes``, the one type it can become).
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __reduce__(self) -> Any:
+        rebuild = _rebuild_bytearray if type(self.obj) is bytearray else _rebuild_bytes
+        return rebuild, (pickle.PickleBuffer(self.obj),)
+
+
+#: How many containers, and how deep, :func:`_wrap_buffers` looks into for big bytes.
+_WALK_ITEMS = 256
+_WALK_DEPTH = 4
+
+
+def _wrap_buffers(obj: Any) -> Any:
+    """``obj`` with its big bytes-like values wrapped in :class:`_Buffer`.
+
+    Looks into tuples, lists and dicts (endpoint arguments and results are
+    mostly those), within a small budget so that a call with small arguments
+    pays next to nothing.  Bytes deeper down, or inside other objects, still
+    arrive intact, copied through the pickle stream.  A container that held a
+    big buffer is rebuilt, so two references to it become two copies.
+    """
+    budget = [_WALK_ITEMS]
+
+    def walk(o: Any, depth: int) -> Any:
+        t = type(o)
+        if t is bytes or t is bytearray:
+            return _Buffer(o) if len(o) >= OOB_THRESHOLD else o
+        if t is memoryview:
+            return _Buffer(o) if o.nbytes >= OOB_THRESHOLD and o.c_contiguous else o
+        if depth == 0 or budget[0] <= 0:
+            return o
+        if t is tuple or t is list:
+            if len(o) > budget[0]:
+                return o
+            budget[0] -= len(o)
+            new = [walk(x, depth - 1) for x in o]
+            return t(new) if any(a is not b for a, b in zip(new, o)) else o
+        if t is dict:
+            if len(o) > budget[0]:
+                return o
+            budget[0] -= len(o)
+            vals = {k: walk(v, depth - 1) for k, v in o.items()}
+            return vals if any(vals[k] is not v for k, v in o.items()) else o
+        return o
+
+    return walk(obj, _WALK_DEPTH)
 
 
 def _rebuild_tensor(buf: Any, dtype_name: str, shape: tuple, requires_grad: bool) -> Any:
@@ -81,8 +147,6 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
-        if t is bytes and len(obj) >= OOB_THRESHOLD:
-            return _rebuild_bytes, (pickle.PickleBuffer(obj),)
         if t.__module__ == "torch" and t.__name__ in ("Tensor", "Parameter"):
             reduced = _reduce_tensor(obj)
             if reduced is not None:
@@ -128,6 +192,7 @@ def _tensor_dispatch() -> dict | None:
 
 def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle a user value; returns the body and its out-of-band buffers."""
+    obj = _wrap_buffers(obj)
     buffers: list[pickle.PickleBuffer] = []
     f = io.BytesIO()
     try:
@@ -156,6 +221,7 @@ def _keep_into(buffers: list) -> Any:
 
 def dumps_full(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle with cloudpickle for ``__main__`` and zero-copy tensors and bytes."""
+    obj = _wrap_buffers(obj)
     buffers: list[pickle.PickleBuffer] = []
 
     def keep(b: pickle.PickleBuffer) -> bool:
@@ -175,34 +241,59 @@ def loads(body: Any, buffers: Sequence[Any]) -> Any:
     return pickle.loads(body, buffers=buffers)
 
 
-def encode(obj: Any, *, same_host: bool = False) -> list[Any]:
-    """Frames for a monarch message. With ``same_host``, large buffers go through /dev/shm.
+def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
+    """Frames for a monarch message.
 
-    Messages are our own dataclasses, so the plain C pickler does; user values
-    inside them are already :class:`~agents.messages.Pickled`.
+    With ``fds`` (a peer on this host), large buffers go into shared-memory
+    segments whose descriptors are appended to it; the caller sends them with
+    the frames, or closes them.  Messages are our own dataclasses, so the plain
+    C pickler does; user values inside them are already
+    :class:`~agents.messages.Pickled`.
     """
     buffers: list[pickle.PickleBuffer] = []
     body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
-    return encode_parts(body, buffers, same_host=same_host)
+    return encode_parts(body, buffers, fds)
 
 
-def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], *, same_host: bool = False) -> list[Any]:
+def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[int] | None = None) -> list[Any]:
     kinds = bytearray()
     frames: list[Any] = [b"", body]
-    for b in buffers:
-        raw = b.raw()
-        if same_host and raw.nbytes >= SHM_THRESHOLD:
-            kinds.append(_KIND_SHM)
-            frames.append(_to_shm(raw))
-        else:
-            kinds.append(_KIND_FRAME)
-            frames.append(raw)
+    made = 0
+    try:
+        for b in buffers:
+            raw = b.raw()
+            if fds is not None and raw.nbytes >= SHM_THRESHOLD and made < MAX_SEGMENTS:
+                kinds.append(_KIND_SEGMENT)
+                fds.append(shm.write(raw))
+                made += 1
+                frames.append(_SEGMENT.pack(raw.nbytes))
+            else:
+                kinds.append(_KIND_FRAME)
+                frames.append(raw)
+    except BaseException:
+        if fds is not None and made:
+            for fd in fds[len(fds) - made:]:
+                os.close(fd)
+            del fds[len(fds) - made:]
+        raise
     frames[0] = _HEADER.pack(MAGIC, VERSION, len(buffers)) + bytes(kinds)
     return frames
 
 
-def decode(frames: Sequence[Any]) -> Any:
-    """The message in ``frames``; raises :class:`WireError` if they are not one."""
+def decode(frames: Sequence[Any], fds: Sequence[int] = ()) -> Any:
+    """The message in ``frames`` (and its segments' ``fds``, which it takes over).
+
+    Raises :class:`WireError` if they are not one.
+    """
+    fds = list(fds)
+    try:
+        return _decode(frames, fds)
+    finally:
+        for fd in fds:  # whatever was not mapped
+            os.close(fd)
+
+
+def _decode(frames: Sequence[Any], fds: list[int]) -> Any:
     try:
         header = memoryview(_buf(frames[0]))
         magic, version, nbuf = _HEADER.unpack_from(header)
@@ -215,6 +306,8 @@ def decode(frames: Sequence[Any]) -> Any:
     kinds = bytes(header[_HEADER.size :])
     if len(kinds) != nbuf or len(frames) != 2 + nbuf:
         raise WireError(f"expected {nbuf} buffers, got {len(frames) - 2} frames")
+    if kinds.count(_KIND_SEGMENT) != len(fds):
+        raise WireError(f"{kinds.count(_KIND_SEGMENT)} shared-memory buffers, {len(fds)} descriptors")
     try:
         body = _buf(frames[1])
         proto = bytes(memoryview(body)[:2])
@@ -228,8 +321,9 @@ def decode(frames: Sequence[Any]) -> Any:
         for kind, f in zip(kinds, frames[2:]):
             if kind == _KIND_FRAME:
                 buffers.append(_buf(f))
-            elif kind == _KIND_SHM:
-                buffers.append(_from_shm(bytes(_buf(f))))
+            elif kind == _KIND_SEGMENT:
+                (length,) = _SEGMENT.unpack(bytes(_buf(f)))
+                buffers.append(shm.read(fds.pop(0), length))
             else:
                 raise WireError(f"unknown buffer kind {kind}")
         return loads(body, buffers)
@@ -241,59 +335,3 @@ def decode(frames: Sequence[Any]) -> Any:
 
 def _buf(frame: Any) -> Any:
     return frame.buffer if hasattr(frame, "buffer") else frame
-
-
-def _to_shm(raw: memoryview) -> bytes:
-    name = _SHM_PREFIX + uuid.uuid4().hex
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        view = raw.cast("B")
-        written = 0
-        while written < view.nbytes:
-            written += os.write(fd, view[written:])
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    return name.encode()
-
-
-def _from_shm(name: bytes) -> memoryview:
-    text = name.decode()
-    if not text.startswith(_SHM_PREFIX) or "/" in text or len(text) > 64:
-        raise WireError("bad shared-memory name")
-    path = os.path.join(SHM_DIR, text)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as e:
-        raise WireError(f"shared memory segment gone: {e}") from None
-    try:
-        # Unlinked at once: the mapping keeps the pages alive exactly as long as
-        # the objects built on it, and nothing is left behind in /dev/shm.
-        os.unlink(path)
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return memoryview(bytearray())
-        return memoryview(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
-    finally:
-        os.close(fd)
-
-
-def discard(frames: Sequence[Any]) -> None:
-    """Remove shared-memory segments of a message that will never be decoded."""
-    try:
-        header = memoryview(_buf(frames[0]))
-        _, _, nbuf = _HEADER.unpack_from(header)
-        kinds = bytes(header[_HEADER.size :])
-        for kind, f in zip(kinds, frames[2:]):
-            if kind == _KIND_SHM:
-                text = bytes(_buf(f)).decode()
-                if text.startswith(_SHM_PREFIX) and "/" not in text:
-                    try:
-                        os.unlink(os.path.join(SHM_DIR, text))
-                    except OSError:
-                        pass
-    except Exception:
-        pass

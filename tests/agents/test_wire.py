@@ -13,7 +13,7 @@ import torch
 import zmq
 
 from agents import messages as m
-from agents import wire
+from agents import shm, wire
 from agents.future import Future
 from agents.runtime import OneShot
 from agents.transport import context as zmq_context
@@ -31,10 +31,11 @@ def _call(value, method: str = "echo") -> m.Call:
 
 
 def _roundtrip(value, same_host: bool = False):
-    frames = wire.encode(_call(value), same_host=same_host)
+    fds: list[int] | None = [] if same_host else None
+    frames = wire.encode(_call(value), fds=fds)
     # What the receiver gets: bytes-like frames (ZeroMQ hands us read-only buffers).
     received = [memoryview(bytes(f)) if not isinstance(f, (bytes, bytearray)) else f for f in frames]
-    msg = wire.decode(received)
+    msg = wire.decode(received, fds or ())
     assert isinstance(msg, m.Call)
     assert msg.point == {"gpus": 1} and msg.reply == m.PortRef("tcp://127.0.0.1:5555", 7)
     (got,), kwargs = msg.payload.load()
@@ -42,8 +43,23 @@ def _roundtrip(value, same_host: bool = False):
     return got, frames
 
 
-def _shm_segments() -> set[str]:
-    return {n for n in os.listdir(wire.SHM_DIR) if n.startswith(wire._SHM_PREFIX)}
+def _segment_fds() -> int:
+    """How many shared-memory segments this process holds (idle ones in the pool included).
+
+    Counted by inode: a mapping keeps a descriptor of its own beside ours.
+    """
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:monarch"):
+                inodes.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    return len(inodes)
+
+
+def _busy_segment_fds() -> int:
+    return _segment_fds() - shm.pool().statistics()["idle_segments"]
 
 
 # -- round trips ----------------------------------------------------------------------
@@ -102,14 +118,16 @@ def test_torch_tensors_roundtrip(same_host):
         "scalar": torch.tensor(3.25),
         "empty": torch.empty(0, 4),
     }
-    before = _shm_segments()
     got, frames = _roundtrip(tensors, same_host=same_host)
     for k, t in tensors.items():
         assert got[k].dtype == t.dtype and got[k].shape == t.shape, k
         assert got[k].requires_grad == t.requires_grad, k
         assert torch.equal(got[k].detach(), t.detach()), k
     got["f32"].add_(1)  # received tensors are writable
-    assert _shm_segments() <= before  # segments are unlinked as they are read
+    if same_host:
+        assert _busy_segment_fds() == 1  # the one big enough to go through shared memory, held by got["f32"]
+        del got
+        assert _busy_segment_fds() == 0  # unused again: back in the pool
 
 
 def test_nan_payloads_are_bit_exact():
@@ -171,18 +189,32 @@ def test_nested_pickled_values_survive_forwarding():
     assert again.payload.load() == inner.load()
 
 
-def test_shm_path_and_discard():
+def test_segment_path_takes_over_descriptors():
     value = os.urandom(2 << 20)
-    before = _shm_segments()
-    frames = wire.encode(_call(value), same_host=True)
-    made = _shm_segments() - before
-    assert len(made) == 1 and len(frames[2]) < 100  # the frame is only the segment's name
-    wire.discard(frames)  # a message that will never be decoded leaves nothing behind
-    assert _shm_segments() - before == set()
-    frames = wire.encode(_call(value), same_host=True)
-    got = wire.decode(frames).payload.load()[0][0]
-    assert got == value
-    assert _shm_segments() - before == set()
+    before = _busy_segment_fds()
+    fds: list[int] = []
+    frames = wire.encode(_call(value), fds=fds)
+    assert len(fds) == 1 and len(frames[2]) < 100  # the frame is only the segment's length
+    assert _busy_segment_fds() == before + 1
+    got = wire.decode(frames, fds).payload.load()[0][0]
+    assert got == value and type(got) is bytes
+    assert _busy_segment_fds() == before  # read, and handed back to the pool
+    # A message whose descriptors do not match its header is refused, and they are closed.
+    fds = []
+    frames = wire.encode(_call(value), fds=fds)
+    with pytest.raises(wire.WireError):
+        wire.decode(frames, fds + [os.dup(fds[0])])
+    with pytest.raises(wire.WireError):
+        wire.decode(frames[:2] + [struct.pack("!Q", 1)], fds)  # a length that is not the segment's
+    assert _busy_segment_fds() == before
+
+
+def test_recycled_segments_never_show_old_bytes():
+    first = os.urandom(3 << 20)
+    second = os.urandom(2 << 20)  # smaller: reuses the first one's segment, cut down to size
+    for value in (first, second, first):
+        got, _ = _roundtrip(value, same_host=True)
+        assert got == value
 
 
 # -- malformed input ------------------------------------------------------------------------
@@ -202,9 +234,8 @@ def _valid_frames() -> list:
     [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\0", pickle.dumps(1)],  # a buffer is missing
     [struct.pack("!4sHI", b"MNRC", 1, 0), pickle.dumps(1), b"extra"],
     [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\x07", pickle.dumps(1), b"x"],  # unknown buffer kind
-    [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\x01", pickle.dumps(1), b"../../etc/passwd"],
-    [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\x01", pickle.dumps(1), b"monarch-doesnotexist"],
-    [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\x01", pickle.dumps(1), b"\xff\xfe"],
+    [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\x01", pickle.dumps(1), b"../../etc/passwd"],  # no descriptor
+    [struct.pack("!4sHI", b"MNRC", 1, 1) + b"\x01", pickle.dumps(1), struct.pack("!Q", 8)],
     [struct.pack("!4sHI", b"MNRC", 1, 0), b""],
     [struct.pack("!4sHI", b"MNRC", 1, 0), b"garbage that is not a pickle"],
     [struct.pack("!4sHI", b"MNRC", 1, 0), pickle.dumps(1)[:-1]],
@@ -284,12 +315,17 @@ def _big_tensor() -> torch.Tensor:
     return bits.view(torch.float32)  # 64 MiB, NaN payloads included
 
 
+def _count_segment_writes(monkeypatch) -> list:
+    writes: list[int] = []
+    real = shm.write
+    monkeypatch.setattr(shm, "write", lambda raw: writes.append(raw.nbytes) or real(raw))
+    return writes
+
+
 def test_64mib_tensor_echo_through_frames(echo, monkeypatch):
     t = _big_tensor()
     assert t.nbytes == 64 << 20
-    shm_writes = []
-    real_to_shm = wire._to_shm
-    monkeypatch.setattr(wire, "_to_shm", lambda raw: shm_writes.append(raw.nbytes) or real_to_shm(raw))
+    shm_writes = _count_segment_writes(monkeypatch)
     monkeypatch.setattr(wire, "SHM_THRESHOLD", 1 << 62)  # this side: send as frames
     old = echo.set_shm_threshold.call_one(1 << 62).get(timeout=T)  # and the actor's side too
     try:
@@ -303,16 +339,16 @@ def test_64mib_tensor_echo_through_frames(echo, monkeypatch):
 
 def test_64mib_tensor_echo_through_shared_memory(echo, monkeypatch):
     t = _big_tensor()
-    shm_writes = []
-    real_to_shm = wire._to_shm
-    monkeypatch.setattr(wire, "_to_shm", lambda raw: shm_writes.append(raw.nbytes) or real_to_shm(raw))
-    before = _shm_segments()
+    shm_writes = _count_segment_writes(monkeypatch)
+    before = _busy_segment_fds()
     back = echo.echo.call_one(t).get(timeout=T)
-    assert shm_writes == [64 << 20]  # it went through /dev/shm
+    assert shm_writes == [64 << 20]  # it went through shared memory
+    assert _busy_segment_fds() == before + 1  # ``back`` lives on the segment it came in
     assert torch.equal(back.view(torch.int32), t.view(torch.int32))
     assert echo.checksum.call_one(t).get(timeout=T) == int(t.view(torch.uint8).to(torch.int64).sum())
     del back
-    assert _shm_segments() - before == set()  # nothing left in /dev/shm
+    assert _busy_segment_fds() == before  # none held once unused (idle ones wait in the pool)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("monarch")]  # and nothing is named
 
 
 def test_big_bytes_and_arrays_echo(echo):
