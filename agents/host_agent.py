@@ -422,6 +422,9 @@ class HostAgent:
                 if pending is not None:
                     self._spawn_failed(pending.msg, child.token, reason)
         elif child.run is not None:
+            if self.stopping.is_set():
+                # The rank did not fail: the reservation is going away under it (`monarch stop`, scancel).
+                reason += " (its host agent is shutting down: the reservation was released)"
             child.run.exit = (code if code is not None else 1, reason)
             self._maybe_finish(child.run)
 

@@ -24,8 +24,9 @@ class _LazyConsole:
         return getattr(self._console, name)
 
 
-out = _LazyConsole(highlight=False)
-err = _LazyConsole(stderr=True, highlight=False)
+# soft_wrap: a long error line stays one line (Rich would wrap it at 80 columns when piped).
+out = _LazyConsole(highlight=False, soft_wrap=True)
+err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:

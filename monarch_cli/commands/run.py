@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING, Annotated
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Iterator
 
 import typer
 
@@ -68,15 +69,20 @@ def run(
             rr = RemoteRun(record, selected, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write,
                            detach=detach)
             record_run(record, rr.run_id, argv, selected, detach)
-            rr.start()
             if detach:
+                rr.start()
                 if o.json:
                     print_json({"run_id": rr.run_id, "detached": True})
                 else:
                     err.print(f"started run {rr.run_id} on {len(selected)} host(s); `monarch logs --run {rr.run_id} -f` follows it")
                 return
-            watch = watch_time_limit(record, rr.done, warn_s, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
-            code = _wait(rr)
+            # Handlers first: a Ctrl-C that lands as the ranks start must stop them too.
+            with _signals_stop(rr):
+                rr.start()
+                watch = watch_time_limit(record, rr.done, warn_s, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
+                while not rr.wait(0.2):
+                    pass
+            code = rr.outcome.exit_code
         printer.flush()
         watch.join(_WATCH_JOIN_S)
         outcome = rr.outcome
@@ -104,8 +110,9 @@ def run(
 _WATCH_JOIN_S = 1.0
 
 
-def _wait(rr: RemoteRun) -> int:
-    """Wait for the run; the first Ctrl-C/SIGTERM stops all ranks, a second one kills them."""
+@contextmanager
+def _signals_stop(rr: RemoteRun) -> Iterator[None]:
+    """While inside, the first Ctrl-C/SIGTERM stops every rank (TERM, then KILL); a second one kills them."""
     interrupts = []
 
     def on_signal(signum, frame):
@@ -120,12 +127,10 @@ def _wait(rr: RemoteRun) -> int:
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     try:
-        while not rr.wait(0.2):
-            pass
+        yield
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
-    return rr.outcome.exit_code
 
 
 def _run_controller(argv: list[str], state_path: str, extra: dict) -> int:
