@@ -21,6 +21,7 @@ import typer
 
 from monarch.errors import MonarchError
 from monarch_cli.output import err as err_console
+from monarch_cli.output import escape as _escape
 
 EXIT_CODES = {
     "ok": 0,
@@ -54,9 +55,3 @@ def fail(e: BaseException, verbose: bool = False) -> "typer.Exit":
         # No local variables: keys live in locals.
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
     return typer.Exit(code)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

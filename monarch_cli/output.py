@@ -32,3 +32,10 @@ err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def escape(text: str) -> str:
+    """``text`` with Rich markup characters escaped (Rich is imported only when there is text to print)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)

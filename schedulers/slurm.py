@@ -74,7 +74,9 @@ STATES: dict[str, tuple[HostState, str]] = {
     "RESV_DEL_HOLD": (HostState.PENDING, "held: its reservation was deleted"),
     "SUSPENDED": (HostState.PENDING, "suspended"),
     "RUNNING": (HostState.RUNNING, ""),
-    "COMPLETING": (HostState.RUNNING, "ending (Slurm is cleaning up its nodes)"),
+    # squeue shows COMPLETING over the job's final state while its nodes clean up: the hosts are
+    # going away, so a COMPLETING job is never reused or waited for.
+    "COMPLETING": (HostState.ENDED, "ending (Slurm is cleaning up its nodes)"),
     "SIGNALING": (HostState.RUNNING, "being signaled"),
     "STAGE_OUT": (HostState.RUNNING, "staging out"),
     "RESIZING": (HostState.RUNNING, "resizing"),
@@ -232,8 +234,8 @@ def describe_native(job_id: str, state: str, reason: str = "", time_left: str = 
     elif host_state is HostState.FAILED and reason and native not in ("CANCELLED", "TIMEOUT"):
         why = f"{why} ({reason})"
     elif native == "COMPLETING" and reason in ENDING_REASONS:
-        # squeue shows COMPLETING over the final state while the nodes clean up; the reason still says why.
-        why = f"ending: {ENDING_REASONS[reason]}"
+        # The final state is hidden behind COMPLETING, but the reason still says why it ends.
+        host_state, why = HostState.FAILED, f"ending: {ENDING_REASONS[reason]}"
     left = None
     if host_state.alive and time_left:
         try:

@@ -301,14 +301,13 @@ def reservation_end(record: JobRecord) -> str | None:
             return None
         if d is None:
             return "the scheduler no longer knows it"
-        if not d.state.alive:
-            return d.reason or d.native_state.lower() or "ended"
-        if d.native_state != "COMPLETING":
-            return None
         # Slurm shows COMPLETING over the final state until the nodes are clean (seconds at most).
-        if time.monotonic() > deadline:
-            return d.reason
-        time.sleep(0.1)
+        if d.native_state == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        if d.state.alive:
+            return None
+        return d.reason or d.native_state.lower() or "ended"
 
 
 def format_duration(seconds: float) -> str:

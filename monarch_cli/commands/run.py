@@ -14,7 +14,7 @@ import typer
 
 from monarch.errors import UsageError
 from monarch_cli.commands._common import NameOpt, handled, opts
-from monarch_cli.output import err, print_json
+from monarch_cli.output import err, escape, print_json
 
 if TYPE_CHECKING:
     from monarch.job.run import RemoteRun
@@ -32,8 +32,6 @@ def run(
                                                       help="Warn when the reservation is this close to its time limit (Slurm; default 5).")] = None,
 ) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
-    from rich.markup import escape
-
     from monarch.job.reserve import load_live, time_warning_s
     from monarch.job.run import LinePrinter, RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
     o = opts(ctx)

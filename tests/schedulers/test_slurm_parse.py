@@ -89,7 +89,7 @@ def test_parse_job_id_rejects_garbage():
 
 @pytest.mark.parametrize("native,state", [
     ("PENDING", HostState.PENDING), ("CONFIGURING", HostState.PENDING),
-    ("RUNNING", HostState.RUNNING), ("COMPLETING", HostState.RUNNING),
+    ("RUNNING", HostState.RUNNING), ("COMPLETING", HostState.ENDED),
     ("COMPLETED", HostState.ENDED),
     ("CANCELLED", HostState.FAILED), ("TIMEOUT", HostState.FAILED), ("NODE_FAIL", HostState.FAILED),
     ("FAILED", HostState.FAILED), ("PREEMPTED", HostState.FAILED), ("OUT_OF_MEMORY", HostState.FAILED),
@@ -158,9 +158,11 @@ def test_running_past_its_time_limit():
 
 
 def test_completing_says_why_it_ends():
+    # Never reused or waited for: its hosts are on their way out.
     d = describe_native("9", "COMPLETING", "TimeLimit", "INVALID", "n1")
-    assert d.state.alive and d.reason == "ending: hit its time limit"
-    assert describe_native("9", "COMPLETING", "None").reason.startswith("ending")
+    assert not d.state.alive and d.reason == "ending: hit its time limit" and d.time_left_s is None
+    d = describe_native("9", "COMPLETING", "None", "9:00", "n1")
+    assert d.state is HostState.ENDED and d.reason == "ending (Slurm is cleaning up its nodes)"
 
 
 # -- dryrun: the sbatch script ------------------------------------------------------------------
