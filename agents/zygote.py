@@ -161,7 +161,11 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
             try:
                 os.execvpe(argv[0], argv, os.environ)
             except OSError as e:
-                os.write(2, f"monarch: cannot run {argv[0]!r}: {e.strerror}\n".encode())
+                hint = ""
+                if isinstance(e, FileNotFoundError) and os.sep not in argv[0]:
+                    # The usual cause: a venv not activated when `monarch serve` started the agents.
+                    hint = " (not on the PATH the host agent got from `monarch serve`; give its full path or serve again from an activated environment)"
+                os.write(2, f"monarch: cannot run {argv[0]!r}: {e.strerror}{hint}\n".encode())
                 os._exit(127)
         else:
             sys.stdout = open(1, "w", buffering=1, closefd=False)
