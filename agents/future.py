@@ -18,12 +18,15 @@ _PENDING, _OK, _ERR = 0, 1, 2
 class Future(Generic[R]):
     """A value that will be available later."""
 
-    __slots__ = ("_state", "_value", "_event", "_callbacks", "_lock", "_transform", "_resolved", "__weakref__")
+    __slots__ = ("_state", "_value", "_done", "_callbacks", "_lock", "_transform", "_resolved", "__weakref__")
 
     def __init__(self, transform: Callable[[Any], R] | None = None):
         self._state = _PENDING
         self._value: Any = None
-        self._event = threading.Event()
+        # Held until the value is in: a bare lock is the cheapest thing a thread can sleep on
+        # (an Event is a Condition, a lock and a list of waiters, made anew for every call).
+        self._done = threading.Lock()
+        self._done.acquire()
         self._callbacks: list[Callable[["Future"], None]] | None = None
         self._lock = threading.Lock()
         self._transform = transform
@@ -49,7 +52,7 @@ class Future(Generic[R]):
                 return
             self._state, self._value = state, value
             callbacks, self._callbacks = self._callbacks, None
-        self._event.set()
+        self._done.release()
         for cb in callbacks or ():
             cb(self)
 
@@ -82,8 +85,10 @@ class Future(Generic[R]):
 
     def get(self, timeout: float | None = None) -> R:
         """Wait for the value; raise what the remote side raised."""
-        if self._state == _PENDING and not self._event.wait(timeout):
-            raise TimeoutError(f"no answer within {timeout} s")
+        if self._state == _PENDING:
+            if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+                raise TimeoutError(f"no answer within {timeout} s")
+            self._done.release()  # for the next waiter
         return self._outcome()
 
     def result(self, timeout: float | None = None) -> R:

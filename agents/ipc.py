@@ -113,7 +113,18 @@ def _same_user(sock: socket.socket) -> bool:
 
 
 def _nbytes(f: Any) -> int:
-    return f.nbytes if isinstance(f, memoryview) else len(f)
+    return f.nbytes if type(f) is memoryview else len(f)
+
+
+_heads: dict[int, struct.Struct] = {}
+
+
+def _head(nframes: int) -> struct.Struct:
+    """The struct of a message's prefix and frame lengths (one compiled per frame count)."""
+    h = _heads.get(nframes)
+    if h is None:
+        h = _heads[nframes] = struct.Struct(f"!HH{nframes}Q")
+    return h
 
 
 def _close_fds(fds: Any) -> None:
@@ -165,7 +176,7 @@ class Link:
         socket to drain; raises :class:`PeerGone` if the link is closed.
         """
         lens = [_nbytes(f) for f in frames]
-        head = _PREFIX.pack(len(frames), len(fds)) + struct.pack(f"!{len(frames)}Q", *lens)
+        head = _head(len(frames)).pack(len(frames), len(fds), *lens)
         parts = [head, *frames]
         total = len(head) + sum(lens)
         with self.lock:
@@ -280,11 +291,14 @@ class Link:
                 if self.outbound:
                     raise LinkError("a listener sent a message on a link it should only read")
                 nframes, nfds = _PREFIX.unpack_from(buf, pos)
-                start = pos + _PREFIX.size + nframes * _LEN.size
+                if nframes == 0 or nfds > MAX_FDS:
+                    raise LinkError("malformed message framing")
+                head = _head(nframes)
+                start = pos + head.size
                 if len(buf) < start:
                     break
-                lens = struct.unpack_from(f"!{nframes}Q", buf, pos + _PREFIX.size)
-                if nframes == 0 or nfds > MAX_FDS or any(n > _MAX_FRAME for n in lens):
+                lens = head.unpack_from(buf, pos)[2:]
+                if max(lens) > _MAX_FRAME:
                     raise LinkError("malformed message framing")
                 end = start + sum(lens)
                 if len(buf) < end:

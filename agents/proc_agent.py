@@ -39,10 +39,22 @@ log = logging.getLogger("monarch.proc_agent")
 _STOP = object()
 
 
+_specs: dict[tuple[type, str], Any] = {}
+
+
 def endpoint_spec(cls: type, name: str) -> Any:
     """The endpoint descriptor for ``cls.name``, or None if it is not an endpoint."""
+    key = (cls, name)
+    try:
+        return _specs[key]
+    except KeyError:
+        pass
+    # getattr_static walks the MRO in Python: once per class and name, not once per message.
     desc = inspect.getattr_static(cls, name, None)
-    return desc if getattr(desc, "_is_monarch_endpoint", False) else None
+    desc = desc if getattr(desc, "_is_monarch_endpoint", False) else None
+    if len(_specs) < 100_000:
+        _specs[key] = desc
+    return desc
 
 
 def actor_kind(cls: type) -> str:

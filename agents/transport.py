@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import select
 import socket
 import struct
 import threading
@@ -168,9 +170,13 @@ class Mailbox:
         self._timers: list[tuple[float, Callable[[], None]]] = []
         self._thread: threading.Thread | None = None
         self._running = False
-        self._wake_addr = ""
+        self._wake_fd = -1
         self._wake_lock = threading.Lock()
-        self._wake_send: zmq.Socket | None = None
+        self._epoll: Any = None
+        # fd -> what to do when it is ready, and for ZeroMQ sockets the socket (IO thread only)
+        self._handlers: dict[int, Callable[[int], None]] = {}
+        self._zmq_fds: dict[zmq.Socket, int] = {}
+        self._redrain = False
         self.dead: set[str] = set()
         self.stats_received = 0
         self.stats_dropped = 0
@@ -200,13 +206,10 @@ class Mailbox:
                 self._listener = ipc.Listener(self.addr, self.keys)
             except OSError as e:  # taken, or no abstract sockets here: peers on this host use TCP
                 log.warning("%s: no Unix socket for %s (%s); same-host peers use TCP", self.name, self.addr, e)
-        wake_recv = self._ctx.socket(zmq.PULL)
-        self._wake_addr = f"inproc://wake-{id(self)}"
-        wake_recv.bind(self._wake_addr)
-        self._wake_send = self._ctx.socket(zmq.PUSH)
-        self._wake_send.connect(self._wake_addr)
+        self._epoll = select.epoll()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._running = True
-        self._thread = threading.Thread(target=self._loop, args=(wake_recv,), name=f"{self.name}-io", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"{self.name}-io", daemon=True)
         self._thread.start()
         return self.addr
 
@@ -236,8 +239,6 @@ class Mailbox:
         self._links.clear()
         if self._listener is not None:
             self._listener.close()
-        if self._wake_send is not None:
-            self._wake_send.close(0)
         if self._auth is not None:
             self._auth.stop()
 
@@ -346,13 +347,9 @@ class Mailbox:
         tracker.wait()
 
     def wake(self) -> None:
-        if self._wake_send is None:
-            return
-        with self._wake_lock:
-            try:
-                self._wake_send.send(b"", zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+        with self._wake_lock:  # so the IO thread cannot close the fd (and its number be reused) meanwhile
+            if self._wake_fd >= 0:
+                os.eventfd_write(self._wake_fd, 1)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the IO thread."""
@@ -387,58 +384,67 @@ class Mailbox:
             return
         with self._peers_lock:
             self._new_monitors = [(a, mon) for a, mon in self._new_monitors if mon is not p.monitor]
-        if p.monitor in self._registered:
-            self._poller.unregister(p.monitor)
-            self._registered.discard(p.monitor)
-        self._monitors.pop(p.monitor, None)
+        fd = self._zmq_fds.pop(p.monitor, None)
+        if fd is not None:
+            self._unwatch(fd)
         with p.lock:
             _close_quietly(p.sock, p.monitor)
 
     # -- the IO thread -----------------------------------------------------
 
-    def _loop(self, wake_recv: zmq.Socket) -> None:
+    def _watch(self, fd: int, events: int, handler: Callable[[int], None]) -> None:
+        self._handlers[fd] = handler
+        self._epoll.register(fd, events)
+
+    def _unwatch(self, fd: int) -> None:
+        if self._handlers.pop(fd, None) is not None:
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    def _watch_zmq(self, sock: zmq.Socket, handler: Callable[[int], None]) -> None:
+        # A ZeroMQ socket's FD only says "look again": each handler reads until Again.
+        fd = sock.getsockopt(zmq.FD)
+        self._zmq_fds[sock] = fd
+        self._watch(fd, select.EPOLLIN, handler)
+
+    def _loop(self) -> None:
+        """The IO thread: one epoll over the ROUTER, the Unix sockets, monitors and the wake-up fd.
+
+        epoll rather than ``zmq.Poller``: most traffic is on plain sockets, and
+        zmq_poll plus its enum results cost more per message than the rest of
+        the loop.
+        """
         router = self._router
         assert router is not None
-        poller = zmq.Poller()
-        self._poller = poller
-        self._registered: set[zmq.Socket] = set()
-        poller.register(router, zmq.POLLIN)
-        poller.register(wake_recv, zmq.POLLIN)
-        monitors: dict[zmq.Socket, str] = {}
-        self._monitors = monitors
+        ep = self._epoll
+        self._watch_zmq(router, lambda ev: self._drain(router))
+        self._watch(self._wake_fd, select.EPOLLIN, self._on_wake)
         listener = self._listener
         if listener is not None:
-            poller.register(listener.fd, zmq.POLLIN)
+            self._watch(listener.fd, select.EPOLLIN, lambda ev: self._accept(listener))
+        handlers = self._handlers
         try:
             while self._running:
-                timeout = None
-                if self._timers:
-                    timeout = max(0.0, min(t for t, _ in self._timers) - time.monotonic()) * 1000
-                for sock, ev in poller.poll(timeout):
-                    if type(sock) is int:
-                        if listener is not None and sock == listener.fd:
-                            self._accept(listener)
-                        else:
-                            link = self._links.get(sock)
-                            if link is not None:
-                                self._link_event(link, ev)
-                    elif sock is router:
-                        self._drain(router)
-                    elif sock is wake_recv:
-                        while True:
-                            try:
-                                wake_recv.recv(zmq.NOBLOCK)
-                            except zmq.Again:
-                                break
-                    else:
-                        self._monitor_event(sock, monitors)
+                timeout = -1.0
+                if self._redrain:
+                    timeout = 0.0
+                elif self._timers:
+                    timeout = max(0.0, min(t for t, _ in self._timers) - time.monotonic())
+                for fd, ev in ep.poll(timeout):
+                    h = handlers.get(fd)
+                    if h is not None:
+                        h(ev)
+                if self._redrain:
+                    self._redrain = False
+                    self._drain(router)
                 if self._new_monitors:
                     with self._peers_lock:
                         new, self._new_monitors = self._new_monitors, []
                     for addr, mon in new:
-                        monitors[mon] = addr
-                        poller.register(mon, zmq.POLLIN)
-                        self._registered.add(mon)
+                        self._watch_zmq(mon, lambda ev, mon=mon, addr=addr: self._monitor_event(mon, addr))
+                        self._monitor_event(mon, addr)  # what came before it was watched
                 if self._new_links:
                     with self._peers_lock:
                         links, self._new_links = self._new_links, []
@@ -458,7 +464,16 @@ class Mailbox:
                             self._guard(fn)
         finally:
             router.close(0)
-            wake_recv.close(0)
+            ep.close()
+            with self._wake_lock:
+                fd, self._wake_fd = self._wake_fd, -1
+            os.close(fd)
+
+    def _on_wake(self, ev: int) -> None:
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:
+            pass
 
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
@@ -473,6 +488,7 @@ class Mailbox:
             except zmq.Again:
                 return
             self._deliver(frames[1:], ())
+        self._redrain = True  # its FD will not say so again: come back without waiting
 
     def _deliver(self, frames: Any, fds: Any) -> None:
         try:
@@ -500,19 +516,19 @@ class Mailbox:
         if link.closed:
             return
         self._links[link.fd] = link
-        self._poller.register(link.fd, zmq.POLLIN)
+        self._watch(link.fd, select.EPOLLIN, lambda ev: self._link_event(link, ev))
         if link.pending and link.ready:
             self._watch_writable(link)
 
     def _watch_writable(self, link: ipc.Link) -> None:
         if self._links.get(link.fd) is link and not link.closed:
-            self._poller.register(link.fd, zmq.POLLIN | zmq.POLLOUT)
+            self._epoll.modify(link.fd, select.EPOLLIN | select.EPOLLOUT)
 
     def _link_event(self, link: ipc.Link, ev: int) -> None:
         try:
-            if ev & zmq.POLLOUT and not link.flush():
-                self._poller.register(link.fd, zmq.POLLIN)
-            if ev & (zmq.POLLIN | zmq.POLLERR):
+            if ev & select.EPOLLOUT and not link.flush():
+                self._epoll.modify(link.fd, select.EPOLLIN)
+            if ev & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
                 was_ready = link.ready
                 messages, eof = link.receive()
                 for frames, fds in messages:
@@ -542,11 +558,10 @@ class Mailbox:
     def _drop_link(self, link: ipc.Link) -> None:
         if self._links.get(link.fd) is link:
             del self._links[link.fd]
-            self._poller.unregister(link.fd)
+            self._unwatch(link.fd)
         link.close()
 
-    def _monitor_event(self, mon: zmq.Socket, monitors: dict[zmq.Socket, str]) -> None:
-        addr = monitors.get(mon)
+    def _monitor_event(self, mon: zmq.Socket, addr: str) -> None:
         while True:
             try:
                 event = _monitor_event(mon.recv_multipart(zmq.NOBLOCK))

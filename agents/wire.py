@@ -94,31 +94,40 @@ def _wrap_buffers(obj: Any) -> Any:
     arrive intact, copied through the pickle stream.  A container that held a
     big buffer is rebuilt, so two references to it become two copies.
     """
-    budget = [_WALK_ITEMS]
+    return _rebuild(obj, _WALK_DEPTH) if _has_big(obj) else obj
 
-    def walk(o: Any, depth: int) -> Any:
+
+def _has_big(obj: Any) -> bool:
+    todo, budget = [(obj, _WALK_DEPTH)], _WALK_ITEMS
+    while todo:
+        o, depth = todo.pop()
         t = type(o)
         if t is bytes or t is bytearray:
-            return _Buffer(o) if len(o) >= OOB_THRESHOLD else o
-        if t is memoryview:
-            return _Buffer(o) if o.nbytes >= OOB_THRESHOLD and o.c_contiguous else o
-        if depth == 0 or budget[0] <= 0:
-            return o
-        if t is tuple or t is list:
-            if len(o) > budget[0]:
-                return o
-            budget[0] -= len(o)
-            new = [walk(x, depth - 1) for x in o]
-            return t(new) if any(a is not b for a, b in zip(new, o)) else o
-        if t is dict:
-            if len(o) > budget[0]:
-                return o
-            budget[0] -= len(o)
-            vals = {k: walk(v, depth - 1) for k, v in o.items()}
-            return vals if any(vals[k] is not v for k, v in o.items()) else o
-        return o
+            if len(o) >= OOB_THRESHOLD:
+                return True
+        elif t is memoryview:
+            if o.nbytes >= OOB_THRESHOLD:
+                return True
+        elif depth and (t is tuple or t is list or t is dict):
+            budget -= len(o)
+            if budget < 0:
+                return False
+            for x in (o.values() if t is dict else o):
+                todo.append((x, depth - 1))
+    return False
 
-    return walk(obj, _WALK_DEPTH)
+
+def _rebuild(o: Any, depth: int) -> Any:
+    t = type(o)
+    if t is bytes or t is bytearray:
+        return _Buffer(o) if len(o) >= OOB_THRESHOLD else o
+    if t is memoryview:
+        return _Buffer(o) if o.nbytes >= OOB_THRESHOLD and o.c_contiguous else o
+    if (t is not tuple and t is not list and t is not dict) or not depth or len(o) > _WALK_ITEMS:
+        return o
+    if t is dict:
+        return {k: _rebuild(v, depth - 1) for k, v in o.items()}
+    return t([_rebuild(x, depth - 1) for x in o])
 
 
 def _rebuild_tensor(buf: Any, dtype_name: str, shape: tuple, requires_grad: bool) -> Any:

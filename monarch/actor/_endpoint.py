@@ -35,6 +35,7 @@ class EndpointProperty(Generic[R]):
         self._explicit_response_port = explicit_response_port
         self._concurrent = concurrent
         self._signature: inspect.Signature | None = None
+        self._positional: tuple[int, int] | None = None  # (required, accepted), when that settles it
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", "endpoint")
 
@@ -47,8 +48,26 @@ class EndpointProperty(Generic[R]):
         """Raise TypeError now, in the caller, for arguments the endpoint cannot take."""
         if self._signature is None:
             self._signature = inspect.signature(self._fn)
+            self._positional = _positional_only_shape(self._signature)
         extra = (None, None) if self._explicit_response_port else (None,)
+        # Signature.bind costs more than the rest of sending a message; a count of
+        # positional arguments decides most calls.
+        if not kwargs and self._positional is not None:
+            required, accepted = self._positional
+            if required <= len(extra) + len(args) <= accepted:
+                return
         self._signature.bind(*extra, *args, **kwargs)
+
+
+def _positional_only_shape(sig: inspect.Signature) -> tuple[int, int] | None:
+    """(required, accepted) positional arguments, for a signature with no ``*``/``**`` or keyword-only ones."""
+    required = accepted = 0
+    for p in sig.parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return None
+        accepted += 1
+        required += p.default is p.empty
+    return required, accepted
 
 
 def endpoint(method: Callable | None = None, *, propagate: Any = None, explicit_response_port: bool = False,

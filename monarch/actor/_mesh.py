@@ -22,6 +22,7 @@ from agents.errors import ActorError, MeshFailure, SupervisionError
 from agents.future import Future
 from agents.proc_agent import actor_kind, endpoint_spec
 from agents.runtime import Runtime
+from agents.runtime import current as rt_current
 from monarch.actor._client import SYS_PATH_ENV, HostRef, ensure_runtime, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
@@ -58,7 +59,7 @@ class _MeshBase:
         return len(self._shape)
 
     def _rt(self) -> Runtime:
-        return ensure_runtime()
+        return rt_current() or ensure_runtime()
 
 
 class HostMesh(_MeshBase):
@@ -281,7 +282,9 @@ class ActorMesh(_MeshBase, Generic[T]):
                 raise RuntimeError(f"Actor {self._class.__name__}.{name} is not annotated as an endpoint. "
                                    f"Decorate it with @endpoint to call it remotely.")
             raise AttributeError(f"{self._class.__name__} has no endpoint {name!r}")
-        return Endpoint(self, name, prop)
+        ep = Endpoint(self, name, prop)
+        self.__dict__[name] = ep  # the next ``mesh.name`` is a plain attribute
+        return ep
 
     def slice(self, **dims: Any) -> "ActorMesh[T]":
         return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.slice(**dims), self._proc_mesh)
