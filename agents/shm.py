@@ -16,6 +16,11 @@ segment are gone, its descriptor goes into this process's :class:`Pool`, and the
 next large send reuses it with its pages already in place.  A segment is only
 ever held by one process at a time (the sender closes its descriptor once the
 message is sent), so recycling never changes memory someone else still reads.
+Going further, each process keeps its own mapping of the large segments it
+has written or read (:class:`_Maps`): a segment that comes back (an echo, a
+training step's tensors) is then copied in and out at memory speed, with no
+fault at all.  Such a mapping is only touched by its process while that
+process holds the segment, and only within the segment's current size.
 
 What this module does not do: share memory between hosts, or hand the same
 segment to two processes.
@@ -105,15 +110,61 @@ def pool() -> Pool:
     return p
 
 
+class _Maps:
+    """This process's mappings of large segments, by inode, least recently used first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: dict[tuple[int, int], mmap.mmap] = {}
+        self._pid = os.getpid()
+
+    def get(self, fd: int, n: int) -> mmap.mmap | None:
+        if self._pid != os.getpid():  # a forked child starts with none of its own
+            with self._lock:
+                self._maps, self._pid = {}, os.getpid()
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            m = self._maps.pop(key, None)
+            if m is not None and len(m) >= n and st.st_size >= n:
+                self._maps[key] = m  # most recent last
+                return m
+        return None
+
+    def keep(self, fd: int, n: int) -> None:
+        """Map ``fd`` for next time (lazily: no page is touched now)."""
+        st = os.fstat(fd)
+        m = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with self._lock:
+            self._maps[(st.st_dev, st.st_ino)] = m
+            held = sum(len(x) for x in self._maps.values())
+            while held > POOL_BYTES and len(self._maps) > 1:
+                old = self._maps.pop(next(iter(self._maps)))
+                held -= len(old)
+                try:
+                    old.close()
+                except BufferError:  # still being copied from: it goes when that is done
+                    pass
+
+
+_maps = _Maps()
+
+
 def write(raw: memoryview) -> int:
     """A segment holding a copy of ``raw``; the caller owns (and must send or close) the descriptor."""
     view = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
     n = view.nbytes
     fd = pool().take(n)
     try:
-        done = 0
-        while done < n:
-            done += os.pwrite(fd, view[done:], done)
+        m = _maps.get(fd, n) if n >= _HUGE else None
+        if m is not None:
+            memoryview(m)[:n] = view
+        else:
+            done = 0
+            while done < n:
+                done += os.pwrite(fd, view[done:], done)
+            if n >= _HUGE:
+                _maps.keep(fd, n)
     except BaseException:
         os.close(fd)
         raise
@@ -186,11 +237,16 @@ def to_bytes(buf: Any) -> bytes:
         if hi > lo:
             madvise(lo, hi - lo, _MADV_HUGEPAGE)
     # Filled before anyone else can see it: the object was made a moment ago, here.
-    dst = (ctypes.c_char * n).from_address(addr)
+    dst = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+    m = _maps.get(src.fd, n)
+    if m is not None:
+        dst[:] = memoryview(m)[:n]
+        return out
     done = 0
     while done < n:
-        got = os.preadv(src.fd, [memoryview(dst)[done:]], done)
+        got = os.preadv(src.fd, [dst[done:]], done)
         if got <= 0:
             raise OSError("segment shorter than its message said")
         done += got
+    _maps.keep(src.fd, n)
     return out
