@@ -91,7 +91,8 @@ class Pool:
 
     def statistics(self) -> dict:
         with self._lock:
-            return {"idle_segments": len(self._idle), "idle_bytes": sum(c for c, _ in self._idle)}
+            return {"idle_segments": len(self._idle), "idle_bytes": sum(c for c, _ in self._idle),
+                    "mapped_segments": len(_maps._maps)}
 
 
 _pool: Pool | None = None

