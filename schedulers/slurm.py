@@ -23,6 +23,11 @@ Logs: the batch script's output goes to ``<job_dir>/logs/slurm-<jobid>.out``,
 each node's agent output to ``<job_dir>/logs/host<rank>/agent.log`` (also
 where the agent keeps its own logs); ``monarch logs --scheduler`` shows both.
 
+Time limit: ``monarch status`` shows the time left, and ``monarch run`` warns once when the
+job is within ``--warn-before``/``MONARCH_WARN_BEFORE`` minutes (default 5) of it.  A job that
+ends under a run (time limit, ``scancel``, node failure) fails the run with the reason; the
+next ``monarch serve`` replaces it.
+
 Options (``JobSpec.options``; ``monarch serve`` flags of the same names):
 ``partition``, ``time``, ``account``, ``qos``, ``gpus_per_node``,
 ``constraint``, ``exclusive``, ``sbatch_args`` (extra ``#SBATCH`` arguments),
