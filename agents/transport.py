@@ -104,6 +104,11 @@ def is_same_host(addr: str) -> bool:
     return host in _LOCAL_IPS
 
 
+def zmq_endpoint(addr: str) -> str:
+    """The ZeroMQ endpoint of a monarch address (which ends with ``#`` and the process's incarnation)."""
+    return addr.split("#", 1)[0]
+
+
 def addr_host(addr: str) -> str:
     rest = addr.split("://", 1)[-1]
     return rest.rsplit(":", 1)[0].strip("[]")
@@ -199,7 +204,10 @@ class Mailbox:
             r.bind(f"{fmt}:{self.bind_port}")
         else:
             r.bind(f"{fmt}:*")
-        self.addr = r.getsockopt_string(zmq.LAST_ENDPOINT)
+        # The address names this process, not just its port: a port freed by a dead proc is soon
+        # bound again, and what is known about the dead one (its death, its owner) must not stick
+        # to the new one.  ZeroMQ connects to the part before the '#'.
+        self.addr = f"{r.getsockopt_string(zmq.LAST_ENDPOINT)}#{os.urandom(6).hex()}"
         self._router = r
         if self._local_ipc:
             try:
@@ -258,9 +266,16 @@ class Mailbox:
                     if p is None:  # declared dead (and its socket closed) since the caller looked
                         raise PeerLost(addr)
                     return p
-            link = ipc.connect(addr, self.keys) if self._local_ipc and is_same_host(addr) else None
+            local = self._local_ipc and is_same_host(addr)
+            link = ipc.connect(addr, self.keys) if local else None
             with self._peers_lock:
                 self._connecting.pop(addr, None)
+                if link is None and local and "#" in addr and self._listener is not None:
+                    # Unix sockets work here, and every process of this host listens on one: the
+                    # process is gone.  (TCP would reach whoever has its port now.)
+                    self.dead.add(addr)
+                    self.call_soon(lambda: self.on_peer_lost(addr))
+                    raise PeerLost(addr)
                 if link is not None:
                     self._peers[addr] = p = link
                     self._new_links.append(link)
@@ -282,7 +297,7 @@ class Mailbox:
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         try:
-            s.connect(addr)
+            s.connect(zmq_endpoint(addr))
         except zmq.ZMQError:
             # A malformed address (say, from a corrupted message): close what we made,
             # or each try leaks three sockets until the context has none left.

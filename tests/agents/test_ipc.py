@@ -27,12 +27,12 @@ FAKE_ADDR = "tcp://127.0.0.1:1"
 
 
 class Box:
-    def __init__(self, keys: JobKeys, name: str):
+    def __init__(self, keys: JobKeys, name: str, bind_port: int = 0):
         self.received: queue.Queue = queue.Queue()
         self.lost: queue.Queue = queue.Queue()
         self.ctx = zmq.Context()
         self.ctx.linger = 0
-        self.mb = Mailbox(keys, self.received.put, self.lost.put, name=name, ctx=self.ctx)
+        self.mb = Mailbox(keys, self.received.put, self.lost.put, name=name, ctx=self.ctx, bind_port=bind_port)
         self.addr = self.mb.start()
 
     def close(self) -> None:
@@ -322,3 +322,23 @@ def _busy_segments() -> int:
         except OSError:
             pass
     return n - sum(shm.pool().statistics()[k] for k in ("idle_segments", "mapped_segments"))
+
+
+def test_a_new_process_on_a_dead_ones_port_is_not_taken_for_it(box):
+    """Ports are reused soon (no TCP connection lingers on them): the address names the process."""
+    keys = JobKeys.generate()
+    a, b = box(keys, "a"), box(keys, "b")
+    port = int(transport.zmq_endpoint(b.addr).rsplit(":", 1)[1])
+    b.close()
+    c = Box(keys, "c", bind_port=port)
+    try:
+        assert transport.zmq_endpoint(c.addr) == transport.zmq_endpoint(b.addr) and c.addr != b.addr
+        with pytest.raises(PeerLost):
+            a.mb.send(b.addr, _ping(a.addr))  # b is gone, and said so at once
+        assert a.lost.get(timeout=T) == b.addr
+        a.mb.send(c.addr, _ping(a.addr, 9))
+        assert c.received.get(timeout=T) == _ping(a.addr, 9)
+        with pytest.raises(queue.Empty):
+            c.received.get(timeout=0.05)  # nothing meant for b reached c
+    finally:
+        c.close()

@@ -142,7 +142,7 @@ def test_plain_socket_without_curve_gets_nothing(boxes):
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     try:
-        s.connect(server.addr)
+        s.connect(transport.zmq_endpoint(server.addr))
         s.send_multipart(wire.encode(_ping("tcp://127.0.0.1:1")), zmq.NOBLOCK)
         with pytest.raises(queue.Empty):
             server.received.get(timeout=NOTHING_S)
@@ -162,7 +162,7 @@ def test_wrong_key_against_a_live_agent(client, tmp_path):
             s.curve_serverkey = rt.keys.server_public.encode()
             s.curve_publickey = client_keys.client_public.encode()
             s.curve_secretkey = client_keys.client_secret.encode()
-            s.connect(agent.addr)
+            s.connect(transport.zmq_endpoint(agent.addr))
             fut: Future = Future()
             port = rt.open_port(OneShot(rt, fut), (agent.addr,))
             s.send_multipart(wire.encode(m.Ping(port)))

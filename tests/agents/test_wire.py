@@ -13,7 +13,7 @@ import torch
 import zmq
 
 from agents import messages as m
-from agents import shm, wire
+from agents import shm, transport, wire
 from agents.future import Future
 from agents.runtime import OneShot
 from agents.transport import context as zmq_context
@@ -370,7 +370,7 @@ def test_agent_survives_10000_malformed_messages(client, tmp_path):
         sock.curve_publickey = rt.keys.client_public.encode()
         sock.curve_secretkey = rt.keys.client_secret.encode()
         sock.sndhwm = 0
-        sock.connect(agent.addr)
+        sock.connect(transport.zmq_endpoint(agent.addr))
         rng = random.Random(99)
         good = [bytes(f) for f in _valid_frames()]
         ping_port = m.PortRef("tcp://127.0.0.1:1", 1)  # a Ping whose answer goes nowhere
