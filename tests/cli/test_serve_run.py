@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
+from tests.helpers import session_pids
 
 
 def _pids_alive(pids):
@@ -100,7 +101,7 @@ def test_interrupt_stops_every_rank(workdir):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
     assert p.stdout.readline().startswith("[host")
     assert p.stdout.readline().startswith("[host")
-    sleepers = [c.pid for c in psutil.process_iter(["cmdline"]) if c.info["cmdline"] == ["sleep", "60"]]
+    sleepers = _rank_procs("sleep 60")
     assert len(sleepers) == 2
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=10) == 130
@@ -170,9 +171,9 @@ def _start_run(workdir, *cmd):
 
 
 def _rank_procs(marker):
-    """Processes started by a run's ranks (sh or sleep) whose command line contains ``marker``."""
-    return [c.pid for c in psutil.process_iter(["cmdline"])
-            if (c.info["cmdline"] or [""])[0] in ("sh", "sleep") and marker in " ".join(c.info["cmdline"])]
+    """This test session's rank processes (sh or sleep) whose command line contains ``marker``
+    (other sessions on the machine may run the same commands)."""
+    return [pid for pid, cmd in session_pids().items() if cmd.split(" ", 1)[0] in ("sh", "sleep") and marker in cmd]
 
 
 def test_stop_while_a_run_is_going(workdir):
