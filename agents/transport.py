@@ -24,6 +24,7 @@ Nothing binds a wildcard address unless the caller passes one.
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import logging
 import os
@@ -46,6 +47,9 @@ _HWM = 1_000_000
 _COPY_THRESHOLD = 1 << 20
 _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 5000
+#: How long closing (or exiting) waits for messages still queued to same-host peers, as
+#: ZeroMQ's linger does for TCP ones: "send, then exit" must deliver.
+_LINGER_S = 0.5
 #: A peer that has not completed the CURVE handshake by then is treated as gone.
 _CONNECT_DEADLINE_S = 5.0
 
@@ -182,6 +186,8 @@ class Mailbox:
         self._handlers: dict[int, Callable[[int], None]] = {}
         self._zmq_fds: dict[zmq.Socket, int] = {}
         self._redrain = False
+        self._drained = threading.Condition()
+        self._lingering = 0
         self.dead: set[str] = set()
         self.stats_received = 0
         self.stats_dropped = 0
@@ -219,12 +225,15 @@ class Mailbox:
         self._running = True
         self._thread = threading.Thread(target=self._loop, name=f"{self.name}-io", daemon=True)
         self._thread.start()
+        atexit.register(self.linger)
         return self.addr
 
     def close(self) -> None:
         """Stop the IO thread and close every socket. Safe to call twice."""
         if not self._running:
             return
+        atexit.unregister(self.linger)
+        self.linger()
         self._running = False
         self.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -361,6 +370,23 @@ class Mailbox:
         # dropped, when the peer dies and its socket is closed).
         tracker.wait()
 
+    def linger(self, timeout: float = _LINGER_S) -> None:
+        """Wait, at most ``timeout``, until what was sent to same-host peers has left this process."""
+        if not self._running or threading.current_thread() is self._thread:
+            return
+
+        def drained() -> bool:
+            with self._peers_lock:
+                links = [p for p in self._peers.values() if type(p) is ipc.Link]
+            return not any(link.pending and not link.closed for link in links)
+
+        with self._drained:
+            self._lingering += 1
+            try:
+                self._drained.wait_for(drained, timeout)
+            finally:
+                self._lingering -= 1
+
     def wake(self) -> None:
         with self._wake_lock:  # so the IO thread cannot close the fd (and its number be reused) meanwhile
             if self._wake_fd >= 0:
@@ -477,6 +503,9 @@ class Mailbox:
                         self._timers = [t for t in self._timers if t[0] > now]
                         for _, fn in due:
                             self._guard(fn)
+                if self._lingering:  # someone waits for queued messages to leave: tell them
+                    with self._drained:
+                        self._drained.notify_all()
         finally:
             router.close(0)
             ep.close()

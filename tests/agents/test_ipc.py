@@ -342,3 +342,29 @@ def test_a_new_process_on_a_dead_ones_port_is_not_taken_for_it(box):
             c.received.get(timeout=0.05)  # nothing meant for b reached c
     finally:
         c.close()
+
+
+SEND_AND_EXIT = r"""
+import json, sys
+from agents import messages as m
+from agents.transport import JobKeys, Mailbox
+keys = JobKeys(**json.loads(sys.argv[1]))
+mb = Mailbox(keys, lambda msg: None, name="fleeting")
+mb.start()
+mb.send(sys.argv[2], m.Ping(m.PortRef(mb.addr, 42)))
+"""  # and exits at once, before the link's handshake is done
+
+
+def test_send_then_exit_delivers(box):
+    """What a process sent just before it exited arrives, as ZeroMQ's linger promises for TCP."""
+    import json
+    import subprocess
+    import sys
+
+    keys = JobKeys.generate()
+    server = box(keys, "server")
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", SEND_AND_EXIT, json.dumps(keys.as_dict()), server.addr],
+                       check=True, timeout=30, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        got = server.received.get(timeout=T)
+        assert isinstance(got, m.Ping) and got.reply.port_id == 42
