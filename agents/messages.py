@@ -6,8 +6,11 @@ User values (endpoint arguments, results) travel as :class:`Pickled` so that the
 are encoded once for a whole mesh and decoded by the thread that uses them,
 not by the receive loop.
 
-No ``slots=True`` on these dataclasses: it builds each class twice, and the ~10 ms
-that costs at import is paid by every ``monarch`` command.
+Every ``monarch`` command imports this module, so it is built to import fast:
+``@message`` is a dataclass that generates only ``__init__`` (Python generates
+each dataclass method by compiling source: ``frozen``, ``repr`` and ``eq`` on two
+dozen classes cost ~15 ms per command), with ``__repr__`` and ``__eq__`` from
+:class:`Message`.  Treat messages as immutable all the same.
 """
 
 from __future__ import annotations
@@ -19,8 +22,28 @@ from typing import Any
 from agents import wire
 
 
-@dataclass
-class Pickled:
+class Message:
+    """The base of every message: a readable repr and field-wise equality, without generated code."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__dataclass_fields__)  # type: ignore[attr-defined]
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__dataclass_fields__)  # type: ignore[attr-defined]
+
+
+def message(cls: type) -> type:
+    """Make ``cls`` (a subclass of :class:`Message`) a dataclass with only ``__init__`` generated."""
+    return dataclass(repr=False, eq=False)(cls)
+
+
+@message
+class Pickled(Message):
     """A user value, pickled once; decode with :meth:`load`."""
 
     body: Any
@@ -40,15 +63,15 @@ class Pickled:
 
 
 @dataclass(frozen=True)
-class PortRef:
+class PortRef:  # stays a frozen dataclass: small, and hashable
     """Where to send answers: a process's inbound address and a port in it."""
 
     addr: str
     port_id: int
 
 
-@dataclass(frozen=True)
-class Reply:
+@message
+class Reply(Message):
     """One answer to a port. ``ok`` False means ``payload`` is an exception."""
 
     port_id: int
@@ -60,8 +83,8 @@ class Reply:
 # --- proc agent -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SpawnActor:
+@message
+class SpawnActor(Message):
     actor_id: str
     name: str
     payload: Pickled  # (cls, args, kwargs)
@@ -71,8 +94,8 @@ class SpawnActor:
     owner: str
 
 
-@dataclass(frozen=True)
-class Call:
+@message
+class Call(Message):
     actor_id: str
     method: str
     payload: Pickled  # (args, kwargs)
@@ -83,23 +106,23 @@ class Call:
     sender: str
 
 
-@dataclass(frozen=True)
-class StopActor:
+@message
+class StopActor(Message):
     actor_id: str
     reply: PortRef
     rank: int = 0
 
 
-@dataclass(frozen=True)
-class StopProc:
+@message
+class StopProc(Message):
     reply: PortRef | None
 
 
 # --- host agent -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SpawnProcs:
+@message
+class SpawnProcs(Message):
     """Start ``count`` proc agents owned by ``owner``; answer a list of ProcInfo."""
 
     mesh_id: str
@@ -111,16 +134,16 @@ class SpawnProcs:
     point_base: int = 0
 
 
-@dataclass(frozen=True)
-class ProcInfo:
+@message
+class ProcInfo(Message):
     addr: str
     pid: int
     host: str
     host_rank: int
 
 
-@dataclass(frozen=True)
-class ProcDied:
+@message
+class ProcDied(Message):
     """Sent by a host agent to a proc's owner the moment the proc exits."""
 
     addr: str
@@ -130,19 +153,19 @@ class ProcDied:
     exit_code: int | None
 
 
-@dataclass(frozen=True)
-class StopProcs:
+@message
+class StopProcs(Message):
     mesh_id: str
     reply: PortRef | None
 
 
-@dataclass(frozen=True)
-class Ping:
+@message
+class Ping(Message):
     reply: PortRef
 
 
-@dataclass(frozen=True)
-class HostInfo:
+@message
+class HostInfo(Message):
     host: str
     host_rank: int
     pid: int
@@ -154,8 +177,8 @@ class HostInfo:
     log_dir: str
 
 
-@dataclass(frozen=True)
-class RunCommand:
+@message
+class RunCommand(Message):
     """Run ``argv`` on the host; output streams to ``reply`` as RunOutput/RunExited."""
 
     run_id: str
@@ -167,35 +190,35 @@ class RunCommand:
     owner: str
 
 
-@dataclass(frozen=True)
-class RunOutput:
+@message
+class RunOutput(Message):
     run_id: str
     rank: int
     stream: str  # "stdout" | "stderr"
     data: bytes
 
 
-@dataclass(frozen=True)
-class RunExited:
+@message
+class RunExited(Message):
     run_id: str
     rank: int
     exit_code: int
     reason: str
 
 
-@dataclass(frozen=True)
-class SignalRun:
+@message
+class SignalRun(Message):
     run_id: str
     signum: int
 
 
-@dataclass(frozen=True)
-class Shutdown:
+@message
+class Shutdown(Message):
     reply: PortRef | None
 
 
-@dataclass(frozen=True)
-class OpenShell:
+@message
+class OpenShell(Message):
     """Start an interactive shell on a pty; bytes flow as ShellData both ways."""
 
     shell_id: str
@@ -208,16 +231,16 @@ class OpenShell:
     owner: str
 
 
-@dataclass(frozen=True)
-class ShellData:
+@message
+class ShellData(Message):
     shell_id: str
     data: bytes
     rows: int = 0
     cols: int = 0
 
 
-@dataclass(frozen=True)
-class ProcReady:
+@message
+class ProcReady(Message):
     """A new proc agent telling its host agent where it listens."""
 
     token: str
@@ -225,8 +248,8 @@ class ProcReady:
     pid: int
 
 
-@dataclass(frozen=True)
-class ReadLog:
+@message
+class ReadLog(Message):
     """Ask a host agent for bytes of a run's log, from ``offset``; answers (data, size, done)."""
 
     run_id: str
@@ -235,8 +258,8 @@ class ReadLog:
     reply: PortRef
 
 
-@dataclass(frozen=True)
-class ActorFailed:
+@message
+class ActorFailed(Message):
     """An actor failed (its supervision was not handled); sent to the actor's owner."""
 
     addr: str
