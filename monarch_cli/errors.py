@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-import typer
+import click
 
 from monarch.errors import MonarchError
 from monarch_cli.output import err as err_console
@@ -35,7 +35,7 @@ EXIT_CODES = {
 }
 
 
-def fail(e: BaseException, verbose: bool = False) -> "typer.Exit":
+def fail(e: BaseException, verbose: bool = False) -> "click.exceptions.Exit":
     """Print ``e`` as one line (plus hint) and return the Exit to raise."""
     if isinstance(e, MonarchError):
         err_console.print(f"[bold red]error:[/] {_escape(e.message)}")
@@ -54,4 +54,4 @@ def fail(e: BaseException, verbose: bool = False) -> "typer.Exit":
     if verbose:
         # No local variables: keys live in locals.
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-    return typer.Exit(code)
+    return click.exceptions.Exit(code)

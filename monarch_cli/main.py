@@ -1,26 +1,21 @@
-"""The ``monarch`` command: composes the subcommands in monarch_cli/commands/."""
+"""The ``monarch`` command: composes the subcommands in monarch_cli/commands/.
+
+Built on Click directly: ``monarch run`` starts a Python process every time, and
+Typer (Click plus type-hint parsing) adds ~50 ms of imports and command building
+to each start, a third of the overhead budget of a run.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass
-from typing import Annotated
 
-import typer
+import click
 
 # Command modules keep their machinery (ZeroMQ, Rich, the job code) in function-local
-# imports: every `monarch run` pays for what this line imports, and that budget is ~50 ms.
+# imports: every `monarch run` pays for what this line imports.
 from monarch_cli.commands import context, logs, run, serve, shell, status, stop, version
-
-app = typer.Typer(
-    name="monarch",
-    help="Reserve hosts once, run many times: distributed PyTorch jobs on local, Slurm or Kubernetes hosts.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
 
 
 @dataclass
@@ -29,30 +24,26 @@ class Options:
     json: bool = False
 
 
-@app.callback()
-def main_callback(
-    ctx: typer.Context,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show details and tracebacks on errors.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
-) -> None:
-    """monarch: reserve once (`monarch serve`), run many times (`monarch run`)."""
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--verbose", "-v", is_flag=True, help="Show details and tracebacks on errors.")
+@click.option("--json", "json_out", is_flag=True, help="Print machine-readable JSON on stdout.")
+@click.pass_context
+def app(ctx: click.Context, verbose: bool, json_out: bool) -> None:
+    """Reserve hosts once, run many times: distributed PyTorch jobs on local, Slurm or Kubernetes hosts.
+
+    `monarch serve` reserves hosts and starts an agent on each; `monarch run` runs on them, again and again.
+    """
     ctx.obj = Options(verbose=verbose, json=json_out)
     if verbose:
         logging.basicConfig(level=os.environ.get("MONARCH_LOG", "INFO"))
 
 
-app.command("serve")(serve.serve)
-app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run.run)
-app.command("status")(status.status)
-app.command("logs")(logs.logs)
-app.command("shell")(shell.shell)
-app.command("stop")(stop.stop)
-app.command("version")(version.version)
-app.add_typer(context.app, name="context")
+for command in (serve.serve, run.run, status.status, logs.logs, shell.shell, stop.stop, version.version, context.app):
+    app.add_command(command)
 
 
 def main() -> None:
-    app()
+    app(prog_name="monarch")
 
 
 if __name__ == "__main__":

@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Annotated, Iterator
+from typing import Iterator
 
-import typer
+import click
 
 from monarch_cli.errors import fail
 
-NameOpt = Annotated[str | None, typer.Option("--name", "-n", help="Which reservation (context); default: the current one. MONARCH_JOB=path overrides.")]
+name_option = click.option("--name", "-n", help="Which reservation (context); default: the current one. MONARCH_JOB=path overrides.")
 
 
-def opts(ctx: typer.Context):
+def opts(ctx: click.Context):
     from monarch_cli.main import Options
 
     return ctx.obj if ctx.obj is not None else Options()
 
 
 @contextmanager
-def handled(ctx: typer.Context) -> Iterator[None]:
+def handled(ctx: click.Context) -> Iterator[None]:
     """Turn monarch errors (and Ctrl-C) into one line and an exit code."""
     try:
         yield
-    except typer.Exit:
+    except click.exceptions.Exit:
         raise
     except (Exception, KeyboardInterrupt) as e:
         raise fail(e, opts(ctx).verbose) from None

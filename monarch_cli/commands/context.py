@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 
-import typer
+import click
 
 from monarch.errors import StateError
 from monarch_cli.commands._common import handled, opts
 from monarch_cli.output import err, out, print_json
 
-app = typer.Typer(help="List or switch between named reservations (contexts).", no_args_is_help=True)
+@click.group("context")
+def app() -> None:
+    """List or switch between named reservations (contexts)."""
 
 
 @app.command("ls")
-def ls(ctx: typer.Context) -> None:
+@click.pass_context
+def ls(ctx: click.Context) -> None:
     """List the reservations in this directory; * marks the current one."""
     from rich.table import Table
     from monarch.job.state import StatePaths, load_state
@@ -38,7 +41,9 @@ def ls(ctx: typer.Context) -> None:
 
 
 @app.command("use")
-def use(ctx: typer.Context, name: str) -> None:
+@click.argument("name")
+@click.pass_context
+def use(ctx: click.Context, name: str) -> None:
     """Make NAME the reservation later commands use."""
     from monarch.job.state import StatePaths
     with handled(ctx):

@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
 
-import typer
+import click
 
 from monarch.errors import UsageError
-from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.commands._common import name_option, handled, opts
 from monarch_cli.output import print_json
 
 _POLL_S = 0.25
 
 
-def logs(
-    ctx: typer.Context,
-    name: NameOpt = None,
-    run_id: Annotated[str | None, typer.Option("--run", help="Run id (default: the last run); see --list.")] = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank (host index of the run).")] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Only this host (name).")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new output until the run ends.")] = False,
-    stderr_only: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
-    list_runs: Annotated[bool, typer.Option("--list", help="List past runs.")] = False,
-    scheduler_logs: Annotated[bool, typer.Option("--scheduler", help="Show the scheduler/agent start-up logs.")] = False,
-) -> None:
+@click.command("logs")
+@name_option
+@click.option("--run", "run_id", help="Run id (default: the last run); see --list.")
+@click.option("--rank", type=int, help="Only this rank (host index of the run).")
+@click.option("--host", help="Only this host (name).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option("--stderr", "stderr_only", is_flag=True, help="Show stderr instead of stdout.")
+@click.option("--list", "list_runs", is_flag=True, help="List past runs.")
+@click.option("--scheduler", "scheduler_logs", is_flag=True, help="Show the scheduler/agent start-up logs.")
+@click.pass_context
+def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | None, host: str | None, follow: bool,
+         stderr_only: bool, list_runs: bool, scheduler_logs: bool) -> None:
     """Print a run's output, prefixed by host; -f follows it live."""
     from agents.messages import ReadLog
     from agents.client import ensure_runtime

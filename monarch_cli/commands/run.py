@@ -8,29 +8,30 @@ import subprocess
 import sys
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import typer
+import click
 
 from monarch.errors import UsageError
-from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.commands._common import name_option, handled, opts
 from monarch_cli.output import err, escape, print_json
 
 if TYPE_CHECKING:
     from monarch.job.run import RemoteRun
 
 
-def run(
-    ctx: typer.Context,
-    command: Annotated[list[str] | None, typer.Argument(help="`-- CMD ARGS...` to run on every host, or SCRIPT.py to run here against the reservation.")] = None,
-    name: NameOpt = None,
-    hosts: Annotated[str | None, typer.Option("--hosts", help="Only these host ranks, e.g. 0,2.")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V added to the environment (repeatable).")] = None,
-    workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="Working directory on the hosts (default: this one).")] = None,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="Start and return; read output with `monarch logs`.")] = False,
-    warn_before: Annotated[float | None, typer.Option("--warn-before", envvar="MONARCH_WARN_BEFORE", metavar="MINUTES",
-                                                      help="Warn when the reservation is this close to its time limit (Slurm; default 5).")] = None,
-) -> None:
+@click.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@name_option
+@click.option("--hosts", help="Only these host ranks, e.g. 0,2.")
+@click.option("--env", "-e", multiple=True, help="K=V added to the environment (repeatable).")
+@click.option("--workdir", "-w", help="Working directory on the hosts (default: this one).")
+@click.option("--detach", "-d", is_flag=True, help="Start and return; read output with `monarch logs`.")
+@click.option("--warn-before", type=float, envvar="MONARCH_WARN_BEFORE", metavar="MINUTES",
+              help="Warn when the reservation is this close to its time limit (Slurm; default 5).")
+@click.pass_context
+def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: str | None, env: tuple[str, ...],
+        workdir: str | None, detach: bool, warn_before: float | None) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
     from monarch.job.reserve import load_live, time_warning_s
     from monarch.job.run import LinePrinter, RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
@@ -48,7 +49,7 @@ def run(
         warn_s = time_warning_s(warn_before)
         record, path = load_live(name, progress=lambda *a: None)
         if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
-            raise typer.Exit(_run_controller(argv, path, extra))
+            raise click.exceptions.Exit(_run_controller(argv, path, extra))
         selected = record.hosts
         if hosts:
             try:
@@ -101,7 +102,7 @@ def run(
                     err.print(f"  first failure: rank {f.rank} on {f.host} {escape(f.reason)}")
             else:
                 err.print(f"[bold red]error:[/] rank {f.rank} on {f.host} {f.reason}")
-        raise typer.Exit(code)
+        raise click.exceptions.Exit(code)
 
 
 #: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).

@@ -4,36 +4,40 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
 
-import typer
+import click
 
 from monarch.errors import UsageError
 from monarch_cli.commands._common import handled, opts
 from monarch_cli.output import err, print_json
 
 
-def serve(
-    ctx: typer.Context,
-    hosts: Annotated[int, typer.Option("--hosts", help="How many hosts to reserve.", min=1)] = 1,
-    procs_per_host: Annotated[int, typer.Option("--procs-per-host", help="Procs per host (torchrun --nproc-per-node).", min=1)] = 1,
-    scheduler: Annotated[str, typer.Option("--scheduler", "-s", help="local (default) or slurm.")] = "local",
-    name: Annotated[str, typer.Option("--name", "-n", help="Name of this reservation (context).")] = "default",
-    partition: Annotated[str | None, typer.Option(help="Slurm partition.")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", help="Slurm time limit, e.g. 2:00:00.")] = None,
-    account: Annotated[str | None, typer.Option(help="Slurm account.")] = None,
-    qos: Annotated[str | None, typer.Option(help="Slurm QOS.")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option(help="Slurm GPUs per node.")] = None,
-    constraint: Annotated[str | None, typer.Option(help="Slurm node constraint.")] = None,
-    exclusive: Annotated[bool, typer.Option(help="Slurm: whole nodes only.")] = False,
-    sbatch_arg: Annotated[list[str] | None, typer.Option("--sbatch-arg", help="Extra sbatch argument (repeatable).")] = None,
-    client_host: Annotated[str | None, typer.Option("--client-host", help="Slurm: this machine's address as the nodes reach it; agents bind to their route towards it (default: what this host's name resolves to).")] = None,
-    bind: Annotated[str | None, typer.Option(help="Address agents bind to (default: loopback for local).")] = None,
-    replace: Annotated[bool, typer.Option("--replace", help="Release an incompatible or broken reservation and make a new one.")] = False,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Submit and return; a later command waits for the hosts.")] = False,
-    dryrun: Annotated[bool, typer.Option("--dryrun", help="Print what would be submitted and exit.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="Give up waiting for hosts after this many seconds.")] = None,
-) -> None:
+@click.command("serve")
+@click.option("--hosts", type=click.IntRange(min=1), default=1, show_default=True, help="How many hosts to reserve.")
+@click.option("--procs-per-host", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Procs per host (torchrun --nproc-per-node).")
+@click.option("--scheduler", "-s", default="local", show_default=True, help="local or slurm.")
+@click.option("--name", "-n", default="default", show_default=True, help="Name of this reservation (context).")
+@click.option("--partition", help="Slurm partition.")
+@click.option("--time", "time_limit", help="Slurm time limit, e.g. 2:00:00.")
+@click.option("--account", help="Slurm account.")
+@click.option("--qos", help="Slurm QOS.")
+@click.option("--gpus-per-node", type=int, help="Slurm GPUs per node.")
+@click.option("--constraint", help="Slurm node constraint.")
+@click.option("--exclusive/--no-exclusive", default=False, help="Slurm: whole nodes only.")
+@click.option("--sbatch-arg", multiple=True, help="Extra sbatch argument (repeatable).")
+@click.option("--client-host", help="Slurm: this machine's address as the nodes reach it; agents bind to their route "
+                                    "towards it (default: what this host's name resolves to).")
+@click.option("--bind", help="Address agents bind to (default: loopback for local).")
+@click.option("--replace", is_flag=True, help="Release an incompatible or broken reservation and make a new one.")
+@click.option("--no-wait", is_flag=True, help="Submit and return; a later command waits for the hosts.")
+@click.option("--dryrun", is_flag=True, help="Print what would be submitted and exit.")
+@click.option("--timeout", type=float, help="Give up waiting for hosts after this many seconds.")
+@click.pass_context
+def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, name: str, partition: str | None,
+          time_limit: str | None, account: str | None, qos: str | None, gpus_per_node: int | None,
+          constraint: str | None, exclusive: bool, sbatch_arg: tuple[str, ...], client_host: str | None,
+          bind: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None) -> None:
     """Reserve hosts and start a monarch agent on each; reuses a live reservation of the same shape."""
     from monarch.job.reserve import reserve
     from monarch.job.state import JobSpec, StatePaths

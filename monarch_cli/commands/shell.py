@@ -11,20 +11,19 @@ import termios
 import threading
 import tty
 import uuid
-from typing import Annotated
 
-import typer
+import click
 
 from monarch.errors import UsageError
-from monarch_cli.commands._common import NameOpt, handled
+from monarch_cli.commands._common import name_option, handled
 
 
-def shell(
-    ctx: typer.Context,
-    host: Annotated[int, typer.Option("--host", help="Host rank to open the shell on.")] = 0,
-    name: NameOpt = None,
-    command: Annotated[list[str] | None, typer.Argument(help="Program to run instead of $SHELL.")] = None,
-) -> None:
+@click.command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@click.option("--host", type=int, default=0, show_default=True, help="Host rank to open the shell on.")
+@name_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def shell(ctx: click.Context, host: int, name: str | None, command: tuple[str, ...]) -> None:
     """Open an interactive shell on a reserved host (exit the shell to come back)."""
     from agents import messages as m
     from agents.client import ensure_runtime
@@ -77,7 +76,7 @@ def shell(
             if saved is not None:
                 termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
             signal.signal(signal.SIGWINCH, old_winch)
-        raise typer.Exit(result["code"])
+        raise click.exceptions.Exit(result["code"])
 
 
 def _size() -> tuple[int, int]:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import time
 
-import typer
+import click
 
-from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.commands._common import name_option, handled, opts
 from monarch_cli.output import err, out, print_json
 
 _PING_TIMEOUT_S = 2.0
 
 
-def status(ctx: typer.Context, name: NameOpt = None) -> None:
+@click.command("status")
+@name_option
+@click.pass_context
+def status(ctx: click.Context, name: str | None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
     from rich.table import Table
     from agents.messages import HostInfo, Ping
@@ -64,9 +67,9 @@ def status(ctx: typer.Context, name: NameOpt = None) -> None:
             if hosts:
                 out.print(t)
         if not d or not d.state.alive:
-            raise typer.Exit(3)
+            raise click.exceptions.Exit(3)
         if bad:
-            raise typer.Exit(5)
+            raise click.exceptions.Exit(5)
 
 
 def _fmt_left(s: float) -> str:

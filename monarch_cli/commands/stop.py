@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
 
-import typer
+import click
 
 from monarch.errors import StateError
-from monarch_cli.commands._common import NameOpt, handled, opts
+from monarch_cli.commands._common import name_option, handled, opts
 from monarch_cli.output import err, print_json
 
 
-def stop(
-    ctx: typer.Context,
-    name: NameOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Remove a corrupt or unreadable state file too.")] = False,
-) -> None:
+@click.command("stop")
+@name_option
+@click.option("--force", is_flag=True, help="Remove a corrupt or unreadable state file too.")
+@click.pass_context
+def stop(ctx: click.Context, name: str | None, force: bool) -> None:
     """Release the reserved hosts and remove the state file (safe to repeat)."""
     from monarch.job.reserve import release
     from monarch.job.state import StatePaths, load_state, remove_state

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import platform
 
-import typer
+import click
 
 import monarch
 from monarch_cli.commands._common import opts
 from monarch_cli.output import out, print_json
 
 
-def version(ctx: typer.Context) -> None:
+@click.command("version")
+@click.pass_context
+def version(ctx: click.Context) -> None:
     """Print monarch's version."""
     import zmq
 
