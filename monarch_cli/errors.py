@@ -4,7 +4,7 @@ Exit codes (each has a test in tests/cli/test_errors.py):
 
     0  success
     1  a run's command failed (its own exit code is passed through when possible)
-    2  bad usage (UsageError, or Typer's own usage errors)
+    2  bad usage (UsageError, or Click's own usage errors)
     3  no reservation / unusable state file (StateError)
     4  the scheduler refused or failed (SchedulerError)
     5  a host agent is unreachable (AgentError)
