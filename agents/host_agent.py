@@ -69,6 +69,9 @@ class _Run:
     exit: tuple | None = None
     sent_exit: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Signals that came before the zygote said the command started (a rank that fails at once
+    #: makes the client stop the others while theirs may still be starting).
+    early_signals: list = field(default_factory=list)
 
 
 @dataclass
@@ -295,6 +298,9 @@ class HostAgent:
     def on_signal_run(self, msg: m.SignalRun) -> None:
         with self.lock:
             run = self.runs.get(msg.run_id)
+            if run is not None and not run.pid and run.exit is None:
+                run.early_signals.append(msg.signum)  # delivered when "spawned" is read
+                return
         if run is not None and run.pid and run.exit is None:
             _killpg(run.pid, msg.signum)
 
@@ -390,6 +396,7 @@ class HostAgent:
                         self._maybe_finish(ctx)
                     continue
                 pid = ev["pid"]
+                early: list[int] = []
                 with self.lock:
                     if kind == "proc":
                         msg, token = ctx
@@ -398,7 +405,10 @@ class HostAgent:
                     else:
                         ctx.pid = pid
                         self.children[pid] = _Child(pid, kind, ctx.owner, run=ctx)
+                        early, ctx.early_signals = ctx.early_signals, []
                     owner = self.children[pid].owner
+                for signum in early:
+                    _killpg(pid, signum)
                 if self.rt.death(owner) is not None:
                     # Its owner died while it was being started, after _owner_lost looked for victims.
                     _killpg(pid, signal.SIGKILL)

@@ -94,6 +94,7 @@ class Zygote:
         for fd in fds:
             os.close(fd)
         self.children[pid] = req.get("kind", "")
+        _wait_for_own_group(pid)
         self._send({"op": "spawned", "id": req["id"], "pid": pid})
 
     def _reap(self) -> None:
@@ -121,6 +122,26 @@ class Zygote:
             except OSError:
                 pass
         os._exit(0)
+
+
+def _wait_for_own_group(pid: int, deadline_s: float = 0.5) -> None:
+    """Wait (briefly) until the new child has called setsid().
+
+    The host agent signals a child's whole process group (``killpg(pid)``) as soon as it hears
+    "spawned"; a signal sent before the child leads its own group would miss it, or reach it
+    while it still runs the zygote's handlers.  setsid() is the child's first system calls away,
+    so this is microseconds.
+    """
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            if os.getpgid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return  # already gone: its exit is reported as usual
+        os.sched_yield()
 
 
 def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
