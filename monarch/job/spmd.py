@@ -33,10 +33,10 @@ from monarch.job.state import DEFAULT_CONTEXT, JobSpec, StatePaths
 
 #: TorchX scheduler names and what runs them here.
 _SCHEDULERS = {"local_cwd": "local", "local": "local", "slurm": "slurm"}
-#: TorchX / monarch Slurm options a ``scheduler_cfg`` may carry, by the name monarch's Slurm scheduler uses.
-_SLURM_CFG = {"partition": "partition", "time": "time", "account": "account", "qos": "qos",
-              "constraint": "constraint", "exclusive": "exclusive", "gpus_per_node": "gpus_per_node",
-              "sbatch_args": "sbatch_args", "client_host": "client_host"}
+#: The Slurm options a ``scheduler_cfg`` may carry: the names ``monarch serve --scheduler slurm`` uses,
+#: which are also TorchX's for the ones TorchX has.
+_SLURM_CFG = frozenset({"partition", "time", "account", "qos", "constraint", "exclusive", "gpus_per_node",
+                        "sbatch_args", "client_host"})
 _TORCHRUN = ("torchrun", "torch.distributed.run")
 
 
@@ -129,11 +129,11 @@ def _spec_for(program: SPMDProgram, scheduler: str, scheduler_cfg: dict | None) 
     cfg = dict(scheduler_cfg or {})
     options: dict = {}
     if backend == "slurm":
-        unknown = sorted(set(cfg) - set(_SLURM_CFG))
+        unknown = sorted(set(cfg) - _SLURM_CFG)
         if unknown:
             raise UsageError(f"unknown Slurm option {unknown[0]!r} in scheduler_cfg",
                              f"known: {', '.join(sorted(_SLURM_CFG))}")
-        options = {_SLURM_CFG[k]: v for k, v in cfg.items() if v is not None and v is not False}
+        options = {k: v for k, v in cfg.items() if v is not None and v is not False}
         if program.gpus_per_node and "gpus_per_node" not in options:
             options["gpus_per_node"] = program.gpus_per_node
     elif cfg:

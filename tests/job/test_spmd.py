@@ -78,6 +78,20 @@ def test_scheduler_refused(scheduler, cfg, match):
         _spec_for(SPMDProgram(["python", "t.py"]), scheduler, cfg)
 
 
+def test_run_spmd_without_a_program_says_what_to_pass(tmp_path):
+    # A reservation made by `monarch serve` has no SPMD program: run_spmd() needs a command.
+    from agents.keys import JobKeys
+    from monarch.job.spmd import SPMDJob
+    from monarch.job.state import JobRecord, JobSpec
+
+    record = JobRecord("default", JobSpec(), "local-x", str(tmp_path), JobKeys("a", "b", "c", "d"))
+    job = SPMDJob(record, str(tmp_path / "job_state.pkl"))
+    assert job.program is None
+    with pytest.raises(UsageError, match="has no SPMD program") as e:
+        job.run_spmd()
+    assert "job.run_spmd([" in e.value.hint
+
+
 # -- end to end on the local scheduler ------------------------------------------------------
 
 
