@@ -159,10 +159,12 @@ def test_appdef_macros_failure_and_shape_change(workdir):
         from monarch.job.spmd import serve
         app = specs.AppDef("echo", roles=[specs.Role(
             name="r", image="", entrypoint="sh", num_replicas=2, env={"GREETING": "hi"},
-            args=["-c", "echo $GREETING replica=${replica_id} app=${app_id} master=$MASTER_ADDR; exit $0", "$NODE_RANK"])])
+            args=["-c", "echo $GREETING replica=${replica_id} app=${app_id} master=$MASTER_ADDR rank=$0", "$NODE_RANK"])])
         job = serve(app)
+        job.run_spmd()
         try:
-            job.run_spmd()
+            # A separate run fails: a rank that fails stops the others, which could cut the lines above.
+            job.run_spmd(["sh", "-c", "exit $NODE_RANK"])
         except RunError as e:
             print("RUNERROR", e.message)
         try:
@@ -173,8 +175,8 @@ def test_appdef_macros_failure_and_shape_change(workdir):
         print("KILLED", job.active)
     """)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"\[host0\] hi replica=0 app=local-\w+ master=127.0.0.1", r.stdout), r.stdout
-    assert "[host1] hi replica=1" in r.stdout
+    assert re.search(r"\[host0\] hi replica=0 app=local-\w+ master=127.0.0.1 rank=0", r.stdout), r.stdout
+    assert re.search(r"\[host1\] hi replica=1 app=local-\w+ master=127.0.0.1 rank=1", r.stdout), r.stdout
     assert "RUNERROR rank 1 on host1 exited with code 1" in r.stdout
     assert "STATEERROR job 'default' is already reserved with a different shape" in r.stdout
     assert "KILLED False" in r.stdout
