@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import threading
 
-from agents import runtime as rt_mod
-from agents import supervision
-from agents.keys import JobKeys
-from agents.runtime import Runtime
+from monarch_agents import runtime as rt_mod
+from monarch_agents import supervision
+from monarch_agents.keys import JobKeys
+from monarch_agents.runtime import Runtime
 
 _lock = threading.RLock()
 

@@ -5,7 +5,7 @@ It spawns proc agents (forked from its warm zygote), runs commands for
 moment one of its procs exits.  When an owner's connection drops (the client
 died), every proc and command it owned is killed: nothing outlives its owner.
 
-Run as ``python -m agents.host_agent``; it reads the job's keys as JSON on
+Run as ``python -m monarch_agents.host_agent``; it reads the job's keys as JSON on
 stdin (never from the command line, where ``ps`` would show them) and writes
 its address, atomically, to ``--agent-file``.
 
@@ -32,10 +32,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import messages as m
-from agents.runtime import Runtime, install
-from agents.transport import JobKeys, route_ip
-from agents.zygote import ZygoteClient
+from monarch_agents import messages as m
+from monarch_agents.runtime import Runtime, install
+from monarch_agents.transport import JobKeys, route_ip
+from monarch_agents.zygote import ZygoteClient
 
 log = logging.getLogger("monarch.host_agent")
 
@@ -519,7 +519,7 @@ def write_json_atomic(path: str, data: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m agents.host_agent", description="monarch host agent")
+    p = argparse.ArgumentParser(prog="python -m monarch_agents.host_agent", description="monarch host agent")
     p.add_argument("--host-rank", type=int, default=0)
     p.add_argument("--hostname", default="")
     p.add_argument("--bind", default="", help="address to bind (default: the route to --client-host)")

@@ -3,10 +3,10 @@
 Between two processes of one host, ZeroMQ costs more than the work: each
 message crosses two ZeroMQ I/O threads and is CURVE-encrypted, about 150 us
 per round trip on a 2-core machine against about 10 us for a Unix socket.  So
-a :class:`~agents.transport.Mailbox` also listens on a Unix socket, and a peer
+a :class:`~monarch_agents.transport.Mailbox` also listens on a Unix socket, and a peer
 on the same host is reached through it: the sending thread writes the message
 itself, and the receiving IO thread reads it, with no thread in between.
-Buffers of :data:`agents.wire.SHM_THRESHOLD` bytes or more travel as
+Buffers of :data:`monarch_agents.wire.SHM_THRESHOLD` bytes or more travel as
 shared-memory segments (``agents/shm.py``) whose descriptors ride along
 (``SCM_RIGHTS``).  Peers on other hosts still go through ZeroMQ and CURVE.
 
@@ -52,7 +52,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.transport import JobKeys
+    from monarch_agents.transport import JobKeys
 
 _NAME_PREFIX = "\0monarch-ipc:"
 _HELLO = struct.Struct("!4s16s32s")  # magic, nonce, mac

@@ -19,7 +19,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import wire
+from monarch_agents import wire
 
 
 class Message:

@@ -11,15 +11,15 @@ import collections
 import threading
 from typing import Any, Generic, TypeVar
 
-from agents.errors import SupervisionError
-from agents.future import Future
-from agents.messages import Pickled, PortRef, Reply
+from monarch_agents.errors import SupervisionError
+from monarch_agents.future import Future
+from monarch_agents.messages import Pickled, PortRef, Reply
 
 R = TypeVar("R")
 
 
 def _runtime():
-    from agents.runtime import ensure
+    from monarch_agents.runtime import ensure
 
     return ensure()
 

@@ -26,13 +26,13 @@ import threading
 import traceback
 from typing import Any
 
-from agents import messages as m
-from agents import supervision
-from agents.context import CURRENT, ActorSlotInfo, MessageContext
-from agents.errors import ActorError, MeshFailure, SupervisionError
-from agents.ports import Port
-from agents.runtime import Runtime, install
-from agents.transport import JobKeys
+from monarch_agents import messages as m
+from monarch_agents import supervision
+from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
+from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
+from monarch_agents.ports import Port
+from monarch_agents.runtime import Runtime, install
+from monarch_agents.transport import JobKeys
 
 log = logging.getLogger("monarch.proc_agent")
 
@@ -376,8 +376,8 @@ class ProcAgent:
         threading.Thread(target=self._stop_all, args=(msg,), daemon=True).start()
 
     def _stop_all(self, msg: m.StopProc) -> None:
-        from agents.future import Future
-        from agents.runtime import OneShot
+        from monarch_agents.future import Future
+        from monarch_agents.runtime import OneShot
 
         with self.lock:
             slots, self.actors = list(self.actors.values()), {}

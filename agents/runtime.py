@@ -1,7 +1,7 @@
 """The per-process runtime: ports, answers, and who has died.
 
 Each process (the client, a host agent, a proc agent) has exactly one
-:class:`Runtime`.  It owns the :class:`~agents.transport.Mailbox`, hands
+:class:`Runtime`.  It owns the :class:`~monarch_agents.transport.Mailbox`, hands
 incoming messages to registered handlers, routes :class:`Reply` messages to
 open ports, and, when a peer dies, fails every port still waiting on it with a
 :class:`SupervisionError` that says which process died and why.
@@ -21,10 +21,10 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable, Protocol
 
-from agents.errors import SupervisionError
-from agents.future import Future
-from agents.messages import PortRef, ProcDied, Reply
-from agents.transport import JobKeys, Mailbox, PeerLost
+from monarch_agents.errors import SupervisionError
+from monarch_agents.future import Future
+from monarch_agents.messages import PortRef, ProcDied, Reply
+from monarch_agents.transport import JobKeys, Mailbox, PeerLost
 
 log = logging.getLogger("monarch.runtime")
 
@@ -62,7 +62,7 @@ class OneShot:
 
 
 def _as_exception(payload: Any) -> BaseException:
-    from agents.messages import Pickled
+    from monarch_agents.messages import Pickled
 
     if isinstance(payload, Pickled):
         try:

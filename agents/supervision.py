@@ -15,9 +15,9 @@ import sys
 import threading
 from typing import Any, Callable
 
-from agents import messages as m
-from agents.context import ActorSlotInfo
-from agents.errors import MeshFailure
+from monarch_agents import messages as m
+from monarch_agents.context import ActorSlotInfo
+from monarch_agents.errors import MeshFailure
 
 _lock = threading.Lock()
 _actor_watchers: dict[str, Callable[[m.ActorFailed], None]] = {}

@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import zmq
 
-from agents import ipc, wire
-from agents.zap import KeyGate
-from agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
+from monarch_agents import ipc, wire
+from monarch_agents.zap import KeyGate
+from monarch_agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
 
 log = logging.getLogger("monarch.transport")
 

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import cloudpickle
 
-from agents import shm
+from monarch_agents import shm
 
 MAGIC = b"MNRC"
 VERSION = 1
@@ -257,7 +257,7 @@ def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
     segments whose descriptors are appended to it; the caller sends them with
     the frames, or closes them.  Messages are our own dataclasses, so the plain
     C pickler does; user values inside them are already
-    :class:`~agents.messages.Pickled`.
+    :class:`~monarch_agents.messages.Pickled`.
     """
     buffers: list[pickle.PickleBuffer] = []
     body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))

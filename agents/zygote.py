@@ -191,7 +191,7 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
         else:
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)
-            from agents import proc_agent
+            from monarch_agents import proc_agent
 
             proc_agent.main(req["config"])
             code = 0
@@ -225,7 +225,7 @@ class ZygoteClient:
         env["MONARCH_ZYGOTE_FD"] = str(child.fileno())
         env["MONARCH_ZYGOTE_PRELOAD"] = ",".join(preload)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agents.zygote"],
+            [sys.executable, "-m", "monarch_agents.zygote"],
             pass_fds=(child.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -255,7 +255,7 @@ def main() -> None:
     preload = [m for m in os.environ.pop("MONARCH_ZYGOTE_PRELOAD", "").split(",") if m]
     sock = socket.socket(fileno=fd)
     # Everything a proc agent needs, imported once here instead of once per proc.
-    for mod in ["agents.proc_agent", "monarch.actor", *preload]:
+    for mod in ["monarch_agents.proc_agent", "monarch.actor", *preload]:
         try:
             importlib.import_module(mod)
         except Exception as e:  # a missing optional library only costs speed

@@ -1,5 +1,5 @@
 """How hosts are obtained and released: one module per scheduler, loaded by name."""
 
-from schedulers.base import AllocateRequest, Description, HostState, Scheduler, create_scheduler, names
+from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler, create_scheduler, names
 
 __all__ = ["AllocateRequest", "Description", "HostState", "Scheduler", "create_scheduler", "names"]

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from agents.keys import JobKeys
+from monarch_agents.keys import JobKeys
 from monarch.job.state import write_atomic
 
 
@@ -18,9 +18,9 @@ def write_keys(job_dir: str, keys: JobKeys) -> str:
 
 
 def agent_argv(job_dir: str, *, python: str | None = None, extra: list[str] | None = None) -> list[str]:
-    """``python -m agents.host_agent`` with the job's files; rank and hostname are added per host."""
+    """``python -m monarch_agents.host_agent`` with the job's files; rank and hostname are added per host."""
     return [
-        python or sys.executable, "-m", "agents.host_agent",
+        python or sys.executable, "-m", "monarch_agents.host_agent",
         "--keys-file", os.path.join(job_dir, "keys.json"),
         *(extra or []),
     ]

@@ -80,8 +80,8 @@ class Scheduler(abc.ABC):
 
 
 _BACKENDS = {
-    "local": "schedulers.local",
-    "slurm": "schedulers.slurm",
+    "local": "monarch_schedulers.local",
+    "slurm": "monarch_schedulers.slurm",
 }
 
 

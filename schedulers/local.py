@@ -18,8 +18,8 @@ import subprocess
 import time
 import uuid
 
-from schedulers.agent_launch import agent_argv, agent_file, project_root
-from schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
+from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
 
 _STOP_GRACE_S = 2.0
 

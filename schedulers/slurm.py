@@ -13,7 +13,7 @@ Prerequisites:
   its name does not resolve to anything else).
 
 The job is an ``sbatch`` batch script (``serve --dryrun`` prints it) whose one
-``srun`` step starts ``python -m agents.host_agent`` once per node, with the
+``srun`` step starts ``python -m monarch_agents.host_agent`` once per node, with the
 node's ``$SLURM_NODEID`` as host rank and ``$SLURMD_NODENAME`` as host name.
 Each agent writes its address to ``<job_dir>/agents/<rank>.json``, which
 ``monarch serve`` waits for.  The allocation outlives the ``monarch`` command
@@ -55,8 +55,8 @@ import time
 from typing import Any
 
 from monarch.errors import SchedulerError, UsageError
-from schedulers.agent_launch import agent_argv, project_root
-from schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.agent_launch import agent_argv, project_root
+from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
 
 #: Expanded on each node by the bash that srun starts there: the host rank and the host name.
 _NODE_VARS = ("SLURM_NODEID", "SLURMD_NODENAME")

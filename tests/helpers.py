@@ -88,7 +88,7 @@ def kill_tree(pids) -> None:
 
 def start_client():
     """This process's monarch runtime and its private host agent (started once)."""
-    from agents.client import ensure_runtime
+    from monarch_agents.client import ensure_runtime
     from monarch.actor._client import local_host
 
     rt = ensure_runtime()
@@ -98,12 +98,12 @@ def start_client():
 
 def stop_client() -> None:
     """Stop the private host agent and close this process's runtime, so the next package starts clean."""
-    from agents import runtime as rt_mod
-    from agents import supervision
+    from monarch_agents import runtime as rt_mod
+    from monarch_agents import supervision
     from monarch.actor import _client
 
     _client._stop_local_host()
-    from agents import transport
+    from monarch_agents import transport
 
     rt = rt_mod.current()
     if rt is not None:
@@ -159,7 +159,7 @@ class HostAgentProc:
 def start_host_agent(keys, tmp_path, hostname: str = "testhost", extra: list[str] | None = None) -> HostAgentProc:
     log_path = os.path.join(str(tmp_path), f"{hostname}-agent.log")
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "agents.host_agent", "--hostname", hostname, "--bind", "127.0.0.1",
+    cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--hostname", hostname, "--bind", "127.0.0.1",
            "--info-fd", str(w), "--log-dir", os.path.join(str(tmp_path), "logs"), *(extra or [])]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(w,), cwd=ROOT)

@@ -17,10 +17,10 @@
     counters.slice(gpus=1).incr.call_one().get()   # 13
 """
 
-from agents.errors import ActorError, MeshFailure, SupervisionError
-from agents.future import Future
-from agents.ports import Channel, Port, PortReceiver
-from agents.supervision import default_fault_hook as unhandled_fault_hook
+from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
+from monarch_agents.future import Future
+from monarch_agents.ports import Channel, Port, PortReceiver
+from monarch_agents.supervision import default_fault_hook as unhandled_fault_hook
 from monarch.actor._endpoint import Endpoint, concurrent_endpoint, endpoint, send
 from monarch.actor._mesh import (
     Actor,

@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 
-from agents import runtime as rt_mod
-from agents import supervision
-from agents.messages import HostInfo, Ping, Shutdown
-from agents.client import _lock, ensure_runtime  # noqa: F401  (the client runtime; re-exported)
+from monarch_agents import runtime as rt_mod
+from monarch_agents import supervision
+from monarch_agents.messages import HostInfo, Ping, Shutdown
+from monarch_agents.client import _lock, ensure_runtime  # noqa: F401  (the client runtime; re-exported)
 
 _local_host: "HostRef | None" = None
 _local_proc: subprocess.Popen | None = None
@@ -57,7 +57,7 @@ def local_host() -> HostRef:
         preload = [m for m in _PRELOADABLE if m in sys.modules]
         r, w = os.pipe()
         hostname = os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
-        cmd = [sys.executable, "-m", "agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),
+        cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
                "--log-dir", os.path.join(os.path.expanduser("~"), ".monarch", "logs", "local")]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
@@ -75,7 +75,7 @@ def local_host() -> HostRef:
         return _local_host
 
 
-#: Carries :func:`user_sys_path` to new procs (see ``agents.proc_agent.main``).
+#: Carries :func:`user_sys_path` to new procs (see ``monarch_agents.proc_agent.main``).
 SYS_PATH_ENV = "MONARCH_SYS_PATH"
 
 

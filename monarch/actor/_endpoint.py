@@ -13,9 +13,9 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
-from agents.errors import SupervisionError
-from agents.future import Future
-from agents.messages import Call, Pickled, PortRef, Reply
+from monarch_agents.errors import SupervisionError
+from monarch_agents.future import Future
+from monarch_agents.messages import Call, Pickled, PortRef, Reply
 from monarch.actor._shape import Shape, ValueMesh
 
 if TYPE_CHECKING:

@@ -15,14 +15,14 @@ import threading
 import uuid
 from typing import Any, Callable, Generic, TypeVar
 
-from agents import messages as m
-from agents import supervision
-from agents.context import current as _current_ctx
-from agents.errors import ActorError, MeshFailure, SupervisionError
-from agents.future import Future
-from agents.proc_agent import actor_kind, endpoint_spec
-from agents.runtime import Runtime
-from agents.runtime import current as rt_current
+from monarch_agents import messages as m
+from monarch_agents import supervision
+from monarch_agents.context import current as _current_ctx
+from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
+from monarch_agents.future import Future
+from monarch_agents.proc_agent import actor_kind, endpoint_spec
+from monarch_agents.runtime import Runtime
+from monarch_agents.runtime import current as rt_current
 from monarch.actor._client import SYS_PATH_ENV, HostRef, ensure_runtime, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape

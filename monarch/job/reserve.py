@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from agents.keys import JobKeys
+from monarch_agents.keys import JobKeys
 from monarch.errors import AgentError, SchedulerError, StateError, UsageError
 from monarch.job.state import (
     HostRecord,
@@ -26,8 +26,8 @@ from monarch.job.state import (
     remove_state,
     save_state,
 )
-from schedulers import Description, HostState, create_scheduler
-from schedulers.agent_launch import agent_file, write_keys
+from monarch_schedulers import Description, HostState, create_scheduler
+from monarch_schedulers.agent_launch import agent_file, write_keys
 
 #: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).
 Progress = Callable[[str, int, int, "Description | None"], None]

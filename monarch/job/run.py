@@ -22,10 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agents import messages as m
-from agents.errors import SupervisionError
-from agents.runtime import Runtime
-from agents.client import ensure_runtime
+from monarch_agents import messages as m
+from monarch_agents.errors import SupervisionError
+from monarch_agents.runtime import Runtime
+from monarch_agents.client import ensure_runtime
 from monarch.errors import MonarchError, RunError
 from monarch.job.state import HostRecord, JobRecord
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents.keys import JobKeys
+from monarch_agents.keys import JobKeys
 from monarch.errors import StateError
 
 STATE_FORMAT = "monarch-job-state"

@@ -27,8 +27,8 @@ _POLL_S = 0.25
 def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | None, host: str | None, follow: bool,
          stderr_only: bool, list_runs: bool, scheduler_logs: bool) -> None:
     """Print a run's output, prefixed by host; -f follows it live."""
-    from agents.messages import ReadLog
-    from agents.client import ensure_runtime
+    from monarch_agents.messages import ReadLog
+    from monarch_agents.client import ensure_runtime
     from monarch.job.reserve import load_live, scheduler_for
     from monarch.job.run import run_history
     from monarch.job.state import StatePaths, load_state

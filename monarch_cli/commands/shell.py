@@ -25,8 +25,8 @@ from monarch_cli.commands._common import name_option, handled
 @click.pass_context
 def shell(ctx: click.Context, host: int, name: str | None, command: tuple[str, ...]) -> None:
     """Open an interactive shell on a reserved host (exit the shell to come back)."""
-    from agents import messages as m
-    from agents.client import ensure_runtime
+    from monarch_agents import messages as m
+    from monarch_agents.client import ensure_runtime
     from monarch.job.reserve import load_live
     with handled(ctx):
         record, _ = load_live(name)

@@ -18,8 +18,8 @@ _PING_TIMEOUT_S = 2.0
 def status(ctx: click.Context, name: str | None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
     from rich.table import Table
-    from agents.messages import HostInfo, Ping
-    from agents.client import ensure_runtime
+    from monarch_agents.messages import HostInfo, Ping
+    from monarch_agents.client import ensure_runtime
     from monarch.job.reserve import describe, time_warning_s
     from monarch.job.state import StatePaths, load_state
     o = opts(ctx)

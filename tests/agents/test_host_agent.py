@@ -10,8 +10,8 @@ import uuid
 import psutil
 import pytest
 
-from agents import messages as m
-from agents.errors import SupervisionError
+from monarch_agents import messages as m
+from monarch_agents.errors import SupervisionError
 from tests.helpers import start_host_agent, wait_gone
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,9 +14,9 @@ import threading
 import pytest
 import zmq
 
-from agents import ipc, shm, transport
-from agents import messages as m
-from agents.transport import JobKeys, Mailbox, PeerLost
+from monarch_agents import ipc, shm, transport
+from monarch_agents import messages as m
+from monarch_agents.transport import JobKeys, Mailbox, PeerLost
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -346,8 +346,8 @@ def test_a_new_process_on_a_dead_ones_port_is_not_taken_for_it(box):
 
 SEND_AND_EXIT = r"""
 import json, sys
-from agents import messages as m
-from agents.transport import JobKeys, Mailbox
+from monarch_agents import messages as m
+from monarch_agents.transport import JobKeys, Mailbox
 keys = JobKeys(**json.loads(sys.argv[1]))
 mb = Mailbox(keys, lambda msg: None, name="fleeting")
 mb.start()

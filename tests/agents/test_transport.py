@@ -14,11 +14,11 @@ import threading
 import pytest
 import zmq
 
-from agents import messages as m
-from agents import ipc, transport, wire
-from agents.future import Future
-from agents.runtime import OneShot
-from agents.transport import JobKeys, Mailbox, PeerLost, addr_host, is_same_host
+from monarch_agents import messages as m
+from monarch_agents import ipc, transport, wire
+from monarch_agents.future import Future
+from monarch_agents.runtime import OneShot
+from monarch_agents.transport import JobKeys, Mailbox, PeerLost, addr_host, is_same_host
 from tests.helpers import start_host_agent
 
 pytestmark = pytest.mark.timeout(60)

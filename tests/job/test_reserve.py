@@ -7,7 +7,7 @@ from monarch.job import job_load
 from monarch.job import reserve as reserve_mod
 from monarch.job.reserve import load_live, release, reserve
 from monarch.job.state import JobSpec, StatePaths
-from schedulers.local import LocalScheduler
+from monarch_schedulers.local import LocalScheduler
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def test_scheduler_refused(scheduler, cfg, match):
 
 def test_run_spmd_without_a_program_says_what_to_pass(tmp_path):
     # A reservation made by `monarch serve` has no SPMD program: run_spmd() needs a command.
-    from agents.keys import JobKeys
+    from monarch_agents.keys import JobKeys
     from monarch.job.spmd import SPMDJob
     from monarch.job.state import JobRecord, JobSpec
 

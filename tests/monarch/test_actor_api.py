@@ -544,7 +544,7 @@ def test_actor_mesh_repr_and_len(workers):
 
 
 def test_classes_from_modules_travel_by_reference(workers):
-    from agents import wire
+    from monarch_agents import wire
 
     body, _ = wire.dumps(Worker)
     assert b"tests.monarch.actors" in body and len(body) < 200  # a name, not the class's code

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from schedulers.agent_launch import project_root
+from monarch_schedulers.agent_launch import project_root
 
 SCRIPT = os.path.join(project_root(), "scripts", "slurm_cluster.sh")
 def _free_ports(count: int, consecutive: bool = False) -> list[int]:

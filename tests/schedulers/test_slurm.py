@@ -17,8 +17,8 @@ import pytest
 from monarch.errors import SchedulerError, StateError
 from monarch.job.reserve import describe, load_live, release, reserve
 from monarch.job.state import JobSpec, StatePaths
-from schedulers import HostState
-from schedulers.agent_launch import project_root
+from monarch_schedulers import HostState
+from monarch_schedulers.agent_launch import project_root
 from tests.schedulers.conftest import assert_released, leftovers, poll
 
 OPTS = {"partition": "debug", "time": "10:00"}
@@ -57,7 +57,7 @@ def test_reserve_four_nodes_spawn_and_release(workdir):
         assert d.state is HostState.RUNNING and d.native_state == "RUNNING"
         assert d.nodes == ["n1", "n2", "n3", "n4"] and 0 < d.time_left_s <= 600
         # The leftover check below can see the agents (so its "none left" means something).
-        agents = [p for p in leftovers(rec.job_id, rec.job_dir) if "agents.host_agent" in p]
+        agents = [p for p in leftovers(rec.job_id, rec.job_dir) if "monarch_agents.host_agent" in p]
         assert len(agents) == 4, agents
         print(f"reserve: {time.monotonic() - t0:.2f} s")
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from schedulers.agent_launch import project_root
+from monarch_schedulers.agent_launch import project_root
 
 SCRIPT = os.path.join(project_root(), "benchmarks", "slurm_bench.py")
 

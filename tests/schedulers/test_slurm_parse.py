@@ -12,9 +12,9 @@ import pytest
 
 from monarch.errors import SchedulerError, UsageError
 from monarch.job.state import JobSpec
-from schedulers import HostState, create_scheduler
-from schedulers.agent_launch import project_root
-from schedulers.slurm import (
+from monarch_schedulers import HostState, create_scheduler
+from monarch_schedulers.agent_launch import project_root
+from monarch_schedulers.slurm import (
     STATES,
     SlurmScheduler,
     describe_native,
@@ -192,7 +192,7 @@ export PYTHONPATH={project_root()}${{PYTHONPATH:+:$PYTHONPATH}}
 cpus=$(tr ',' '\\n' <<<"$SLURM_JOB_CPUS_PER_NODE" | sed 's/(.*//' | sort -n | head -n1)
 srun --nodes=4 --ntasks=4 --ntasks-per-node=1 --cpus-per-task="$cpus" \\
     --output={JOB_DIR}/logs/host%n/agent.log \\
-    bash -c 'exec {py} -m agents.host_agent --keys-file {JOB_DIR}/keys.json --host-rank "$SLURM_NODEID" \
+    bash -c 'exec {py} -m monarch_agents.host_agent --keys-file {JOB_DIR}/keys.json --host-rank "$SLURM_NODEID" \
 --hostname "$SLURMD_NODENAME" --client-host 10.0.0.5 --agent-file "{JOB_DIR}/agents/$SLURM_NODEID.json" \
 --log-dir "{JOB_DIR}/logs/host$SLURM_NODEID"'
 """
@@ -231,7 +231,7 @@ def test_dryrun_quotes_odd_paths():
 
 
 def test_dryrun_default_client_host(monkeypatch):
-    import schedulers.slurm as slurm
+    import monarch_schedulers.slurm as slurm
 
     monkeypatch.setattr(slurm, "default_client_host", lambda: "192.0.2.1")
     assert "--client-host 192.0.2.1 " in _script().text
@@ -240,8 +240,8 @@ def test_dryrun_default_client_host(monkeypatch):
 
 
 def test_dryrun_python_is_this_interpreter():
-    assert f"exec {sys.executable} -m agents.host_agent" in _script().text
-    assert "exec /opt/py/bin/python -m agents.host_agent" in _script(python="/opt/py/bin/python").text
+    assert f"exec {sys.executable} -m monarch_agents.host_agent" in _script().text
+    assert "exec /opt/py/bin/python -m monarch_agents.host_agent" in _script(python="/opt/py/bin/python").text
 
 
 @pytest.mark.parametrize("options,match", [
@@ -436,7 +436,7 @@ def test_logs_finds_the_job_dir_from_the_job_id(tmp_path, monkeypatch):
 
 
 def _record(tmp_path):
-    from agents.keys import JobKeys
+    from monarch_agents.keys import JobKeys
     from monarch.job.state import JobRecord
 
     keys = JobKeys("a" * 40, "b" * 40, "c" * 40, "d" * 40)
