@@ -32,4 +32,5 @@ def agent_file(job_dir: str, rank: int | str) -> str:
 
 def project_root() -> str:
     """Where the ``agents`` package lives, for PYTHONPATH of agents started elsewhere."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # realpath: an editable install reaches this file through a link in site-packages.
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
