@@ -11,17 +11,21 @@ outlives ``monarch serve``; it is named ``host<i>`` and logs to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 
 from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
 
 _STOP_GRACE_S = 2.0
+#: Two start times this close name the same process (psutil's clock ticks are 10 ms).
+_SAME_START_S = 0.05
 
 
 class LocalScheduler(Scheduler):
@@ -46,7 +50,7 @@ class LocalScheduler(Scheduler):
     def allocate(self, request: AllocateRequest) -> str:
         job_dir = request.job_dir
         os.makedirs(os.path.join(job_dir, "agents"), exist_ok=True)
-        pids = []
+        procs: list[_AgentProcess] = []
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [project_root(), os.environ.get("PYTHONPATH")]))}
         for i in range(request.hosts):
             log_dir = os.path.join(job_dir, "logs", f"host{i}")
@@ -55,45 +59,44 @@ class LocalScheduler(Scheduler):
                 p = subprocess.Popen(agent_argv(job_dir, extra=self._extra(job_dir, i)), stdin=subprocess.DEVNULL,
                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                      cwd=os.getcwd())
-            pids.append(p.pid)
+            procs.append(_AgentProcess.of(p.pid))
         job_id = f"local-{uuid.uuid4().hex[:8]}"
-        with open(os.path.join(job_dir, "local.json"), "w") as f:
-            json.dump({"job_id": job_id, "pids": pids}, f)
+        _write_private(os.path.join(job_dir, "local.json"),
+                       json.dumps({"job_id": job_id, "agents": [dataclasses.asdict(a) for a in procs]}))
         return job_id
 
-    def _pids(self, job_id: str, job_dir: str | None = None) -> list[int]:
+    def _agents(self, job_id: str, job_dir: str | None = None) -> list[_AgentProcess]:
         for d in filter(None, [job_dir, *_job_dirs_for(job_id)]):
             try:
                 with open(os.path.join(d, "local.json")) as f:
                     data = json.load(f)
                 if data.get("job_id") == job_id:
-                    return list(data["pids"])
-            except (OSError, ValueError):
+                    return [_AgentProcess(int(a["pid"]), float(a["started"])) for a in data["agents"]]
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
         return []
 
     def describe(self, job_id: str, job_dir: str | None = None) -> Description | None:
-        pids = self._pids(job_id, job_dir)
-        if not pids:
+        agents = self._agents(job_id, job_dir)
+        if not agents:
             return None
-        alive = [p for p in pids if _alive(p)]
-        if len(alive) == len(pids):
-            return Description(job_id, HostState.RUNNING, native_state="running", nodes=[f"host{i}" for i in range(len(pids))])
-        if not alive:
+        alive = [a.alive() for a in agents]
+        if all(alive):
+            return Description(job_id, HostState.RUNNING, native_state="running", nodes=[f"host{i}" for i in range(len(agents))])
+        if not any(alive):
             return Description(job_id, HostState.ENDED, reason="every host agent has exited", native_state="exited")
-        dead = [f"host{i}" for i, p in enumerate(pids) if p not in alive]
+        dead = [f"host{i}" for i, up in enumerate(alive) if not up]
         return Description(job_id, HostState.FAILED, reason=f"host agent(s) {', '.join(dead)} exited", native_state="partial")
 
     def release(self, job_id: str, job_dir: str | None = None) -> None:
-        pids = [p for p in self._pids(job_id, job_dir) if _alive(p)]
-        for p in pids:
-            _signal(p, signal.SIGTERM)
+        agents = [a for a in self._agents(job_id, job_dir) if a.alive()]
+        for a in agents:
+            a.signal(signal.SIGTERM)
         deadline = time.monotonic() + _STOP_GRACE_S
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(a.alive() for a in agents):
             time.sleep(0.02)
-        for p in pids:
-            if _alive(p):
-                _signal(p, signal.SIGKILL)
+        for a in agents:
+            a.signal(signal.SIGKILL)
 
     def logs(self, job_id: str, host: int | None = None, job_dir: str | None = None) -> str:
         out = []
@@ -113,6 +116,22 @@ class LocalScheduler(Scheduler):
         return "\n".join(out)
 
 
+def _write_private(path: str, text: str) -> None:
+    """Write ``path`` whole or not at all (temp file of mode 0600, then rename)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _job_dirs_for(job_id: str) -> list[str]:
     root = os.path.join(os.getcwd(), ".monarch", "jobs")
     try:
@@ -121,26 +140,51 @@ def _job_dirs_for(job_id: str) -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is not alive: it has exited but nobody reaped it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+@dataclass(frozen=True, slots=True)
+class _AgentProcess:
+    """A host agent's process, known by its pid *and* start time.
 
+    A pid alone is not an identity: after a reboot, or once the agent has
+    exited and the pid wrapped around, the same number names an unrelated
+    process, which ``monarch stop`` must never signal.
+    """
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+    pid: int
+    started: float  # psutil's create_time (seconds since the epoch)
+
+    @classmethod
+    def of(cls, pid: int) -> "_AgentProcess":
+        import psutil
+
+        return cls(pid, psutil.Process(pid).create_time())
+
+    def _process(self):  # -> psutil.Process | None
+        import psutil
+
+        try:
+            p = psutil.Process(self.pid)
+            # create_time is boot time plus a tick count: the same process always reads the same.
+            if abs(p.create_time() - self.started) > _SAME_START_S:
+                return None
+            if p.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet
+                return None
+            return p
+        except psutil.Error:
+            return None
+
+    def alive(self) -> bool:
+        return self._process() is not None
+
+    def signal(self, sig: int) -> None:
+        """Signal the agent if it is still the process we started (never a pid's next owner)."""
+        import psutil
+
+        p = self._process()
+        if p is not None:
+            try:
+                p.send_signal(sig)  # psutil checks the start time again right before signalling
+            except psutil.Error:  # it exited meanwhile
+                pass
 
 
 def create_scheduler(**opts) -> LocalScheduler:

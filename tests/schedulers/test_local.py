@@ -1,0 +1,63 @@
+"""The local scheduler on its own: what its state file records and what ``release`` signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import psutil
+
+from monarch_agents.keys import JobKeys
+from monarch_schedulers.agent_launch import write_keys
+from monarch_schedulers.base import HostState
+from monarch_schedulers.local import LocalScheduler
+
+
+def _allocate(job_dir, hosts=1):
+    s = LocalScheduler()
+    req = s.dryrun(SimpleNamespace(hosts=hosts), str(job_dir))
+    write_keys(str(job_dir), JobKeys.generate())
+    return s, s.allocate(req)
+
+
+def test_state_file_records_pid_and_start_time_privately(tmp_path):
+    s, job_id = _allocate(tmp_path)
+    try:
+        data = json.loads((tmp_path / "local.json").read_text())
+        [agent] = data["agents"]
+        assert agent["started"] == psutil.Process(agent["pid"]).create_time()
+        assert oct(os.stat(tmp_path / "local.json").st_mode & 0o777) == "0o600"
+    finally:
+        s.release(job_id, str(tmp_path))
+    assert s.describe(job_id, str(tmp_path)).state is HostState.ENDED
+
+
+def test_release_never_signals_a_process_that_reused_an_agent_pid(tmp_path):
+    """The state file names a pid that now belongs to someone else (reboot, wrap-around)."""
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        # As the scheduler wrote it when "its" agent had this pid: same number, earlier start.
+        earlier = psutil.Process(stranger.pid).create_time() - 3600
+        (tmp_path / "local.json").write_text(json.dumps(
+            {"job_id": "local-reused", "agents": [{"pid": stranger.pid, "started": earlier}]}))
+        s = LocalScheduler()
+        d = s.describe("local-reused", str(tmp_path))
+        assert d.state is HostState.ENDED, d
+        s.release("local-reused", str(tmp_path))
+        time.sleep(0.2)
+        assert stranger.poll() is None, "release signalled a process that only shares the agent's pid"
+    finally:
+        stranger.send_signal(signal.SIGKILL)
+        stranger.wait()
+
+
+def test_release_stops_the_agent_it_started(tmp_path):
+    s, job_id = _allocate(tmp_path, hosts=2)
+    pids = [a["pid"] for a in json.loads((tmp_path / "local.json").read_text())["agents"]]
+    assert s.describe(job_id, str(tmp_path)).state is HostState.RUNNING
+    s.release(job_id, str(tmp_path))
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    s.release(job_id, str(tmp_path))  # twice is fine
