@@ -166,15 +166,26 @@ class Ping(Message):
 
 @message
 class HostInfo(Message):
+    """A host agent's answer to Ping: who it is, and each service's ``info()`` by service name."""
+
     host: str
     host_rank: int
     pid: int
     addr: str
     ip: str
-    procs: list
-    runs: list
     started_at: float
     log_dir: str
+    services: dict = field(default_factory=dict)
+
+    @property
+    def procs(self) -> list:
+        """The proc agents running there (pid, mesh, addr, owner)."""
+        return self.services.get("procs", {}).get("procs", [])
+
+    @property
+    def runs(self) -> list:
+        """The ranks of runs still running there (run_id, rank, pid, argv, started)."""
+        return self.services.get("runs", {}).get("runs", [])
 
 
 @message

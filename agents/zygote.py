@@ -24,6 +24,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 
 _PR_SET_PDEATHSIG = 1
@@ -232,6 +233,32 @@ class ZygoteClient:
         )
         child.close()
         return cls(parent, proc.pid)
+
+    def stop(self, deadline: float) -> None:
+        """SIGTERM the zygote (it kills its children's groups), wait for it until ``deadline``, then SIGKILL."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            pidfd = -1  # already reaped
+        try:
+            for sig, until in ((signal.SIGTERM, deadline), (signal.SIGKILL, time.monotonic() + 1.0)):
+                if pidfd < 0:
+                    break
+                try:
+                    os.kill(self.pid, sig)
+                except ProcessLookupError:
+                    pass
+                # The pidfd reads as ready once the zygote has exited.
+                if select.select([pidfd], [], [], max(0.0, until - time.monotonic()))[0]:
+                    break
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+            self.sock.close()
 
     def request(self, req: dict, fds: list[int]) -> int:
         self._ids += 1

@@ -156,10 +156,12 @@ class HostAgentProc:
                 self.proc.wait()
 
 
-def start_host_agent(keys, tmp_path, hostname: str = "testhost", extra: list[str] | None = None) -> HostAgentProc:
+def start_host_agent(keys, tmp_path, hostname: str = "testhost", extra: list[str] | None = None,
+                     module: str = "monarch_agents.host_agent") -> HostAgentProc:
+    """A host agent (``python -m module``) with this process's keys, logging into ``tmp_path``."""
     log_path = os.path.join(str(tmp_path), f"{hostname}-agent.log")
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--hostname", hostname, "--bind", "127.0.0.1",
+    cmd = [sys.executable, "-m", module, "--hostname", hostname, "--bind", "127.0.0.1",
            "--info-fd", str(w), "--log-dir", os.path.join(str(tmp_path), "logs"), *(extra or [])]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(w,), cwd=ROOT)

@@ -1,0 +1,163 @@
+"""Proc agents: start them (forked from the warm zygote), list them, stop them, report deaths.
+
+``SpawnProcs`` starts ``count`` proc agents owned by a client; the answer (one
+``ProcInfo`` each) goes out once every one has reported its address with
+``ProcReady``.  A proc that dies before that fails the whole spawn with its exit
+status; one that dies later is reported to its owner as ``ProcDied`` at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from monarch_agents import messages as m
+from monarch_agents.services import Child, Service, killpg, stop_children
+
+#: How long stopped procs get between SIGTERM and SIGKILL.
+_KILL_GRACE_S = 1.0
+
+
+@dataclass
+class _PendingSpawn:
+    msg: m.SpawnProcs
+    infos: list
+
+
+class _Proc(Child):
+    def __init__(self, service: "ProcsService", msg: m.SpawnProcs, token: str, slot: int, pending: _PendingSpawn):
+        super().__init__("proc", msg.owner)
+        self.service = service
+        self.mesh_id = msg.mesh_id
+        self.token = token
+        self.slot = slot
+        self.pending: _PendingSpawn | None = pending
+        self.addr = ""
+        self.abandoned = False  # its spawn failed (a sibling died): it is killed as soon as it runs
+
+    def on_started(self, pid: int) -> None:
+        if self.abandoned:
+            killpg(pid, signal.SIGKILL)
+
+    def on_failed(self, error: str) -> None:
+        self.service.spawn_failed(self, error)
+
+    def on_exited(self, code: int | None, reason: str) -> None:
+        self.service.exited(self, code, reason)
+
+
+class ProcsService(Service):
+    """The proc agents of every mesh on this host."""
+
+    name = "procs"
+
+    def __init__(self, agent: Any):
+        super().__init__(agent)
+        self.lock = threading.Lock()
+        self.procs: dict[str, _Proc] = {}  # token -> proc, from the request until it exits
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {m.SpawnProcs: self.on_spawn_procs, m.ProcReady: self.on_proc_ready, m.StopProcs: self.on_stop_procs}
+
+    def info(self) -> dict:
+        with self.lock:
+            procs = [{"pid": p.pid, "mesh": p.mesh_id, "addr": p.addr, "owner": p.owner}
+                     for p in self.procs.values() if p.pid and p.exited is None]
+        return {"procs": procs}
+
+    def stop(self, deadline: float) -> None:
+        with self.lock:
+            procs = list(self.procs.values())
+        stop_children(self.agent, procs, deadline, _KILL_GRACE_S)
+
+    # -- messages ------------------------------------------------------------
+
+    def on_spawn_procs(self, msg: m.SpawnProcs) -> None:
+        agent = self.agent
+        agent.track_owner(msg.owner)
+        pending = _PendingSpawn(msg, [None] * msg.count)
+        env = agent.child_env(msg.env)
+        for i in range(msg.count):
+            token = uuid.uuid4().hex
+            proc = _Proc(self, msg, token, i, pending)
+            with self.lock:
+                self.procs[token] = proc
+            config = {
+                "keys": agent.keys.as_dict(),
+                "host_agent": agent.rt.addr,
+                "host": agent.host,
+                "host_rank": agent.host_rank,
+                "bind_host": agent.rt.mailbox.bind_host,
+                "token": token,
+                "mesh_id": msg.mesh_id,
+                "owner": msg.owner,
+                "env": msg.env,
+            }
+            fds = agent.stdio_for(f"procs/{msg.mesh_id}-{i}.log")
+            try:
+                agent.start_child({"kind": "proc", "config": config, "env": env}, fds, proc)
+            finally:
+                for fd in fds:
+                    if fd > 2:
+                        os.close(fd)
+
+    def on_proc_ready(self, msg: m.ProcReady) -> None:
+        with self.lock:
+            proc = self.procs.get(msg.token)
+            if proc is None or proc.exited is not None or proc.pending is None:
+                return  # it died (and failed its spawn) before its report was read
+            proc.addr = msg.addr
+            pending, proc.pending = proc.pending, None
+            pending.infos[proc.slot] = m.ProcInfo(msg.addr, msg.pid, self.agent.host, self.agent.host_rank)
+            complete = all(i is not None for i in pending.infos)
+        if complete:
+            self.agent.reply(pending.msg.reply, pending.infos)
+
+    def on_stop_procs(self, msg: m.StopProcs) -> None:
+        with self.lock:
+            victims = [p for p in self.procs.values() if p.mesh_id == msg.mesh_id and p.pid and p.exited is None]
+        for p in victims:
+            killpg(p.pid, signal.SIGTERM)
+        if victims:
+            def force() -> None:
+                for p in victims:
+                    if p.exited is None:
+                        killpg(p.pid, signal.SIGKILL)
+            self.agent.rt.mailbox.call_later(_KILL_GRACE_S, force)
+        if msg.reply is not None:
+            self.agent.reply(msg.reply, len(victims))
+
+    # -- children --------------------------------------------------------------
+
+    def exited(self, proc: _Proc, code: int | None, reason: str) -> None:
+        # Kill anything the proc left in its process group.
+        killpg(proc.pid, signal.SIGKILL)
+        with self.lock:
+            self.procs.pop(proc.token, None)
+            reported = bool(proc.addr)
+        if reported:
+            self.agent.send(proc.owner, m.ProcDied(proc.addr, proc.pid, self.agent.host, reason, code))
+        else:
+            self.spawn_failed(proc, reason)
+
+    def spawn_failed(self, proc: _Proc, reason: str) -> None:
+        """Fail the whole spawn ``proc`` was part of (once), and stop the others of it."""
+        with self.lock:
+            self.procs.pop(proc.token, None)
+            pending = proc.pending
+            if pending is None:
+                return
+            siblings = [p for p in self.procs.values() if p.pending is pending]
+            for p in (proc, *siblings):
+                p.pending = None
+            for p in siblings:
+                p.abandoned = True
+        for p in siblings:
+            if p.pid:
+                killpg(p.pid, signal.SIGKILL)
+        self.agent.reply(pending.msg.reply, RuntimeError(f"proc on {self.agent.host} failed to start: {reason}"),
+                         ok=False)
