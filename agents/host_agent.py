@@ -270,6 +270,22 @@ def write_json_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _interpreter_first_on_path() -> None:
+    """Put this interpreter's bin folder first on PATH for everything the agent runs.
+
+    The agent runs on the interpreter ``monarch serve`` ran on (a venv's python, say), so
+    ``python`` and ``torchrun`` in a command mean that environment's, whether or not the
+    venv was activated in the shell that served.
+    """
+    bindir = os.path.dirname(sys.executable)
+    if not bindir:
+        return
+    rest = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != bindir]
+    os.environ["PATH"] = os.pathsep.join([bindir, *rest])
+    if sys.prefix != sys.base_prefix:
+        os.environ["VIRTUAL_ENV"] = sys.prefix
+
+
 def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERVICES) -> None:
     """Start a host agent with ``services`` and return once it has stopped."""
     p = argparse.ArgumentParser(prog="python -m monarch_agents.host_agent", description="monarch host agent")
@@ -289,6 +305,7 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
 
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _interpreter_first_on_path()
     if args.keys_file:
         with open(args.keys_file) as f:
             keys = JobKeys(**json.load(f))

@@ -1,4 +1,7 @@
-"""A tiny CPU DDP training script (gloo) for `monarch run -- torchrun ... examples/train_ddp.py`.
+"""A tiny CPU DDP training script (gloo), run by torchrun on every reserved host.
+
+    $ monarch serve --hosts 2
+    $ monarch run -- torchrun --nproc-per-node=2 examples/train_ddp.py
 
 Every rank trains a 16->32->1 MLP on the same seeded data split by rank; the
 final loss printed by rank 0 equals a single-process run over the full data.

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import click
 
+import monarch
+
 # Command modules keep their machinery (ZeroMQ, Rich, the job code) in function-local
 # imports: every `monarch run` pays for what this line imports.
 from monarch_cli.commands import context, logs, run, serve, shell, status, stop, version
@@ -25,6 +27,7 @@ class Options:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(monarch.__version__, "--version", "-V", prog_name="monarch", message="%(prog)s %(version)s")
 @click.option("--verbose", "-v", is_flag=True, help="Show details and tracebacks on errors.")
 @click.option("--json", "json_out", is_flag=True, help="Print machine-readable JSON on stdout.")
 @click.pass_context

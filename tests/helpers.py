@@ -26,6 +26,10 @@ os.environ[MARK] = SESSION
 os.environ["PYTHONPATH"] = os.pathsep.join(
     dict.fromkeys([ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]))
 
+# A test's reservation is looked up from its own tmp dir upwards: never let it find one served
+# in the temp folder itself by someone else.
+os.environ["MONARCH_CEILING_DIRECTORIES"] = os.path.realpath(__import__("tempfile").gettempdir())
+
 DEFAULT_DEADLINE_S = 5.0
 
 

@@ -1,9 +1,10 @@
 """The client side of a process: its runtime, and the host it runs on.
 
-A plain ``python script.py`` has no reservation: the first ``this_host()``
-starts a private host agent on this machine (it exits with the script).  Under
-``monarch run script.py`` (``MONARCH_RUN_JOB`` set), the reservation's hosts are
-used instead; inside an actor, ``this_host()`` is the host the actor runs on.
+The first ``this_host()`` of a script starts a private host agent on this
+machine (it exits with the script); inside an actor, ``this_host()`` is the host
+the actor runs on.  A reservation's hosts come from ``monarch.job.job_load()``.
+Under ``monarch run script.py`` (``MONARCH_RUN_JOB`` set) this process talks
+with the reservation's keys, so both kinds of host can be used together.
 """
 
 from __future__ import annotations

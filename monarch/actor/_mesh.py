@@ -317,21 +317,17 @@ class ActorMesh(_MeshBase, Generic[T]):
 # --- where am I -------------------------------------------------------------
 
 
-_job_hosts: HostMesh | None = None
-
-
 def this_host() -> HostMesh:
-    """The host this code runs on (or, under ``monarch run``, the reserved hosts)."""
-    global _job_hosts
+    """The host this code runs on, as in PyTorch Monarch.
+
+    In a script (``python prog.py`` or ``monarch run prog.py``) that is this machine, through a
+    private host agent that exits with the script; inside an actor, the host the actor runs on.
+    A job's hosts come from the job, as in Monarch: ``monarch.job.job_load().state().hosts``
+    (``monarch run prog.py`` points ``job_load()`` at the reservation it runs on).
+    """
     agent = os.environ.get("MONARCH_HOST_AGENT")
     if agent:
         return HostMesh([HostRef(agent, os.environ.get("MONARCH_HOSTNAME", ""), int(os.environ.get("MONARCH_HOST_RANK", "0")))])
-    if os.environ.get("MONARCH_RUN_JOB"):
-        if _job_hosts is None:
-            from monarch.job import job_load
-
-            _job_hosts = job_load(os.environ["MONARCH_RUN_JOB"]).state().hosts
-        return _job_hosts
     return HostMesh([local_host()])
 
 

@@ -79,12 +79,14 @@ class JobRecord:
         return len(self.hosts) == self.spec.hosts
 
     def host_mesh(self) -> Any:
-        """The reserved hosts as a ``HostMesh`` (dims ``{hosts: N}``)."""
+        """The reserved hosts as a ``HostMesh`` of dims ``{hosts: N}`` (one host too, as in Monarch)."""
         from monarch.actor._client import HostRef, ensure_runtime
         from monarch.actor._mesh import HostMesh
+        from monarch.actor._shape import Shape
 
         ensure_runtime(self.keys)
-        return HostMesh([HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)])
+        refs = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)]
+        return HostMesh(refs, Shape(("hosts",), (len(refs),)))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -101,10 +103,15 @@ class JobRecord:
 
 
 class StatePaths:
-    """Names every file under ``.monarch/`` for one working directory."""
+    """Names every file under ``.monarch/``.
+
+    ``StatePaths()`` uses the nearest ``.monarch/`` holding a reservation, in the working directory
+    or above it (as git finds its repository), else the working directory's; ``StatePaths(dir)``
+    uses ``dir/.monarch`` exactly.
+    """
 
     def __init__(self, root: str | None = None):
-        self.root = os.path.abspath(os.path.join(root or os.getcwd(), ".monarch"))
+        self.root = os.path.abspath(os.path.join(root, ".monarch")) if root else find_state_dir(os.getcwd())
 
     def check_name(self, name: str) -> str:
         if not _NAME_RE.match(name):
@@ -155,6 +162,34 @@ class StatePaths:
         if env and name is None:
             return os.path.abspath(env)
         return self.state_file(name or self.current())
+
+
+def _holds_reservation(d: str) -> bool:
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    return any(n == "current" or n.endswith("job_state.pkl") for n in names)
+
+
+def find_state_dir(start: str) -> str:
+    """The nearest ``.monarch/`` with a reservation in ``start`` or a parent; else ``start/.monarch``.
+
+    A ``.monarch/`` holding only logs (``~/.monarch/logs`` of scripts run without a reservation)
+    does not count.  As git's GIT_CEILING_DIRECTORIES, ``MONARCH_CEILING_DIRECTORIES`` (paths
+    separated by ':') names folders the search does not enter or pass.
+    """
+    here = os.path.abspath(start)
+    ceilings = {os.path.abspath(p) for p in os.environ.get("MONARCH_CEILING_DIRECTORIES", "").split(os.pathsep) if p}
+    d = here
+    while True:
+        candidate = os.path.join(d, ".monarch")
+        if _holds_reservation(candidate):
+            return candidate
+        parent = os.path.dirname(d)
+        if parent == d or parent in ceilings:
+            return os.path.join(here, ".monarch")
+        d = parent
 
 
 def write_atomic(path: str, data: bytes) -> None:

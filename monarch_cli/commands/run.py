@@ -134,7 +134,9 @@ def _signals_stop(rr: RemoteRun) -> Iterator[None]:
 
 def _run_controller(argv: list[str], state_path: str, extra: dict) -> int:
     """Run a single-controller actor program here, its this_host() being the reservation."""
-    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path}
+    # MONARCH_JOB: `job_load()` in the program loads this reservation; MONARCH_RUN_JOB: the
+    # program talks with its keys.
+    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path, "MONARCH_JOB": state_path}
     proc = subprocess.Popen([sys.executable, *argv], env=env)
     try:
         return proc.wait()

@@ -56,3 +56,18 @@ def test_usage_errors(tmp_path):
     assert r.returncode == 2 and "--scheduler slurm" in r.stderr
     r = monarch("version", cwd=tmp_path)
     assert r.returncode == 0 and "monarch" in r.stdout
+
+
+def test_reservation_found_from_a_sub_directory(workdir):
+    # As git finds its repository: `cd examples && monarch run` uses the reservation served above.
+    monarch("serve", cwd=workdir, check=True)
+    sub = workdir / "a" / "b"
+    sub.mkdir(parents=True)
+    r = monarch("run", "--", "pwd", cwd=sub, check=True)
+    assert r.stdout.strip().endswith(str(sub))  # the command runs where the user stands
+    assert monarch("status", cwd=sub).returncode == 0
+    assert not (sub / ".monarch").exists()
+    r = monarch("--json", "serve", cwd=sub, check=True)  # reuses it, does not make a second one
+    import json
+
+    assert json.loads(r.stdout)["reused"] is True

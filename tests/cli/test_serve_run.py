@@ -78,20 +78,29 @@ def test_run_env_exit_code_hosts_and_detach(workdir):
     assert st["state"] == "RUNNING" and all(h["agent"] == "up" for h in st["hosts"])
 
 
-def test_actor_program_runs_on_reservation(workdir):
+def test_actor_program_reaches_the_reservation_through_job_load(workdir):
+    # As in PyTorch Monarch: the job's hosts come from job_load().state(); this_host() is the
+    # machine the program runs on (here, a private agent that exits with the program).
     monarch("serve", "--hosts", "2", cwd=workdir, check=True)
     prog = workdir / "prog.py"
     prog.write_text(
-        "import os\n"
+        "import os, socket\n"
         "from monarch.actor import Actor, endpoint, this_host\n"
+        "from monarch.job import job_load\n"
         "class A(Actor):\n"
         "    @endpoint\n"
         "    def host(self):\n"
         "        return os.environ['MONARCH_HOSTNAME']\n"
-        "procs = this_host().spawn_procs(per_host={'gpus': 2})\n"
-        "print(sorted(procs.spawn('a', A).host.call().get().values()))\n")
-    r = monarch("run", str(prog), cwd=workdir, check=True)
-    assert "['host0', 'host0', 'host1', 'host1']" in r.stdout
+        "hosts = job_load().state().hosts\n"
+        "print('extent', dict(hosts.extent))\n"
+        "procs = hosts.spawn_procs(per_host={'gpus': 2})\n"
+        "print('job', sorted(procs.spawn('a', A).host.call().get().values()))\n"
+        "here = this_host().spawn_procs(per_host={'gpus': 1})\n"
+        "print('here', here.spawn('b', A).host.call_one().get() == socket.gethostname())\n")
+    r = monarch("run", str(prog), cwd=workdir, check=True, env={"MONARCH_HOSTNAME": ""})
+    assert "extent {'hosts': 2}" in r.stdout
+    assert "job ['host0', 'host0', 'host1', 'host1']" in r.stdout
+    assert "here True" in r.stdout
 
 
 def test_interrupt_stops_every_rank(workdir):
