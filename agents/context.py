@@ -27,6 +27,7 @@ class ActorSlotInfo:
     proc_addr: str
     owner: str
     slot: Any = None  # the proc agent's record, for supervision
+    qualname: str = ""  # Monarch's name for the instance, ``<root>.<mod.Cls name{'gpus': 0/2}>``
 
 
 @dataclass

@@ -1,79 +1,125 @@
-"""Errors that user programs see from the actor runtime (re-exported by ``monarch.actor``)."""
+"""Errors that user programs see from the actor runtime (re-exported by ``monarch.actor``).
+
+The texts open with PyTorch Monarch's wording (programs and tests match on it:
+"Actor call X.m failed.", "Endpoint call X.m() failed, The actor ... and all its
+descendants have failed:") and go on with ours: which rank, which host, why.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
 from typing import Any
+
+_TB_HEAD = "Traceback (most recent call last):"
+_REMOTE_TB_HEAD = "Traceback of where the remote call failed (most recent call last):"
 
 
 class ActorError(Exception):
     """An endpoint (or ``__init__``) raised; carries the remote traceback.
 
     ``exception`` is the original exception when it could be sent back,
-    ``remote_traceback`` the formatted traceback from the actor's process, and
+    ``message`` Monarch's one-line summary ("Actor call name.method failed."),
+    ``exception_formatted`` the traceback from the actor's process, and
     ``actor``, ``rank`` and ``host`` say where it happened.
     """
 
-    def __init__(self, exception: BaseException | None, remote_traceback: str = "", *, actor: str = "",
-                 rank: int | None = None, host: str = "", message: str = ""):
+    def __init__(self, exception: BaseException | None, message: str = "A remote actor call has failed.", *,
+                 remote_traceback: str | None = None, actor: str = "", rank: int | None = None, host: str = ""):
         self.exception = exception
+        if remote_traceback is None:
+            remote_traceback = "" if exception is None else "".join(traceback.format_exception(exception))
         self.remote_traceback = remote_traceback
+        self.exception_formatted = remote_traceback.replace(_TB_HEAD, _REMOTE_TB_HEAD)
+        self.message = message
         self.actor = actor
         self.rank = rank
         self.host = host
-        self.message = message or (f"{type(exception).__name__}: {exception}" if exception is not None else "remote error")
         super().__init__(self._text())
 
     def _text(self) -> str:
-        where = f"actor {self.actor!r}" + (f" rank {self.rank}" if self.rank is not None else "") + (f" on {self.host}" if self.host else "")
-        text = f"{where} failed: {self.message}"
-        if self.remote_traceback:
-            text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
+        where = []
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        if self.host:
+            where.append(f"on {self.host}")
+        what = f"{type(self.exception).__name__}: {self.exception}" if self.exception is not None else ""
+        detail = " ".join(where) + (": " if where and what else "") + what
+        text = self.message + (f" ({detail})" if detail else "")
+        if self.exception_formatted:
+            text += "\n " + self.exception_formatted.rstrip()
         return text
 
+    def __str__(self) -> str:
+        return self._text()
+
     def __reduce__(self) -> Any:
-        return _make_actor_error, (self.exception, self.remote_traceback, self.actor, self.rank, self.host, self.message)
+        return _make_actor_error, (self.exception, self.message, self.remote_traceback, self.actor, self.rank, self.host)
 
 
-def _make_actor_error(exception, tb, actor, rank, host, message):  # pragma: no cover - trivial
-    return ActorError(exception, tb, actor=actor, rank=rank, host=host, message=message)
+def _make_actor_error(exception, message, tb, actor, rank, host):  # pragma: no cover - trivial
+    return ActorError(exception, message, remote_traceback=tb, actor=actor, rank=rank, host=host)
 
 
-class SupervisionError(Exception):
+class SupervisionError(RuntimeError):
     """The proc (or host) running an actor died, or the actor was stopped or failed.
 
-    Raised by every pending and later call to that actor.
+    Raised by every pending and later call to that actor.  As in Monarch it is a
+    ``RuntimeError``; ``endpoint`` names the call that failed, when one did.
     """
 
     def __init__(self, message: str, *, actor: str = "", rank: int | None = None, host: str = "",
-                 exit_code: int | None = None):
+                 exit_code: int | None = None, endpoint: str | None = None):
+        self.message = message
         self.actor = actor
         self.rank = rank
         self.host = host
         self.exit_code = exit_code
-        super().__init__(message)
+        self.endpoint = endpoint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.endpoint:
+            return f"Endpoint call {self.endpoint} failed, {self.message}"
+        return self.message
 
     def __reduce__(self) -> Any:
-        return _make_supervision_error, (str(self), self.actor, self.rank, self.host, self.exit_code)
+        return _make_supervision_error, (self.message, self.actor, self.rank, self.host, self.exit_code, self.endpoint)
 
 
-def _make_supervision_error(message, actor, rank, host, exit_code):  # pragma: no cover - trivial
-    return SupervisionError(message, actor=actor, rank=rank, host=host, exit_code=exit_code)
+def _make_supervision_error(message, actor, rank, host, exit_code, endpoint=None):  # pragma: no cover - trivial
+    return SupervisionError(message, actor=actor, rank=rank, host=host, exit_code=exit_code, endpoint=endpoint)
+
+
+def actor_failed_text(actor: str, reason: str) -> str:
+    """Monarch's report of a failed actor, with our reason indented below it."""
+    body = "\n".join("  " + line for line in reason.rstrip().splitlines()) or "  (no reason given)"
+    return f"The actor {actor} and all its descendants have failed:\n{body}"
 
 
 @dataclass(frozen=True)
 class MeshFailure:
-    """What an owner's ``__supervise__`` receives when a rank of its mesh fails."""
+    """What an owner's ``__supervise__`` receives when a rank of its mesh fails.
+
+    ``failure.report()`` is the readable report (a method, as in Monarch);
+    ``mesh_name``, ``rank``, ``host``, ``reason`` and ``exit_code`` are the parts.
+    """
 
     mesh_name: str
     rank: int
     host: str
     reason: str
     exit_code: int | None = None
+    crashed_ranks: tuple = field(default=())
 
     @property
+    def mesh(self) -> str:
+        return self.mesh_name
+
     def report(self) -> str:
+        """User-readable report of this failure."""
         return f"mesh {self.mesh_name!r} rank {self.rank} on {self.host}: {self.reason}"
 
     def __str__(self) -> str:
-        return self.report
+        ranks = list(self.crashed_ranks) or [self.rank]
+        return f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={ranks}, event={self.report()})"

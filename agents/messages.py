@@ -92,6 +92,7 @@ class SpawnActor(Message):
     extent: dict
     reply: PortRef
     owner: str
+    creator: str = ""  # the spawner's qualified name, for log lines (``<root>.<mod.Cls name>``)
 
 
 @message
@@ -278,3 +279,10 @@ class ActorFailed(Message):
     rank: int
     host: str
     reason: str
+
+
+@message
+class ProcStopping(Message):
+    """A proc telling the owners of its actors that it is being stopped (not failing)."""
+
+    addr: str

@@ -56,40 +56,40 @@ class _Queue:
         self.lock = threading.Lock()
         self.error: BaseException | None = None
 
-    def _push(self, ok: bool, payload: Any) -> None:
+    def _push(self, ok: bool, payload: Any, rank: int) -> None:
         with self.lock:
             if self.waiters:
-                fut = self.waiters.popleft()
+                fut, ranked = self.waiters.popleft()
             else:
-                self.values.append((ok, payload))
+                self.values.append((ok, payload, rank))
                 return
-        _resolve(fut, ok, payload)
+        _resolve(fut, ok, payload, rank if ranked else None)
 
     def deliver(self, reply: Reply) -> None:
-        self._push(reply.ok, reply.payload)
+        self._push(reply.ok, reply.payload, reply.rank)
 
     def lost(self, addr: str, error: SupervisionError) -> None:
         pass  # a port can have many senders; one dying does not end it
 
-    def next(self) -> Future:
+    def next(self, ranked: bool = False) -> Future:
         fut: Future = Future()
         with self.lock:
             if not self.values:
-                self.waiters.append(fut)
+                self.waiters.append((fut, ranked))
                 return fut
-            ok, payload = self.values.popleft()
-        _resolve(fut, ok, payload)
+            ok, payload, rank = self.values.popleft()
+        _resolve(fut, ok, payload, rank if ranked else None)
         return fut
 
 
-def _resolve(fut: Future, ok: bool, payload: Any) -> None:
+def _resolve(fut: Future, ok: bool, payload: Any, rank: int | None = None) -> None:
     try:
         value = payload.load() if isinstance(payload, Pickled) else payload
     except Exception as e:
         fut.set_exception(e)
         return
     if ok:
-        fut.set_result(value)
+        fut.set_result(value if rank is None else (rank, value))
     else:
         fut.set_exception(value if isinstance(value, BaseException) else RuntimeError(str(value)))
 
@@ -104,6 +104,16 @@ class PortReceiver(Generic[R]):
         """A future for the next value sent to the port."""
         return self._queue.next()
 
+    def ranked(self) -> "RankedPortReceiver[R]":
+        return RankedPortReceiver(self._queue)
+
+
+class RankedPortReceiver(PortReceiver):
+    """A receiver whose values come as ``(rank, value)``: the rank of the sender's port."""
+
+    def recv(self) -> Future:
+        return self._queue.next(ranked=True)
+
 
 class Channel(Generic[R]):
     """Factory for port / receiver pairs."""
@@ -113,3 +123,10 @@ class Channel(Generic[R]):
         q = _Queue()
         ref = _runtime().open_port(q)
         return Port(ref), PortReceiver(q)
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port[R], RankedPortReceiver[R]]:
+        """Like :meth:`open`, but ``recv()`` gives ``(rank, value)``: the rank of the port that sent it
+        (a port an actor gets as its explicit response port has the actor's rank)."""
+        port, recv = Channel.open(once)
+        return port, recv.ranked()

@@ -7,15 +7,26 @@ endpoints) runs them directly on that thread; an async actor (all ``async def``)
 runs them on an event loop of its own on that thread, awaiting each in turn
 (``@concurrent_endpoint`` ones overlap).
 
-An exception in an endpoint goes back to the caller as ``ActorError`` with the
-traceback.  A failure no one handles (an exception in a ``broadcast``, or a
-``__supervise__`` that returns False) fails the actor: its owner is told, and
-every later message to it is answered with ``SupervisionError``.
+An ``Exception`` in an endpoint goes back to the caller as ``ActorError`` with
+the traceback.  As in Monarch, these fail the actor instead: an ``__init__``
+that raises, a ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) in an
+endpoint, an exception no caller waits for (a ``broadcast``, an endpoint that
+answers through its own port), a ``__supervise__`` that returns False, and
+``Instance.abort()``.  Its owner is told (``__supervise__``, or the client's
+``unhandled_fault_hook``), and every later call to it raises
+``SupervisionError``.  Supervision events run before messages already queued,
+and are dropped once the actor is stopping.  Stopping an actor cancels its
+running ``@concurrent_endpoint`` calls, runs ``__cleanup__``, then stops the
+meshes it made; stopping the proc then runs ``atexit`` handlers and lets user
+modules' objects go (their ``__del__`` runs) before the process exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import collections
+import gc
 import inspect
 import logging
 import os
@@ -24,12 +35,12 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
+from monarch_agents import actor_logging, supervision
 from monarch_agents import messages as m
-from monarch_agents import supervision
 from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
-from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
+from monarch_agents.errors import ActorError, MeshFailure, SupervisionError, actor_failed_text
 from monarch_agents.ports import Port
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.transport import JobKeys
@@ -37,6 +48,11 @@ from monarch_agents.transport import JobKeys
 log = logging.getLogger("monarch.proc_agent")
 
 _STOP = object()
+_WAKE = object()  # a supervision event waits in ``ActorSlot.events``
+#: How long stopping waits for each actor (and each mesh an actor made).
+_CHILD_STOP_S = 5.0
+#: Names of variables a spawner removed from its environment (comma-separated).
+ENV_UNSET = "MONARCH_ENV_UNSET"
 
 
 _specs: dict[tuple[type, str], Any] = {}
@@ -79,54 +95,72 @@ class ActorSlot:
         self.instance: Any = None
         self.kind = "sync"
         self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Supervision events jump the queue: they run before messages already waiting.
+        self.events: collections.deque[MeshFailure] = collections.deque()
         self.failed: SupervisionError | None = None
-        self.stopped = False
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False
+        self.constructing = True  # in __init__: a stop cannot be waited for
+        #: Meshes this actor made (anything with ``stop() -> Future``): stopped with it.
+        self.children: list[Any] = []
+        self.tasks: set[asyncio.Task] = set()
         self.thread = threading.Thread(target=self._run, name=f"actor-{msg.name}", daemon=True)
+
+    @property
+    def display_name(self) -> str:
+        """How texts name this actor: its mesh name and rank, ``trainers[3]``."""
+        rank = self.info.rank if self.info else _linear(self.msg.point, self.msg.extent)
+        return f"{self.msg.name}[{rank}]"
 
     # -- thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        if not self._construct():
-            return
-        if self.kind == "async":
+        ok = self._construct()
+        self.constructing = False
+        if ok and self.kind == "async":
             asyncio.run(self._run_async())
-        else:
-            while True:
-                item = self.mailbox.get()
-                if item is _STOP or self._handle_sync(item):
-                    return
+            return
+        # A sync actor, or one whose __init__ failed: that one answers every call with
+        # SupervisionError until it is stopped.
+        while True:
+            item = self.mailbox.get()
+            while self.events and not self.stopping:
+                self._supervise_sync(self.events.popleft())
+            if item is _WAKE:
+                continue
+            if item is _STOP or self._handle_sync(item):
+                return
 
     def _construct(self) -> bool:
         msg = self.msg
         rt = self.agent.rt
+        self.info = ActorSlotInfo(msg.actor_id, msg.name, "", msg.point, msg.extent, _linear(msg.point, msg.extent),
+                                  rt.host, rt.addr, msg.owner, self)
         try:
             cls, args, kwargs = msg.payload.load()
             self.kind = actor_kind(cls)
-            self.info = ActorSlotInfo(msg.actor_id, msg.name, cls.__name__, msg.point, msg.extent,
-                                      _linear(msg.point, msg.extent), rt.host, rt.addr, msg.owner, self)
+            self.info.class_name = cls.__name__
+            self.info.qualname = _qualname(msg.creator, f"{cls.__module__}.{cls.__qualname__}", msg.name, msg.point, msg.extent)
             token = CURRENT.set(MessageContext(self.info, msg.point, msg.extent, self.info.rank))
             try:
                 instance = cls.__new__(cls)
                 instance._monarch_slot = self.info
-                if self.kind == "async":
-                    # Async constructors are rare; run __init__ plainly either way.
-                    pass
                 instance.__init__(*args, **kwargs)
             finally:
                 CURRENT.reset(token)
             self.instance = instance
         except BaseException as e:
-            self.agent.send_reply(msg.reply, self._actor_error(e, "__init__"), ok=False, rank=self.info.rank if self.info else 0)
-            self.agent.forget(msg.actor_id)
+            # As in Monarch, a failed __init__ is a supervision event for the mesh's owner;
+            # the actor stays, answering every call with SupervisionError.
+            cls_name = self.info.class_name or "the class (it could not be loaded here)"
+            self._fail(_failure_reason(f"Actor call {msg.name}.__init__ failed.", e, f"{cls_name}.__init__ raised"))
+            self.agent.send_reply(msg.reply, self.failed, ok=False, rank=self.info.rank)
             return False
         self.agent.send_reply(msg.reply, True, rank=self.info.rank)
         return True
 
     async def _run_async(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        self._aqueue = q
 
         def pump() -> None:
             # Bridge the thread-safe mailbox into the loop without polling.
@@ -135,26 +169,37 @@ class ActorSlot:
                 if item is _STOP:  # posted below once the loop is done
                     return
                 try:
-                    self.loop.call_soon_threadsafe(q.put_nowait, item)
+                    loop.call_soon_threadsafe(q.put_nowait, item)
                 except RuntimeError:  # the loop closed: the actor was stopped
                     return
 
         threading.Thread(target=pump, name=f"actor-{self.msg.name}-pump", daemon=True).start()
-        tasks: set[asyncio.Task] = set()
-        while True:
-            item = await q.get()
-            if item is _STOP:
-                break
-            if isinstance(item, m.Call) and self._is_concurrent(item.method):
-                t = asyncio.ensure_future(self._handle_async(item))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-                continue
-            if await self._handle_async(item):
-                break
+        try:
+            while True:
+                item = await q.get()
+                while self.events and not self.stopping:
+                    await self._supervise_async(self.events.popleft())
+                if item is _WAKE:
+                    continue
+                if item is _STOP:
+                    break
+                if isinstance(item, m.Call) and self._is_concurrent(item.method) and self.failed is None:
+                    t = asyncio.ensure_future(self._handle_async(item, concurrent=True))
+                    self.tasks.add(t)
+                    t.add_done_callback(self.tasks.discard)
+                    continue
+                if await self._handle_async(item):
+                    break
+        finally:
+            await self._cancel_tasks()
+            self.mailbox.put(_STOP)  # or the pump thread would wait for a message forever
+
+    async def _cancel_tasks(self) -> None:
+        tasks = list(self.tasks)
         for t in tasks:
             t.cancel()
-        self.mailbox.put(_STOP)  # or the pump thread would wait for a message forever
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _is_concurrent(self, method: str) -> bool:
         desc = endpoint_spec(type(self.instance), method)
@@ -165,7 +210,7 @@ class ActorSlot:
     def _prepare(self, call: m.Call) -> tuple[Any, tuple, dict, Any]:
         desc = endpoint_spec(type(self.instance), call.method)
         if desc is None:
-            raise AttributeError(f"{type(self.instance).__name__}.{call.method} is not an endpoint")
+            desc = _plain_method(type(self.instance), call.method)  # ``as_endpoint(mesh.method)``
         args, kwargs = call.payload.load()
         fn = desc._fn.__get__(self.instance)
         if desc._explicit_response_port:
@@ -179,147 +224,271 @@ class ActorSlot:
             if self._refuse(item):
                 return False
             token = CURRENT.set(MessageContext(self.info, item.point, item.extent, item.rank))
+            desc = None
             try:
                 fn, args, kwargs, desc = self._prepare(item)
                 result = fn(*args, **kwargs)
+            except Exception as e:
+                self._failed_call(item, e, desc)
             except BaseException as e:
-                self._failed_call(item, e)
+                self._died_in_call(item, e)
             else:
-                if not desc._explicit_response_port:
-                    self._answer(item, result)
+                self._answer(item, result, desc)
             finally:
                 CURRENT.reset(token)
             return False
-        if isinstance(item, MeshFailure):
-            self._supervise(lambda: self.instance.__supervise__(item), item)
-            return False
         if isinstance(item, m.StopActor):
+            self._stop_children()
             self._cleanup_sync(None)
             self.agent.send_reply(item.reply, True, rank=item.rank)
             return True
         return False
 
-    async def _handle_async(self, item: Any) -> bool:
+    async def _handle_async(self, item: Any, concurrent: bool = False) -> bool:
         if isinstance(item, m.Call):
             if self._refuse(item):
                 return False
             token = CURRENT.set(MessageContext(self.info, item.point, item.extent, item.rank))
+            desc = None
             try:
                 fn, args, kwargs, desc = self._prepare(item)
                 result = fn(*args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
+            except Exception as e:
+                self._failed_call(item, e, desc)
+            except asyncio.CancelledError:
+                if not self.stopping:
+                    self._died_in_call(item, asyncio.CancelledError())
+                    return False
+                # A concurrent call cut short by a stop: its caller must not wait forever.
+                if item.reply is not None:
+                    err = SupervisionError(f"actor {self.display_name} was stopped during {item.method}",
+                                           actor=self.msg.name, rank=item.rank, host=self.agent.rt.host)
+                    self.agent.send_reply(item.reply, err, ok=False, rank=item.rank)
+                raise
             except BaseException as e:
-                if isinstance(e, asyncio.CancelledError):
-                    # A concurrent call cut short by a stop: its caller must not wait forever.
-                    if item.reply is not None:
-                        err = SupervisionError(f"actor {self.msg.name!r} was stopped during {item.method}",
-                                               actor=self.msg.name, rank=item.rank, host=self.agent.rt.host)
-                        self.agent.send_reply(item.reply, err, ok=False, rank=item.rank)
-                    raise
-                self._failed_call(item, e)
+                if concurrent and item.reply is not None and not (desc and desc._explicit_response_port):
+                    # Monarch sends it back from a concurrent endpoint, as an ActorError.
+                    self.agent.send_reply(item.reply, self._actor_error(e, item.method, " with BaseException"),
+                                          ok=False, rank=item.rank)
+                else:
+                    self._died_in_call(item, e)
             else:
-                if not desc._explicit_response_port:
-                    self._answer(item, result)
+                self._answer(item, result, desc)
             finally:
                 CURRENT.reset(token)
             return False
-        if isinstance(item, MeshFailure):
-            async def sup() -> Any:
-                r = self.instance.__supervise__(item)
-                return (await r) if inspect.isawaitable(r) else r
-            try:
-                handled = await sup()
-            except BaseException as e:
-                handled = False
-                log.error("__supervise__ raised: %s", e)
-            self._after_supervise(handled, item)
-            return False
         if isinstance(item, m.StopActor):
+            # Monarch's order: the meshes it made, then its in-flight concurrent calls, then __cleanup__.
+            self._stop_children()
+            await self._cancel_tasks()
             cleanup = getattr(self.instance, "__cleanup__", None)
             if cleanup is not None:
+                token = CURRENT.set(MessageContext(self.info, self.msg.point, self.msg.extent, self.info.rank))
                 try:
                     r = cleanup(None)
                     if inspect.isawaitable(r):
                         await r
                 except Exception:
                     log.exception("__cleanup__ failed")
+                finally:
+                    CURRENT.reset(token)
             self.agent.send_reply(item.reply, True, rank=item.rank)
             return True
         return False
+
+    # -- supervision -------------------------------------------------------------
+
+    def _supervise_sync(self, failure: MeshFailure) -> None:
+        if self.failed is not None or self.instance is None:
+            return
+        token = CURRENT.set(MessageContext(self.info, self.msg.point, self.msg.extent, self.info.rank))
+        try:
+            sup = getattr(self.instance, "__supervise__", None)
+            handled = sup(failure) if sup is not None else False
+        except Exception as e:
+            self._supervise_raised(failure, e)
+            return
+        finally:
+            CURRENT.reset(token)
+        self._after_supervise(handled, failure)
+
+    async def _supervise_async(self, failure: MeshFailure) -> None:
+        if self.failed is not None or self.instance is None:
+            return
+        token = CURRENT.set(MessageContext(self.info, self.msg.point, self.msg.extent, self.info.rank))
+        try:
+            sup = getattr(self.instance, "__supervise__", None)
+            handled = sup(failure) if sup is not None else False
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except Exception as e:
+            self._supervise_raised(failure, e)
+            return
+        finally:
+            CURRENT.reset(token)
+        self._after_supervise(handled, failure)
+
+    def _supervise_raised(self, failure: MeshFailure, e: BaseException) -> None:
+        self._fail(_failure_reason(f"__supervise__ raised while handling: {failure.report()}", e))
+
+    def _after_supervise(self, handled: Any, failure: MeshFailure) -> None:
+        if not handled:
+            headline = (f"The actor {self.display_name} failed because it did not handle a supervision event "
+                        f"from its child. The event was:")
+            self._fail(f"unhandled failure in a mesh it owns: {failure.report()}", headline=headline)
+
+    # -- failing -------------------------------------------------------------------
 
     def _refuse(self, call: m.Call) -> bool:
         if self.failed is None:
             return False
         if call.reply is not None:
-            self.agent.send_reply(call.reply, self.failed, ok=False, rank=call.rank)
+            self.agent.send_reply(call.reply, self._refusal(call.method), ok=False, rank=call.rank)
         return True
 
-    def _answer(self, call: m.Call, result: Any) -> None:
+    def _refusal(self, method: str) -> SupervisionError:
+        f = self.failed
+        assert f is not None
+        return SupervisionError(f.message, actor=f.actor, rank=f.rank, host=f.host, endpoint=f"{self.msg.name}.{method}()")
+
+    def _answer(self, call: m.Call, result: Any, desc: Any) -> None:
         if call.reply is None:
+            return
+        if self.failed is not None:  # it aborted during the call
+            self.agent.send_reply(call.reply, self._refusal(call.method), ok=False, rank=call.rank)
+            return
+        if desc._explicit_response_port:
             return
         try:
             payload = m.Pickled.of(result)
         except Exception as e:
-            self._failed_call(call, TypeError(f"the result of {call.method} could not be pickled: {e}"))
+            self._failed_call(call, TypeError(f"the result of {call.method} could not be pickled: {e}"), None)
             return
         self.agent.send_reply(call.reply, payload, rank=call.rank)
 
-    def _failed_call(self, call: m.Call, e: BaseException) -> None:
-        err = self._actor_error(e, call.method)
+    def _failed_call(self, call: m.Call, e: Exception, desc: Any) -> None:
+        explicit = desc is not None and desc._explicit_response_port
+        if call.reply is not None and not explicit:
+            self.agent.send_reply(call.reply, self._actor_error(e, call.method), ok=False, rank=call.rank)
+            return
+        # Nobody is waiting for this answer (a broadcast, or an endpoint that answers through its
+        # own port): as in Monarch, the failure becomes the actor's.
+        why = "raised with no caller to tell" if call.reply is None else "answers through its port and raised"
+        self._fail(_failure_reason(f"Actor call {self.msg.name}.{call.method} failed.", e, f"endpoint {call.method} {why}"))
         if call.reply is not None:
-            self.agent.send_reply(call.reply, err, ok=False, rank=call.rank)
-        else:
-            # Nobody is waiting for this answer: the failure becomes the actor's.
-            self._fail(f"endpoint {call.method} raised with no caller to tell: {type(e).__name__}: {e}")
+            self.agent.send_reply(call.reply, self._refusal(call.method), ok=False, rank=call.rank)
 
-    def _actor_error(self, e: BaseException, method: str) -> m.Pickled:
+    def _died_in_call(self, call: m.Call, e: BaseException) -> None:
+        """A BaseException (SystemExit, KeyboardInterrupt, ...) in an endpoint kills the actor, as in Monarch."""
+        self._fail(_failure_reason(f"Actor call {self.msg.name}.{call.method} failed with BaseException.", e))
+        if call.reply is not None:
+            self.agent.send_reply(call.reply, self._refusal(call.method), ok=False, rank=call.rank)
+
+    def _actor_error(self, e: BaseException, method: str, how: str = "") -> m.Pickled:
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         name = self.msg.name
         rank = self.info.rank if self.info else None
         host = self.agent.rt.host
-        err = ActorError(e, tb, actor=f"{name}.{method}", rank=rank, host=host)
+        text = f"Actor call {name}.{method} failed{how}."
+        err = ActorError(e, text, remote_traceback=tb, actor=f"{name}.{method}", rank=rank, host=host)
         try:
             return m.Pickled.of(err)
         except Exception:
-            return m.Pickled.of(ActorError(None, tb, actor=f"{name}.{method}", rank=rank, host=host,
-                                           message=f"{type(e).__name__}: {e}"))
+            return m.Pickled.of(ActorError(None, f"{text} {type(e).__name__}: {e}", remote_traceback=tb,
+                                           actor=f"{name}.{method}", rank=rank, host=host))
 
-    def _supervise(self, fn: Any, failure: MeshFailure) -> None:
-        try:
-            handled = fn() if hasattr(self.instance, "__supervise__") else False
-        except BaseException as e:
-            log.error("__supervise__ raised: %s", e)
-            handled = False
-        self._after_supervise(handled, failure)
+    def abort(self, reason: str | None = None) -> None:
+        """``Instance.abort``: fail this actor; its owner gets a supervision event."""
+        self._fail(f"aborted: {reason or 'no reason given'}")
 
-    def _after_supervise(self, handled: Any, failure: MeshFailure) -> None:
-        if not handled:
-            self._fail(f"unhandled failure in a mesh it owns: {failure.report}")
-
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, headline: str | None = None) -> None:
         if self.failed is not None:
             return
         info = self.info
-        self.failed = SupervisionError(f"actor {self.msg.name!r} rank {info.rank if info else '?'} on {self.agent.rt.host} failed: {reason}",
-                                       actor=self.msg.name, rank=info.rank if info else None, host=self.agent.rt.host)
+        rank = info.rank if info else None
+        host = self.agent.rt.host
+        detail = f"rank {rank if rank is not None else '?'} on {host}: {reason}"
+        if headline is None:
+            text = actor_failed_text(self.display_name, detail)
+        else:
+            text = headline + "\n" + "\n".join("  " + line for line in detail.splitlines())
+        self.failed = SupervisionError(text, actor=self.msg.name, rank=rank, host=host)
         try:
-            self.agent.rt.send(self.msg.owner, m.ActorFailed(self.agent.rt.addr, self.msg.actor_id,
-                                                             info.rank if info else 0, self.agent.rt.host, reason))
+            self.agent.rt.send(self.msg.owner, m.ActorFailed(self.agent.rt.addr, self.msg.actor_id, rank or 0, host, text))
         except Exception:
             pass
+
+    # -- stopping -------------------------------------------------------------------
+
+    def begin_stop(self) -> None:
+        """A stop is on its way: supervision events from now on are dropped, as in Monarch."""
+        self.stopping = True
+        self.events.clear()
 
     def _cleanup_sync(self, exc: Exception | None) -> None:
         cleanup = getattr(self.instance, "__cleanup__", None)
         if cleanup is None:
             return
+        token = CURRENT.set(MessageContext(self.info, self.msg.point, self.msg.extent, self.info.rank if self.info else 0))
         try:
             cleanup(exc)
         except Exception:
             log.exception("__cleanup__ failed")
+        finally:
+            CURRENT.reset(token)
+
+    def _stop_children(self) -> None:
+        # Last made, first stopped: actors before the procs they run on.
+        children, self.children = self.children, []
+        futures = []
+        for child in reversed(children):
+            try:
+                futures.append(child.stop())
+            except Exception as e:
+                log.debug("could not stop %r: %s", child, e)
+        for f in futures:
+            try:
+                f.get(timeout=_CHILD_STOP_S)
+            except Exception as e:
+                log.debug("stopping a child mesh: %s", e)
 
     def post(self, item: Any) -> None:
+        if isinstance(item, MeshFailure):
+            if self.stopping:
+                return
+            self.events.append(item)
+            item = _WAKE
         self.mailbox.put(item)
+
+
+class _PlainMethod:
+    """A method not marked ``@endpoint``, called through ``as_endpoint``: it answers with its result."""
+
+    _explicit_response_port = False
+    _concurrent = False
+
+    def __init__(self, fn: Any):
+        self._fn = fn
+
+
+def _plain_method(cls: type, name: str) -> _PlainMethod:
+    fn = inspect.getattr_static(cls, name, None)
+    if name.startswith("__") or not inspect.isfunction(fn):
+        raise AttributeError(f"{cls.__name__}.{name} is not an endpoint")
+    return _PlainMethod(fn)
+
+
+def _failure_reason(headline: str, e: BaseException, why: str = "") -> str:
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+    return headline + (f" ({why})" if why else "") + "\n" + tb
+
+
+def _qualname(creator: str, class_name: str, name: str, point: dict, extent: dict) -> str:
+    """Monarch's name for an actor instance in log lines: ``<root>.<mod.Cls name{'gpus': 0/2}>``."""
+    rank = "{" + ", ".join(f"'{k}': {point.get(k, 0)}/{v}" for k, v in extent.items()) + "}" if extent else ""
+    return f"{creator or '<root>'}.<{class_name} {name}{rank}>"
 
 
 class _NullPort:
@@ -338,12 +507,31 @@ def _linear(point: dict, extent: dict) -> int:
 
 
 class ProcAgent:
-    def __init__(self, rt: Runtime, config: dict):
+    """The actors of one process: a proc agent's, or the client's own (``this_proc()`` there)."""
+
+    def __init__(self, rt: Runtime, config: dict, in_client: bool = False):
         self.rt = rt
         self.config = config
+        self.in_client = in_client
         self.actors: dict[str, ActorSlot] = {}
+        self.lazy: dict[str, Callable[[m.PortRef], m.SpawnActor]] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+
+    def lazy_actor(self, actor_id: str, make: Callable[[m.PortRef], m.SpawnActor]) -> None:
+        """Start the actor ``make(reply)`` describes when its first message comes (once)."""
+        with self.lock:
+            if actor_id not in self.actors:
+                self.lazy.setdefault(actor_id, make)
+
+    def register(self) -> "ProcAgent":
+        rt = self.rt
+        rt.register(m.SpawnActor, self.on_spawn)
+        rt.register(m.Call, self.on_call)
+        rt.register(m.StopActor, self.on_stop_actor)
+        rt.register(m.StopProc, self.on_stop_proc)
+        actor_logging.install()
+        return self
 
     def on_spawn(self, msg: m.SpawnActor) -> None:
         slot = ActorSlot(self, msg)
@@ -357,6 +545,12 @@ class ProcAgent:
 
     def on_call(self, msg: m.Call) -> None:
         slot = self.actors.get(msg.actor_id)
+        if slot is None and msg.actor_id in self.lazy:
+            with self.lock:
+                make = self.lazy.pop(msg.actor_id, None)
+            if make is not None:
+                self.on_spawn(make(m.PortRef(self.rt.addr, 0)))  # port 0: nobody waits for it
+            slot = self.actors.get(msg.actor_id)
         if slot is None:
             if msg.reply is not None:
                 self.send_reply(msg.reply, SupervisionError(f"no actor {msg.actor_id!r} on this proc (it was stopped or never started)"),
@@ -370,6 +564,7 @@ class ProcAgent:
         if slot is None:
             self.send_reply(msg.reply, True, rank=msg.rank)
             return
+        slot.begin_stop()
         slot.post(msg)
 
     def on_stop_proc(self, msg: m.StopProc) -> None:
@@ -381,20 +576,32 @@ class ProcAgent:
 
         with self.lock:
             slots, self.actors = list(self.actors.values()), {}
+        # Owners other than the one stopping us hear it is a stop, not a failure.
+        owners = {s.msg.owner for s in slots} - {msg.reply.addr if msg.reply is not None else "", self.rt.addr}
+        for owner in owners:
+            try:
+                self.rt.send(owner, m.ProcStopping(self.rt.addr))
+            except Exception:
+                pass
         futs = []
         for s in slots:
+            s.begin_stop()
             f: Future = Future()
             port = self.rt.open_port(OneShot(self.rt, f))
             s.post(m.StopActor(s.msg.actor_id, port))
-            futs.append(f)
+            if not s.constructing:  # one stuck in __init__ never reads its mailbox
+                futs.append(f)
         for f in futs:
             try:
-                f.get(timeout=5)
+                f.get(timeout=_CHILD_STOP_S)
             except Exception:
                 pass
+        if not self.in_client:
+            finalize()
         if msg.reply is not None:
             self.send_reply(msg.reply, True)
-        self.stopped.set()
+        if not self.in_client:
+            self.stopped.set()
 
     def send_reply(self, port: m.PortRef, value: Any, ok: bool = True, rank: int = 0) -> None:
         try:
@@ -408,11 +615,54 @@ class ProcAgent:
             slot.post(failure)
 
 
+def finalize() -> None:
+    """What interpreter exit would do, for a proc that ends with ``os._exit``: ``atexit``
+    handlers, then the objects user modules hold (their ``__del__`` runs)."""
+    try:
+        atexit._run_exitfuncs()
+    except Exception:
+        log.exception("an atexit handler failed")
+    system = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
+                   if p)
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        spec = getattr(mod, "__spec__", None)
+        top = (getattr(spec, "name", None) or name).split(".")[0]  # __main__ is the zygote here
+        if not path or os.path.realpath(path).startswith(system) or top in _OUR_PACKAGES:
+            continue
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        # Newest names first: what a module made last tends to use what it made before.
+        for key in reversed(list(d)):
+            if not (key.startswith("__") and key.endswith("__")):
+                try:
+                    del d[key]
+                except Exception:
+                    pass
+    gc.collect()
+
+
+_OUR_PACKAGES = {"monarch", "monarch_agents", "monarch_schedulers", "monarch_rdmafs", "monarch_telemetry",
+                 "monarch_cli", "pytest", "_pytest"}
+
 _agent: ProcAgent | None = None
 
 
 def current_agent() -> ProcAgent | None:
     return _agent
+
+
+def host_actors_in_client(rt: Runtime) -> ProcAgent:
+    """Let this client process run actors itself (``this_proc().spawn`` in the client), once."""
+    global _agent
+    with _agent_lock:
+        if _agent is None:
+            _agent = ProcAgent(rt, {}, in_client=True).register()
+        return _agent
+
+
+_agent_lock = threading.Lock()
 
 
 def main(config: dict) -> None:
@@ -425,14 +675,14 @@ def main(config: dict) -> None:
     # script's directory, say) first, in its order, so its modules import here by name too.
     extra = [p for p in os.environ.get("MONARCH_SYS_PATH", "").split(os.pathsep) if p]
     sys.path[:0] = [p for p in extra if p not in sys.path]
+    # Variables the spawner removed from its environment since the host agent started.
+    for name in os.environ.pop(ENV_UNSET, "").split(","):
+        if name:
+            os.environ.pop(name, None)
     os.environ["MONARCH_HOST_AGENT"] = config["host_agent"]
     os.environ["MONARCH_HOST_RANK"] = str(config["host_rank"])
     rt = install(Runtime(keys, bind_host=config["bind_host"], name=f"proc[{config['mesh_id']}]", host=config["host"]))
-    agent = _agent = ProcAgent(rt, config)
-    rt.register(m.SpawnActor, agent.on_spawn)
-    rt.register(m.Call, agent.on_call)
-    rt.register(m.StopActor, agent.on_stop_actor)
-    rt.register(m.StopProc, agent.on_stop_proc)
+    agent = _agent = ProcAgent(rt, config).register()
     supervision.install(rt)
     rt.start()
     rt.send(config["host_agent"], m.ProcReady(config["token"], rt.addr, os.getpid()))

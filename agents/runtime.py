@@ -113,6 +113,10 @@ class Runtime:
 
     def send(self, addr: str, msg: Any) -> None:
         """Send ``msg``; raises :class:`SupervisionError` if ``addr`` is known dead."""
+        if addr == self.addr:
+            # To an actor this process hosts (or a port it opened): no socket, same order.
+            self.mailbox.call_soon(lambda: self._on_message(msg))
+            return
         err = self._death.get(addr)
         if err is not None:
             raise err

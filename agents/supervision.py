@@ -17,15 +17,20 @@ from typing import Any, Callable
 
 from monarch_agents import messages as m
 from monarch_agents.context import ActorSlotInfo
-from monarch_agents.errors import MeshFailure
+from monarch_agents.errors import MeshFailure, SupervisionError
 
 _lock = threading.Lock()
 _actor_watchers: dict[str, Callable[[m.ActorFailed], None]] = {}
 
 
 def default_fault_hook(failure: MeshFailure) -> None:
-    """Print one clear line on stderr; the failed ranks raise SupervisionError when called."""
-    print(f"monarch: unhandled failure: {failure.report}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
+    """Print the failure on stderr; the failed ranks raise SupervisionError when called.
+
+    Monarch's default hook exits the client (``sys.exit(1)``); ours keeps the client
+    running so it can still stop its meshes and report.  Set
+    ``monarch.actor.unhandled_fault_hook`` to change it.
+    """
+    print(f"monarch: unhandled failure: {failure.report()}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
 
 
 #: Set while this process shuts down: deaths it causes itself are not reported.
@@ -63,3 +68,8 @@ def _on_actor_failed(msg: m.ActorFailed) -> None:
 
 def install(rt: Any) -> None:
     rt.register(m.ActorFailed, _on_actor_failed)
+
+    def on_proc_stopping(msg: m.ProcStopping) -> None:
+        rt.retire(msg.addr, SupervisionError("actor mesh is stopped due to proc mesh shutdown "
+                                             f"(the proc at {msg.addr} was stopped by its owner)"))
+    rt.register(m.ProcStopping, on_proc_stopping)

@@ -19,9 +19,9 @@
 
 from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
 from monarch_agents.future import Future
-from monarch_agents.ports import Channel, Port, PortReceiver
+from monarch_agents.ports import Channel, Port, PortReceiver, RankedPortReceiver
 from monarch_agents.supervision import default_fault_hook as unhandled_fault_hook
-from monarch.actor._endpoint import Endpoint, concurrent_endpoint, endpoint, send
+from monarch.actor._endpoint import Accumulator, Endpoint, NotAnEndpoint, as_endpoint, concurrent_endpoint, endpoint, send
 from monarch.actor._mesh import (
     Actor,
     ActorMesh,
@@ -32,12 +32,14 @@ from monarch.actor._mesh import (
     current_actor_name,
     current_rank,
     current_size,
+    get_or_spawn_controller,
     this_host,
     this_proc,
 )
 from monarch.actor._shape import Extent, Point, ValueMesh
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
@@ -48,18 +50,22 @@ __all__ = [
     "Future",
     "HostMesh",
     "MeshFailure",
+    "NotAnEndpoint",
     "Point",
     "Port",
     "PortReceiver",
+    "RankedPortReceiver",
     "ProcMesh",
     "SupervisionError",
     "ValueMesh",
+    "as_endpoint",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "send",
     "this_host",
     "this_proc",

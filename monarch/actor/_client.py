@@ -26,6 +26,13 @@ from monarch_agents.client import _lock, ensure_runtime  # noqa: F401  (the clie
 _local_host: "HostRef | None" = None
 _local_proc: subprocess.Popen | None = None
 
+#: The environment the host agents were started with, as far as this process knows: its
+#: own at start (a reservation's agents), or what it gave its private agent.
+_env_baseline: dict[str, str] = dict(os.environ)
+
+#: Carries the root client's address to every proc (``get_or_spawn_controller`` reaches it).
+ROOT_ENV = "MONARCH_ROOT"
+
 #: Modules worth importing once in the zygote when the client already uses them.
 _PRELOADABLE = ("torch", "numpy")
 _AGENT_START_TIMEOUT_S = 60.0
@@ -61,6 +68,8 @@ def local_host() -> HostRef:
         cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
                "--log-dir", os.path.join(os.path.expanduser("~"), ".monarch", "logs", "local")]
+        global _env_baseline
+        _env_baseline = dict(os.environ)
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": _pythonpath()})
         os.close(w)
@@ -78,6 +87,18 @@ def local_host() -> HostRef:
 
 #: Carries :func:`user_sys_path` to new procs (see ``monarch_agents.proc_agent.main``).
 SYS_PATH_ENV = "MONARCH_SYS_PATH"
+
+
+def env_changes() -> tuple[dict[str, str], list[str]]:
+    """What this process changed in ``os.environ`` since its host agents started: (set, unset).
+
+    New procs get these on top of their agent's environment, so they see ours as it is now.
+    Monarch's own variables are left out: the spawner sets those for each proc.
+    """
+    env = os.environ
+    changed = {k: v for k, v in env.items() if _env_baseline.get(k) != v and not k.startswith("MONARCH_")}
+    unset = [k for k in _env_baseline if k not in env and not k.startswith("MONARCH_")]
+    return changed, unset
 
 
 def user_sys_path() -> list[str]:

@@ -13,7 +13,7 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
-from monarch_agents.errors import SupervisionError
+from monarch_agents.errors import SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.messages import Call, Pickled, PortRef, Reply
 from monarch.actor._shape import Shape, ValueMesh
@@ -80,10 +80,15 @@ def endpoint(method: Callable | None = None, *, propagate: Any = None, explicit_
 
 def concurrent_endpoint(method: Callable | None = None, *, propagate: Any = None,
                         explicit_response_port: bool = False, instrument: bool = True) -> Any:
-    """An async endpoint whose calls may overlap (each runs as its own task)."""
+    """An async endpoint whose calls may overlap (each runs as its own task).
+
+    Its running calls are cancelled, and awaited, before the actor's ``__cleanup__`` runs.
+    """
     def wrap(fn: Callable) -> EndpointProperty:
+        if isinstance(fn, EndpointProperty):
+            raise ValueError("concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint")
         if not inspect.iscoroutinefunction(fn):
-            raise ValueError("@concurrent_endpoint needs an `async def` method")
+            raise ValueError("concurrent_endpoint can only wrap async endpoints (it needs an `async def` method)")
         return EndpointProperty(fn, explicit_response_port=explicit_response_port, concurrent=True)
     return wrap(method) if method is not None else wrap
 
@@ -195,11 +200,16 @@ def _load_error(payload: Any) -> BaseException:
 
 
 def _call_failed(label: str, rank: int | None, error: SupervisionError) -> SupervisionError:
+    """Monarch's "Endpoint call m.f() failed, The actor ... have failed:", then why."""
     # Without a rank of the messaged slice, name the failed proc's rank in its mesh (when we own it).
     rank = rank if rank is not None else error.rank
-    where = f"{label}" + (f" rank {rank}" if rank is not None else "")
-    return SupervisionError(f"call to {where} failed: {error}", actor=label, rank=rank,
-                            host=error.host, exit_code=error.exit_code)
+    if error.message.startswith(("The actor ", "actor mesh is stopped")):
+        message = error.message  # already Monarch's words (a stopped mesh, a failed actor)
+    else:
+        actor = label.split(".")[0] + (f"[{rank}]" if rank is not None else "")
+        message = actor_failed_text(actor, (f"rank {rank}: " if rank is not None else "") + error.message)
+    return SupervisionError(message, actor=label, rank=rank, host=error.host, exit_code=error.exit_code,
+                            endpoint=label)
 
 
 class Endpoint(Generic[R]):
@@ -309,3 +319,81 @@ def _coords(i: int, sizes: tuple) -> list[int]:
 def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Any = None, selection: str = "all") -> None:
     """Send a message to the endpoint's actors, answers (if any) going to ``port``."""
     endpoint._send_to_port(args, kwargs, port, selection)
+
+
+class NotAnEndpoint:
+    """``mesh.method`` for a method not marked ``@endpoint``: explains itself when called;
+    ``as_endpoint(mesh.method)`` makes it callable as an endpoint."""
+
+    def __init__(self, mesh: "ActorMesh", name: str):
+        self._ref = mesh
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        cls = self._ref._class
+        raise RuntimeError(
+            f"Actor {cls}.{self._name} is not annotated as an endpoint. To call it as one, add a @endpoint "
+            f"decorator to it, or directly wrap it in one as_endpoint(obj.method).call(...)")
+
+
+def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False) -> Endpoint:
+    """Call a plain (not ``@endpoint``) method of a spawned actor through the adverbs:
+    ``as_endpoint(mesh.method).call(...)``."""
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("expected an method of a spawned actor")
+    mesh, name = not_an_endpoint._ref, not_an_endpoint._name
+    fn = getattr(mesh._class, name)
+    prop = EndpointProperty(fn, explicit_response_port=explicit_response_port, propagate=propagate)
+    return Endpoint(mesh, name, prop)
+
+
+A = TypeVar("A")
+
+
+class Accumulator(Generic[R, A]):
+    """Fold the answers of every actor of a mesh as they arrive:
+    ``Accumulator(counters.value, 0, lambda acc, x: acc + x).accumulate().get()``."""
+
+    def __init__(self, endpoint: Endpoint[R], identity: A, combine: Callable[[A, R], A]):
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
+        """Call the endpoint on every actor now; the future's value is the fold of their answers."""
+        results = list(self._endpoint.stream(*args, **kwargs))
+        out: Future = Future()
+        lock = threading.Lock()
+        state = {"value": self._identity, "left": len(results), "done": False}
+
+        def one(f: Future) -> None:
+            try:
+                v = f.get()
+            except BaseException as e:
+                with lock:
+                    if state["done"]:
+                        return
+                    state["done"] = True
+                out.set_exception(e)
+                return
+            with lock:
+                if state["done"]:
+                    return
+                try:
+                    state["value"] = self._combine(state["value"], v)
+                except BaseException as e:
+                    state["done"] = True
+                    out.set_exception(e)
+                    return
+                state["left"] -= 1
+                finished = state["left"] == 0
+                if finished:
+                    state["done"] = True
+            if finished:
+                out.set_result(state["value"])
+
+        if not results:
+            out.set_result(self._identity)
+        for f in results:
+            f.add_done_callback(one)
+        return out

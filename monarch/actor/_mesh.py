@@ -5,11 +5,19 @@ procs and returns a ``ProcMesh``; ``procs.spawn("name", Cls, *args)`` starts one
 actor per proc and returns an ``ActorMesh`` whose endpoints can be called.
 The process that spawns a mesh owns it: it is told when a proc dies, and
 when it exits, its procs are reaped by their host agents.
+
+As in Monarch, ``spawn`` returns at once: calls queue behind each actor's
+``__init__``, and an ``__init__`` that raises is a supervision event for the
+mesh's owner (``__supervise__``, or ``unhandled_fault_hook`` in the client);
+calls to that actor then raise ``SupervisionError``.  ``await mesh.initialized``
+waits for every ``__init__``.  The meshes an actor makes are stopped with it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import os
 import threading
 import uuid
@@ -18,13 +26,13 @@ from typing import Any, Callable, Generic, TypeVar
 from monarch_agents import messages as m
 from monarch_agents import supervision
 from monarch_agents.context import current as _current_ctx
-from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
+from monarch_agents.errors import MeshFailure, SupervisionError
 from monarch_agents.future import Future
-from monarch_agents.proc_agent import actor_kind, endpoint_spec
+from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
 from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import current as rt_current
-from monarch.actor._client import SYS_PATH_ENV, HostRef, ensure_runtime, local_host, user_sys_path
-from monarch.actor._endpoint import Endpoint, _Gather, endpoint
+from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
+from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
 
 T = TypeVar("T")
@@ -39,6 +47,26 @@ class Actor:
     @property
     def _monarch_info(self) -> Any:
         return getattr(self, "_monarch_slot", None)
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class, at DEBUG; its lines carry the actor's name."""
+        lgr = logging.getLogger(type(self).__name__)
+        lgr.setLevel(logging.DEBUG)
+        return lgr
+
+
+def _add_child(mesh: Any) -> None:
+    """Inside an actor, remember a mesh it made: stopping the actor stops it too."""
+    actor = _current_ctx().actor
+    if actor is not None and actor.slot is not None:
+        actor.slot.children.append(mesh)
+
+
+def _client_proc(rt: Runtime) -> None:
+    """Let the client host actors too (``this_proc().spawn``, controllers), once."""
+    if current_agent() is None:
+        host_actors_in_client(rt)
 
 
 class _MeshBase:
@@ -98,7 +126,14 @@ class HostMesh(_MeshBase):
         preload = tuple(mod for mod in ("torch", "numpy") if mod in __import__("sys").modules)
         # Procs are forked from a zygote whose sys.path was fixed when it started: hand them
         # ours, so what we import by name (a module next to the script) imports there too.
-        env = {SYS_PATH_ENV: os.pathsep.join(user_sys_path())}
+        _client_proc(rt)
+        # As in Monarch, procs see this process's environment as it is now (what changed
+        # since the host agent started), not only as it was when the agent started.
+        env, unset = env_changes()
+        env[SYS_PATH_ENV] = os.pathsep.join(user_sys_path())
+        env[ROOT_ENV] = os.environ.get(ROOT_ENV) or rt.addr
+        if unset:
+            env[ENV_UNSET] = ",".join(unset)
         futures = []
         hosts = self.hosts
         for h in hosts:
@@ -112,6 +147,7 @@ class HostMesh(_MeshBase):
         shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
         pm = ProcMesh(procs, shape, mesh_id, mesh_name, self, owner=True)
         pm._watch(_current_ctx().actor)
+        _add_child(pm)
         if bootstrap is not None:
             pm.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get()
         return pm
@@ -149,6 +185,7 @@ class ProcMesh(_MeshBase):
         self._name = name
         self._host_mesh = host_mesh
         self._owner = owner
+        self._owner_actor: Any = None  # who is told of its procs' deaths (None: the client)
         self._stopped = False
 
     def __reduce__(self) -> Any:
@@ -166,6 +203,7 @@ class ProcMesh(_MeshBase):
         return ProcMesh(self._procs, self._shape.slice(**dims), self._mesh_id, self._name, self._host_mesh, False)
 
     def _watch(self, owner_actor: Any) -> None:
+        self._owner_actor = owner_actor
         rt = self._rt()
         for i, idx in enumerate(self._shape.indices):
             p = self._procs[idx]
@@ -178,34 +216,54 @@ class ProcMesh(_MeshBase):
             rt.watch(p.addr, on_death)
 
     def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> "ActorMesh[T]":
-        """Start one ``cls(*args, **kwargs)`` per proc; raises ActorError if an ``__init__`` fails."""
+        """Start one ``cls(*args, **kwargs)`` per proc and return at once.
+
+        Calls made now queue behind each ``__init__``; ``await mesh.initialized`` waits for
+        them.  An ``__init__`` that raises is a supervision event for the caller (its
+        ``__supervise__``, or ``unhandled_fault_hook`` in the client), and calls to that
+        actor raise ``SupervisionError``.
+        """
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise ValueError(f"{cls!r} is not an Actor subclass")
         actor_kind(cls)  # ValueError for a class that mixes sync and async endpoints
         if self._stopped:
-            raise SupervisionError(f"proc mesh {self._name!r} was stopped")
+            raise SupervisionError(f"`ProcMesh` has already been stopped (proc mesh {self._name!r}); "
+                                   "spawn on a new one")
         rt = self._rt()
         actor_id = f"{name}-{uuid.uuid4().hex[:12]}"
         payload = m.Pickled.of((cls, args, kwargs))
         shape = self._shape
         extent = dict(zip(shape.labels, shape.sizes))
-        fut: Future = Future()
+        initialized: Future = Future(lambda _: None)
         targets = {self._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
-        port = rt.open_port(_Gather(rt, fut, shape, f"{name}.__init__()", targets), list(targets))
-        owner_actor = _current_ctx().actor
-        mesh = ActorMesh(actor_id, name, cls, self._procs, shape, self)
+        port = rt.open_port(_Gather(rt, initialized, shape, f"{name}.__init__()", targets), list(targets))
+        ctx = _current_ctx()
+        owner_actor = ctx.actor
+        creator = owner_actor.qualname if owner_actor is not None else "<root>"
+        mesh = ActorMesh(actor_id, name, cls, self._procs, shape, self, initialized)
         supervision.watch_actor(actor_id, lambda msg: supervision.report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
+        if not (self._owner and self._owner_actor is owner_actor):
+            # Procs this caller did not make: it is told of their deaths too, as the owner of
+            # the actors on them (the procs' owner hears of it on its own).
+            self._watch_for(owner_actor, name, shape, mesh)
         for i, idx in enumerate(shape.indices):
-            point = shape.point(i)
-            rt.send(self._procs[idx].addr, m.SpawnActor(actor_id, name, payload, point, extent, port, rt.addr))
-        try:
-            fut.get(timeout=_SPAWN_TIMEOUT_S)
-        except ActorError as e:
-            mesh.stop("its spawn failed")  # the ranks that did start must not linger, unreachable
-            raise ActorError(e.exception, e.remote_traceback, actor=f"{name}.__init__", rank=e.rank, host=e.host,
-                             message=f"spawning {cls.__name__} failed: {e.message}") from None
+            rt.send(self._procs[idx].addr, m.SpawnActor(actor_id, name, payload, shape.point(i), extent, port,
+                                                        rt.addr, creator))
+        _add_child(mesh)
         return mesh
+
+    def _watch_for(self, owner_actor: Any, name: str, shape: Shape, mesh: "ActorMesh") -> None:
+        rt = self._rt()
+        for i, idx in enumerate(shape.indices):
+            p = self._procs[idx]
+            if p.addr == rt.addr:
+                continue  # the client's own proc
+
+            def on_death(err: SupervisionError, rank: int = i, host: str = p.host) -> None:
+                if not mesh._stopped:
+                    supervision.report(owner_actor, MeshFailure(name, rank, host, str(err), err.exit_code))
+            rt.watch(p.addr, on_death)
 
     def stop(self, reason: str = "stopped by client") -> Future:
         """Stop every actor (running ``__cleanup__``) and then the procs."""
@@ -226,8 +284,10 @@ class ProcMesh(_MeshBase):
                 a.get(timeout=_STOP_TIMEOUT_S)
             except Exception:
                 pass
-        err = SupervisionError(f"proc mesh {self._name!r} was stopped ({reason})")
+        err = SupervisionError(f"actor mesh is stopped due to proc mesh shutdown (proc mesh {self._name!r}: {reason})")
         for p in procs:
+            if p.addr == rt.addr:
+                continue  # the client's own proc: its actors are stopped, it goes on
             rt.disown(p.addr)
             rt.retire(p.addr, err)
         hosts = {p.host_rank: p for p in procs}
@@ -262,13 +322,15 @@ class ActorMesh(_MeshBase, Generic[T]):
     """Actors of one class, one per proc of a mesh. ``mesh.method`` is an :class:`Endpoint`."""
 
     def __init__(self, actor_id: str, name: str, cls: type, procs: list[m.ProcInfo], shape: Shape,
-                 proc_mesh: ProcMesh | None = None):
+                 proc_mesh: ProcMesh | None = None, initialized: Future | None = None):
         self._actor_id = actor_id
         self._name = name
         self._class = cls
         self._procs = procs
         self._shape = shape
         self._proc_mesh = proc_mesh
+        self._initialized = initialized
+        self._stopped = False
 
     def __reduce__(self) -> Any:
         return ActorMesh, (self._actor_id, self._name, self._class, self._procs, self._shape, None)
@@ -278,23 +340,33 @@ class ActorMesh(_MeshBase, Generic[T]):
             raise AttributeError(name)
         prop = endpoint_spec(self._class, name)
         if prop is None:
-            if hasattr(self._class, name):
-                raise RuntimeError(f"Actor {self._class.__name__}.{name} is not annotated as an endpoint. "
-                                   f"Decorate it with @endpoint to call it remotely.")
+            if callable(getattr(self._class, name, None)):
+                # As in Monarch: a placeholder that explains when called, and that
+                # ``as_endpoint`` turns into an endpoint.
+                return NotAnEndpoint(self, name)
             raise AttributeError(f"{self._class.__name__} has no endpoint {name!r}")
         ep = Endpoint(self, name, prop)
         self.__dict__[name] = ep  # the next ``mesh.name`` is a plain attribute
         return ep
 
     def slice(self, **dims: Any) -> "ActorMesh[T]":
-        return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.slice(**dims), self._proc_mesh)
+        return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.slice(**dims),
+                         self._proc_mesh, self._initialized)
+
+    def flatten(self, name: str) -> "ActorMesh[T]":
+        """The same actors along one dimension called ``name`` (row-major)."""
+        return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.flatten(name),
+                         self._proc_mesh, self._initialized)
 
     @property
     def initialized(self) -> Future:
-        return Future.completed(None)
+        """Resolves once every ``__init__`` ran; raises SupervisionError if one failed."""
+        return self._initialized if self._initialized is not None else Future.completed(None)
 
     def stop(self, reason: str = "stopped by client") -> Future:
-        """Stop these actors (each runs ``__cleanup__``); later calls raise SupervisionError."""
+        """Stop these actors (each runs ``__cleanup__``, then stops the meshes it made);
+        later calls raise SupervisionError."""
+        self._stopped = True
         rt = self._rt()
         shape = self._shape
         fut: Future = Future(lambda _: None)
@@ -332,14 +404,14 @@ def this_host() -> HostMesh:
 
 
 def this_proc() -> ProcMesh:
-    """The proc this code runs in, as a one-proc mesh (spawn actors next to yourself)."""
+    """The proc this code runs in, as a one-proc mesh: actors spawned on it run in this process
+    (in the client too, as in Monarch)."""
     rt = ensure_runtime()
-    ctx = _current_ctx()
-    if ctx.actor is None:
-        # The client is not a proc agent: give it a proc of its own on this host.
-        return this_host().spawn_procs()
     info = m.ProcInfo(rt.addr, os.getpid(), rt.host, int(os.environ.get("MONARCH_HOST_RANK", "0")))
-    return ProcMesh([info], Shape((), (), (0,)), f"self-{os.getpid()}", "this_proc", this_host(), False)
+    if _current_ctx().actor is None and current_agent() is None:
+        host_actors_in_client(rt)
+    host = this_host() if "MONARCH_HOST_AGENT" in os.environ else None
+    return ProcMesh([info], Shape((), (), (0,)), f"self-{os.getpid()}", "this_proc", host, False)
 
 
 class ActorInstance:
@@ -376,8 +448,14 @@ class ActorInstance:
 
     proc_mesh = proc
 
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor: its owner gets a supervision event, later calls raise SupervisionError."""
+        if self._info is None or self._info.slot is None:
+            raise RuntimeError("abort() is for actors; the client has no owner to report to")
+        self._info.slot.abort(reason)
+
     def __repr__(self) -> str:
-        return f"<{self.name} {self.rank}>" if self._info else "<root>"
+        return (self._info.qualname or f"<{self.name} {self.rank}>") if self._info else "<root>"
 
 
 class Context:
@@ -412,4 +490,49 @@ def current_size() -> dict[str, int]:
 
 
 def current_actor_name() -> str:
-    return ActorInstance(_current_ctx().actor).actor_id
+    """The running actor's id, unique to this actor (its mesh's id and its rank)."""
+    info = _current_ctx().actor
+    if info is None:
+        return "root"
+    return f"{info.actor_id}[{info.rank}]"
+
+
+# --- controllers --------------------------------------------------------------
+
+_CONTROLLERS_ID = "monarch-controllers"
+
+
+class _Controllers(Actor):
+    """Lives in the root client: one actor mesh per controller name."""
+
+    def __init__(self) -> None:
+        self.meshes: dict[str, ActorMesh] = {}
+
+    @endpoint
+    def get_or_spawn(self, name: str, cls: type, args: tuple, kwargs: dict) -> "ActorMesh":
+        mesh = self.meshes.get(name)
+        if mesh is None:
+            mesh = self.meshes[name] = this_proc().spawn(name, cls, *args, **kwargs)
+        return mesh
+
+
+def _controllers_mesh() -> ActorMesh:
+    rt = ensure_runtime()
+    root = os.environ.get(ROOT_ENV)
+    if not root or root == rt.addr:
+        root = rt.addr
+        agent = current_agent() or host_actors_in_client(rt)
+        agent.lazy_actor(_CONTROLLERS_ID, lambda reply: m.SpawnActor(
+            _CONTROLLERS_ID, "controller_controller", m.Pickled.of((_Controllers, (), {})), {}, {}, reply, rt.addr))
+    return ActorMesh(_CONTROLLERS_ID, "controller_controller", _Controllers,
+                     [m.ProcInfo(root, 0, "", 0)], Shape((), (), (0,)))
+
+
+def get_or_spawn_controller(name: str, cls: type[T], *args: Any, **kwargs: Any) -> Future["ActorMesh[T]"]:
+    """The one actor called ``name`` in this job, spawned (in the root client's process) on first use.
+
+    Any actor or the client may call it; each gets the same actor mesh back.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise ValueError(f"{cls!r} is not an Actor subclass")
+    return _controllers_mesh().get_or_spawn.call_one(name, cls, args, kwargs)

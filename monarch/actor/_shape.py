@@ -136,6 +136,10 @@ class Shape:
         indices = [self.indices[sum(c * s for c, s in zip(coord, strides))] for coord in itertools.product(*ranges)]
         return Shape(labels, sizes, indices)
 
+    def flatten(self, name: str) -> "Shape":
+        """All dimensions as one called ``name``, in row-major order."""
+        return Shape((name,), (len(self.indices),), self.indices)
+
     def point(self, i: int) -> dict:
         return dict(zip(self.labels, _unravel(i, self.sizes)))
 
@@ -187,6 +191,22 @@ class ValueMesh(Generic[R]):
 
     def values(self) -> list[R]:
         return list(self._values)
+
+    def slice(self, **dims: Any) -> "ValueMesh[R]":
+        """The values at a part of the mesh, as for ``ActorMesh.slice``: ``vm.slice(gpus=0)``."""
+        sub = self._shape.slice(**dims)
+        return ValueMesh(Shape(sub.labels, sub.sizes), [self._values[i] for i in sub.indices])
+
+    def flatten(self, name: str) -> "ValueMesh[R]":
+        """The same values along one dimension called ``name``: ``vm.flatten("rank")``."""
+        return ValueMesh(Shape((name,), (len(self._values),)), self._values)
+
+    @property
+    def sizes(self) -> dict:
+        return dict(zip(self._shape.labels, self._shape.sizes))
+
+    def size(self, dim: str | None = None) -> int:
+        return len(self._values) if dim is None else self.sizes[dim]
 
     def __len__(self) -> int:
         return len(self._values)

@@ -286,3 +286,201 @@ class Sleeper(Actor):
 
 def mesh_values(vm: ValueMesh) -> list:
     return list(vm.values())
+
+
+# --- Monarch's actor semantics (tests/monarch/test_monarch_semantics.py) ------------
+
+
+class SlowInit(Actor):
+    """``__init__`` takes ``seconds``: calls made meanwhile wait behind it."""
+
+    def __init__(self, seconds: float):
+        time.sleep(seconds)
+        self.ready_at = time.monotonic()
+
+    @endpoint
+    def ready(self) -> bool:
+        return hasattr(self, "ready_at")
+
+
+class Mortal(Actor):
+    """Endpoints that end the actor the ways Monarch says they do."""
+
+    def __init__(self, port=None):
+        self.port = port
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"
+
+    @endpoint
+    def base(self, kind: str):
+        if kind == "exit":
+            raise SystemExit(3)
+        raise KeyboardInterrupt("interrupted on purpose")
+
+    @endpoint(explicit_response_port=True)
+    def explicit_raise(self, port, message: str):
+        raise ValueError(message)
+
+    @endpoint
+    def abort(self, reason: str) -> str:
+        context().actor_instance.abort(reason)
+        return "not this"
+
+    @endpoint
+    def name(self) -> str:
+        from monarch.actor import current_actor_name
+
+        return current_actor_name()
+
+    @endpoint
+    def log_lines(self, message: str) -> list:
+        """Log through ``self.logger`` and return the lines a handler added now prints."""
+        import logging
+
+        lines: list = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                lines.append(self.format(record))
+
+        handler = Keep()
+        logging.getLogger().addHandler(handler)
+        try:
+            self.logger.info(message)
+        finally:
+            logging.getLogger().removeHandler(handler)
+        return lines
+
+    @endpoint
+    def env(self, name: str):
+        return os.environ.get(name)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint(explicit_response_port=True)
+    def ranked(self, port, value):
+        port.send(value)
+
+    def plain(self, x: int) -> int:
+        """Not an endpoint: only ``as_endpoint(mesh.plain)`` calls it."""
+        return x * 10
+
+
+class Finalizable(Actor):
+    """Arms an ``atexit`` handler and a module-level object with ``__del__`` in its proc."""
+
+    @endpoint
+    def arm(self, path: str) -> int:
+        import atexit
+
+        global _FINALIZER
+        atexit.register(_append, path, "atexit")
+        _FINALIZER = _Finalizer(path)
+        return os.getpid()
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+class _Finalizer:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __del__(self):
+        _append(self.path, "__del__")
+
+
+_FINALIZER = None
+
+
+class Foreman(Actor):
+    """Spawns actors on procs someone else made; tells ``port`` about each failure it supervises.
+
+    ``busy`` holds its (sync) mailbox so the test can queue messages and a failure behind it.
+    """
+
+    def __init__(self, port):
+        self.port = port
+        self.log: list = []
+
+    @endpoint
+    def spawn_on(self, procs) -> list:
+        self.workers = procs.spawn("hired", Worker, "hired")
+        return self.workers.pid.call().get(timeout=30).values()
+
+    @endpoint
+    def spawn_own(self, n: int) -> list:
+        self.procs = this_host().spawn_procs(per_host={"gpus": n})
+        self.kids = self.procs.spawn("kids", Worker, "kid")
+        return self.kids.pid.call().get(timeout=30).values()
+
+    @endpoint
+    def busy(self, seconds: float) -> None:
+        self.log.append("busy")
+        time.sleep(seconds)
+
+    @endpoint
+    def note(self, what: str) -> list:
+        self.log.append(what)
+        return list(self.log)
+
+    def __supervise__(self, failure) -> bool:
+        self.log.append("supervise")
+        self.port.send((failure.mesh_name, failure.rank, failure.report()))
+        return True
+
+
+class Canceller(Actor):
+    """An async actor whose concurrent calls say, in ``__cleanup__``, whether they were cancelled first."""
+
+    def __init__(self, port):
+        self.port = port
+        self.cancelled = 0
+        self.started = 0
+
+    @concurrent_endpoint
+    async def forever(self) -> None:
+        self.started += 1
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    @concurrent_endpoint
+    async def started_count(self) -> int:
+        return self.started
+
+    async def __cleanup__(self, exc):
+        self.port.send(("cleanup", self.cancelled))
+
+
+class Counter(Actor):
+    """A controller: one per job, whoever asks."""
+
+    def __init__(self, start: int = 0):
+        self.n = start
+
+    @endpoint
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class ControllerUser(Actor):
+    @endpoint
+    def use_controller(self) -> tuple:
+        from monarch.actor import get_or_spawn_controller
+
+        counter = get_or_spawn_controller("counter", Counter, 100).get(timeout=30)
+        return counter.incr.call_one().get(timeout=30), counter.pid.call_one().get(timeout=30)

@@ -378,16 +378,18 @@ def test_exception_from_call_on_whole_mesh(workers):
     assert workers.add.call(0).get(timeout=T).values() == [0] * 4
 
 
-def test_init_failure_makes_spawn_raise(procs, workers):
+def test_a_mesh_whose_init_failed_stops_cleanly(procs, workers, monkeypatch):
     import time
 
-    with pytest.raises(ActorError) as ei:
-        procs.spawn("bad", BadInit)
-    text = str(ei.value)
-    assert "BadInit" in text and "cannot start rank" in text and "__init__" in text
-    with pytest.raises(ActorError, match="cannot start rank 1"):
-        procs.spawn("bad_one", BadInit, 1)
-    # The ranks that did start are stopped again: their threads end.
+    import monarch.actor
+
+    failures: list = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", failures.append)
+    bad = procs.spawn("bad_one", BadInit, 1)  # returns at once (test_monarch_semantics has the rest)
+    with pytest.raises(SupervisionError, match="cannot start rank 1"):
+        bad.initialized.get(timeout=T)
+    bad.stop().get(timeout=T)
+    # Every rank, the failed one too, is gone: their threads end.
     deadline = time.monotonic() + 5
     while True:
         left = [n for names in workers.threads.call().get(timeout=T).values() for n in names if "bad_one" in n]
@@ -395,6 +397,7 @@ def test_init_failure_makes_spawn_raise(procs, workers):
             break
         time.sleep(0.02)
     assert left == []
+    assert [f.rank for f in failures] == [1]
     # The procs are still usable.
     ok = procs.spawn("good", BadInit, 99)
     assert ok.ok.call().get(timeout=T).values() == [True] * 4
