@@ -51,6 +51,8 @@ _STOP = object()
 _WAKE = object()  # a supervision event waits in ``ActorSlot.events``
 #: How long stopping waits for each actor (and each mesh an actor made).
 _CHILD_STOP_S = 5.0
+#: How many stopped actors a proc remembers, to say "stopped" rather than "no such actor".
+_GONE_KEPT = 10_000
 #: Names of variables a spawner removed from its environment (comma-separated).
 ENV_UNSET = "MONARCH_ENV_UNSET"
 
@@ -153,7 +155,11 @@ class ActorSlot:
             # the actor stays, answering every call with SupervisionError.
             cls_name = self.info.class_name or "the class (it could not be loaded here)"
             self._fail(_failure_reason(f"Actor call {msg.name}.__init__ failed.", e, f"{cls_name}.__init__ raised"))
-            self.agent.send_reply(msg.reply, self.failed, ok=False, rank=self.info.rank)
+            f = self.failed
+            assert f is not None
+            self.agent.send_reply(msg.reply, SupervisionError(f"error spawning actor mesh {msg.name!r}: {f.message}",
+                                                              actor=f.actor, rank=f.rank, host=f.host),
+                                  ok=False, rank=self.info.rank)
             return False
         self.agent.send_reply(msg.reply, True, rank=self.info.rank)
         return True
@@ -515,6 +521,7 @@ class ProcAgent:
         self.in_client = in_client
         self.actors: dict[str, ActorSlot] = {}
         self.lazy: dict[str, Callable[[m.PortRef], m.SpawnActor]] = {}
+        self.gone: collections.OrderedDict[str, None] = collections.OrderedDict()  # stopped actors, newest last
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
@@ -553,14 +560,26 @@ class ProcAgent:
             slot = self.actors.get(msg.actor_id)
         if slot is None:
             if msg.reply is not None:
-                self.send_reply(msg.reply, SupervisionError(f"no actor {msg.actor_id!r} on this proc (it was stopped or never started)"),
-                                ok=False, rank=msg.rank)
+                self.send_reply(msg.reply, self._no_actor(msg), ok=False, rank=msg.rank)
             return
         slot.post(msg)
+
+    def _no_actor(self, msg: m.Call) -> SupervisionError:
+        name = msg.actor_id.rsplit("-", 1)[0]
+        endpoint = f"{name}.{msg.method}()"
+        if msg.actor_id in self.gone:
+            return SupervisionError(f"Supervision event: actor {name}[{msg.rank}] has status: stopped "
+                                    f"(its mesh was stopped; it no longer takes calls)", actor=name, rank=msg.rank,
+                                    host=self.rt.host, endpoint=endpoint)
+        return SupervisionError(f"no actor {msg.actor_id!r} on this proc (it was stopped or never started)",
+                                actor=name, rank=msg.rank, host=self.rt.host, endpoint=endpoint)
 
     def on_stop_actor(self, msg: m.StopActor) -> None:
         with self.lock:
             slot = self.actors.pop(msg.actor_id, None)
+            self.gone[msg.actor_id] = None
+            if len(self.gone) > _GONE_KEPT:
+                self.gone.popitem(last=False)
         if slot is None:
             self.send_reply(msg.reply, True, rank=msg.rank)
             return

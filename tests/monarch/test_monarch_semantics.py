@@ -97,7 +97,7 @@ def test_init_failure_is_a_supervision_event_and_later_calls_raise(procs, faults
     text = str(ei.value)
     assert text.startswith("Endpoint call bad_one.ok() failed, The actor bad_one[1] and all its descendants have failed:")
     assert "cannot start rank 1" in text and "BadInit" in text
-    with pytest.raises(SupervisionError):
+    with pytest.raises(SupervisionError, match="error spawning actor mesh 'bad_one': The actor bad_one.1. and all"):
         bad.initialized.get(timeout=T)
     assert bad.slice(gpus=0).ok.call_one().get(timeout=T) is True  # rank 0 started fine
     bad.stop().get(timeout=T)
@@ -371,6 +371,16 @@ def test_actor_logger_is_named_after_the_class(procs):
 
 
 # --- error texts ------------------------------------------------------------------
+
+
+def test_calls_to_a_stopped_mesh_say_it_was_stopped(procs):
+    w = procs.spawn("printer", Worker)
+    assert w.add.call(1, 1).get(timeout=T).values() == [2, 2]
+    w.stop().get(timeout=T)
+    with pytest.raises(SupervisionError) as ei:
+        w.add.call(1, 1).get(timeout=T)
+    assert str(ei.value).startswith("Endpoint call printer.add() failed, Supervision event: actor printer[")
+    assert "has status: stopped" in str(ei.value)
 
 
 def test_actor_error_text_starts_with_monarchs(procs):
