@@ -61,14 +61,15 @@ class HostAgent:
 
     def __init__(self, keys: JobKeys, *, host: str, host_rank: int, bind_host: str, log_dir: str,
                  ephemeral: bool, preload: list[str], inherit_stdio: bool,
-                 services: Iterable[type[Service]] = SERVICES):
+                 services: Iterable[type[Service]] = SERVICES, port: int = 0):
         self.keys = keys
         self.host = host
         self.host_rank = host_rank
         self.log_dir = log_dir
         self.ephemeral = ephemeral
         self.inherit_stdio = inherit_stdio
-        self.rt = install(Runtime(keys, bind_host=bind_host, name=f"host-agent[{host}]", host=host))
+        self.rt = install(Runtime(keys, bind_host=bind_host, name=f"host-agent[{host}]", host=host,
+                                     bind_port=port))
         self.started_at = time.time()
         self.lock = threading.RLock()
         self.exits = threading.Condition(self.lock)  # notified whenever a child exits
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     log_dir = args.log_dir or os.path.join(os.path.expanduser("~"), ".monarch", "logs", host)
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
                       ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],
-                      inherit_stdio=args.inherit_stdio, services=services)
+                      inherit_stdio=args.inherit_stdio, services=services, port=args.port)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()

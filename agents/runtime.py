@@ -77,11 +77,13 @@ def _as_exception(payload: Any) -> BaseException:
 class Runtime:
     """This process's endpoint in a monarch job."""
 
-    def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = ""):
+    def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = "",
+                 bind_port: int = 0):
         self.keys = keys
         self.name = name
         self.host = host or os.environ.get("MONARCH_HOSTNAME") or _hostname()
-        self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, name=name)
+        self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, bind_port=bind_port,
+                               name=name)
         self.addr = ""
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)

@@ -17,6 +17,11 @@ def write_keys(job_dir: str, keys: JobKeys) -> str:
     return path
 
 
+def read_keys(job_dir: str) -> JobKeys:
+    with open(os.path.join(job_dir, "keys.json")) as f:
+        return JobKeys(**json.load(f))
+
+
 def agent_argv(job_dir: str, *, python: str | None = None, extra: list[str] | None = None) -> list[str]:
     """``python -m monarch_agents.host_agent`` with the job's files; rank and hostname are added per host."""
     return [

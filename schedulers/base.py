@@ -82,6 +82,7 @@ class Scheduler(abc.ABC):
 _BACKENDS = {
     "local": "monarch_schedulers.local",
     "slurm": "monarch_schedulers.slurm",
+    "kubernetes": "monarch_schedulers.kubernetes",
 }
 
 

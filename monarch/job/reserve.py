@@ -27,7 +27,7 @@ from monarch.job.state import (
     save_state,
 )
 from monarch_schedulers import Description, HostState, create_scheduler
-from monarch_schedulers.agent_launch import agent_file, write_keys
+from monarch_schedulers.agent_launch import agent_file, read_keys, write_keys
 
 #: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).
 Progress = Callable[[str, int, int, "Description | None"], None]
@@ -73,6 +73,8 @@ def scheduler_for(record_or_spec: JobRecord | JobSpec):
     opts = {}
     if spec.scheduler == "local" and spec.options.get("bind"):
         opts["bind"] = spec.options["bind"]
+    if spec.scheduler == "kubernetes":
+        opts = {k: spec.options[k] for k in ("namespace", "kubeconfig", "context") if spec.options.get(k)}
     return create_scheduler(spec.scheduler, **opts)
 
 
@@ -123,6 +125,8 @@ def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: 
         # A refused submission reserved nothing: leave no keys or half-made job folder behind.
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
+    # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs.
+    keys = read_keys(job_dir)
     record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys)
     save_state(path, record)
     if wait:

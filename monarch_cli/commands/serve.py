@@ -16,7 +16,7 @@ from monarch_cli.output import err, print_json
 @click.option("--hosts", type=click.IntRange(min=1), default=1, show_default=True, help="How many hosts to reserve.")
 @click.option("--procs-per-host", type=click.IntRange(min=1), default=1, show_default=True,
               help="Procs per host (torchrun --nproc-per-node).")
-@click.option("--scheduler", "-s", default="local", show_default=True, help="local or slurm.")
+@click.option("--scheduler", "-s", default="local", show_default=True, help="local, slurm or kubernetes.")
 @click.option("--name", "-n", default="default", show_default=True, help="Name of this reservation (context).")
 @click.option("--partition", help="Slurm partition.")
 @click.option("--time", "time_limit", help="Slurm time limit, e.g. 2:00:00.")
@@ -29,15 +29,33 @@ from monarch_cli.output import err, print_json
 @click.option("--client-host", help="Slurm: this machine's address as the nodes reach it; agents bind to their route "
                                     "towards it (default: what this host's name resolves to).")
 @click.option("--bind", help="Address agents bind to (default: loopback for local).")
+@click.option("--image", help="Kubernetes: the image the pods run (Python and monarch installed).")
+@click.option("--namespace", help="Kubernetes namespace (default: default).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Kubernetes config file (default: $KUBECONFIG).")
+@click.option("--context", "kube_context", help="Kubernetes config context.")
+@click.option("--gpus-per-host", type=click.IntRange(min=1), help="Kubernetes: nvidia.com/gpu per pod.")
+@click.option("--cpu", help="Kubernetes: CPU per pod, e.g. 8.")
+@click.option("--memory", help="Kubernetes: memory per pod, e.g. 64Gi.")
+@click.option("--node-selector", multiple=True, metavar="K=V", help="Kubernetes node selector (repeatable).")
+@click.option("--toleration", multiple=True, metavar="KEY[=VALUE]:EFFECT",
+              help="Kubernetes toleration, e.g. nvidia.com/gpu:NoSchedule (repeatable).")
+@click.option("--service-account", help="Kubernetes service account of the pods.")
+@click.option("--pod-template", type=click.Path(exists=True, dir_okay=False),
+              help="Kubernetes: a pod (or pod template) YAML merged under monarch's worker container.")
+@click.option("--attach", help="Kubernetes: adopt running agent pods of this mesh name instead of creating pods.")
+@click.option("--output", "-o", type=click.Choice(["yaml", "text"]), help="With --dryrun: the request's format.")
 @click.option("--replace", is_flag=True, help="Release an incompatible or broken reservation and make a new one.")
 @click.option("--no-wait", is_flag=True, help="Submit and return; a later command waits for the hosts.")
-@click.option("--dryrun", is_flag=True, help="Print what would be submitted and exit.")
+@click.option("--dryrun", "--dry-run", is_flag=True, help="Print what would be submitted and exit.")
 @click.option("--timeout", type=float, help="Give up waiting for hosts after this many seconds.")
 @click.pass_context
 def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, name: str, partition: str | None,
           time_limit: str | None, account: str | None, qos: str | None, gpus_per_node: int | None,
           constraint: str | None, exclusive: bool, sbatch_arg: tuple[str, ...], client_host: str | None,
-          bind: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None) -> None:
+          bind: str | None, image: str | None, namespace: str | None, kubeconfig: str | None,
+          kube_context: str | None, gpus_per_host: int | None, cpu: str | None, memory: str | None,
+          node_selector: tuple[str, ...], toleration: tuple[str, ...], service_account: str | None,
+          pod_template: str | None, attach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None) -> None:
     """Reserve hosts and start a monarch agent on each; reuses a live reservation of the same shape."""
     from monarch.job.reserve import reserve
     from monarch.job.state import JobSpec, StatePaths
@@ -55,6 +73,17 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
                 options["sbatch_args"] = list(sbatch_arg)
         elif any(v is not None for v in (partition, time_limit, account, qos, gpus_per_node, constraint, client_host)) or sbatch_arg:
             raise UsageError(f"Slurm options given with --scheduler {scheduler}", "add --scheduler slurm")
+        if output and not dryrun:
+            raise UsageError("-o/--output goes with --dry-run", "add --dry-run to review what would be created")
+        kube = {"image": image, "namespace": namespace, "kubeconfig": kubeconfig, "context": kube_context,
+                "gpus_per_host": gpus_per_host, "cpu": cpu, "memory": memory, "service_account": service_account,
+                "attach": attach}
+        if scheduler == "kubernetes":
+            from monarch_cli.commands._kube import kube_options
+
+            options.update(kube_options(kube, node_selector, toleration, pod_template))
+        elif any(v is not None for v in kube.values()) or node_selector or toleration or pod_template:
+            raise UsageError(f"Kubernetes options given with --scheduler {scheduler}", "add --scheduler kubernetes")
         if bind:
             options["bind"] = bind
         spec = JobSpec(scheduler, hosts, procs_per_host, options)
