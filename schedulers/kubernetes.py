@@ -326,6 +326,7 @@ class KubernetesScheduler(Scheduler):
                 continue  # Ready before the line is flushed: the next describe reads it
             info["host_rank"] = rank
             info["pod"] = p.metadata.name
+            info["published_at"] = time.time()
             _write_json(agent_file(job_dir, rank), info)
             state["pods"][str(rank)] = [p.metadata.name, p.metadata.uid, _restarts(p)]
         self._save(job_dir, state)

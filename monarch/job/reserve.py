@@ -183,7 +183,9 @@ def _read_agents(record: JobRecord) -> list[HostRecord]:
                 d = json.load(f)
         except (OSError, ValueError):
             continue
-        if d.get("started_at", 0) + 1 < record.created_at:
+        # published_at: a scheduler that reads the addresses from its API (kubernetes) wrote the file
+        # for this reservation, of agents that may have started long before (adopted pods).
+        if d.get("published_at", d.get("started_at", 0)) + 1 < record.created_at:
             continue  # left over from an earlier reservation
         out.append(HostRecord(d["host"], d["host_rank"], d["addr"], d["pid"], d.get("ip", ""), d.get("log_dir", "")))
     return out
