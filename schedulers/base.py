@@ -51,6 +51,8 @@ class Description:
     native_state: str = ""
     nodes: list[str] = field(default_factory=list)
     time_left_s: float | None = None
+    #: Per-host detail where the scheduler has more to say (kubernetes: a pod's phase, restarts, node).
+    details: list[dict] = field(default_factory=list)
 
 
 class Scheduler(abc.ABC):

@@ -286,6 +286,12 @@ class KubernetesScheduler(Scheduler):
                                        native_state="Deleted")
                 raise SchedulerError(f"Kubernetes refused to read MonarchMesh {name}: {e.status} {_api_message(e)}") from None
         nodes = [p.metadata.name for p in pods]
+        d = self._describe_pods(job_id, job_dir, state, pods, want, nodes)
+        d.details = [_pod_detail(p) for p in pods]
+        return d
+
+    def _describe_pods(self, job_id: str, job_dir: str | None, state: dict, pods: list, want: int | None,
+                       nodes: list[str]) -> Description:
         known: dict = state.get("pods", {})
         # A pod we took an address from that is gone, replaced or restarted: the host is lost.
         for rank, (pod_name, uid, restarts) in known.items():
@@ -473,6 +479,14 @@ def _agent_info(log_text: str) -> dict | None:
             except ValueError:
                 continue
     return None
+
+
+def _pod_detail(pod) -> dict:
+    """One pod as ``monarch status`` shows it."""
+    return {"pod": pod.metadata.name, "rank": int((pod.metadata.labels or {}).get(INDEX_LABEL, "-1")),
+            "phase": "Terminating" if pod.metadata.deletion_timestamp else (pod.status.phase or "Pending"),
+            "ready": _ready(pod), "restarts": _restarts(pod), "node": pod.spec.node_name or "",
+            "ip": pod.status.pod_ip or "", "reason": "" if _ready(pod) else _pending_reason(pod)}
 
 
 def _ready(pod) -> bool:

@@ -47,6 +47,8 @@ def status(ctx: click.Context, name: str | None) -> None:
             "time_left_s": d.time_left_s if d else None, "shape": record.spec.summary(),
             "ready": record.ready, "hosts": hosts,
         }
+        if d and d.details:
+            data["scheduler_hosts"] = d.details
         bad = [h for h in hosts if h["agent"] != "up"]
         if o.json:
             print_json(data)
@@ -66,6 +68,12 @@ def status(ctx: click.Context, name: str | None) -> None:
                           "; ".join(h["runs"]) or "-", h["addr"])
             if hosts:
                 out.print(t)
+            if d and d.details:
+                cols = list(d.details[0])
+                dt = Table(*cols)
+                for row in d.details:
+                    dt.add_row(*(str(row.get(c, "")) for c in cols))
+                out.print(dt)
         if not d or not d.state.alive:
             raise click.exceptions.Exit(3)
         if bad:

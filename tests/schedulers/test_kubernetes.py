@@ -69,7 +69,9 @@ def test_serve_run_twice_status_stop(cluster, tmp_path):
     monarch("run", "--", "true", cwd=str(tmp_path))
     assert set(cluster.kubelet.pids()) == pids  # same pods, no new ones
     st = json.loads(monarch("--json", "status", cwd=str(tmp_path)).stdout)
-    assert st["state"] == "RUNNING" or st.get("scheduler_state") == "RUNNING", st
+    assert st["state"] == "RUNNING", st
+    assert [(h["pod"], h["phase"], h["ready"], h["restarts"], h["node"]) for h in st["scheduler_hosts"]] == [
+        (f"{name}-0", "Running", True, 0, "fake-node-1"), (f"{name}-1", "Running", True, 0, "fake-node-1")]
     describe = kubectl(cluster, "describe", "statefulset", name).stdout
     assert name in describe
     monarch("stop", cwd=str(tmp_path))
