@@ -421,6 +421,8 @@ class ActorSlot:
         else:
             text = headline + "\n" + "\n".join("  " + line for line in detail.splitlines())
         self.failed = SupervisionError(text, actor=self.msg.name, rank=rank, host=host)
+        if self.stopping:
+            return  # what fails while it is being stopped is not news to its owner
         try:
             self.agent.rt.send(self.msg.owner, m.ActorFailed(self.agent.rt.addr, self.msg.actor_id, rank or 0, host, text))
         except Exception:

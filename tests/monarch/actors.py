@@ -291,11 +291,12 @@ def mesh_values(vm: ValueMesh) -> list:
 # --- Monarch's actor semantics (tests/monarch/test_monarch_semantics.py) ------------
 
 
-class SlowInit(Actor):
-    """``__init__`` takes ``seconds``: calls made meanwhile wait behind it."""
+class GatedInit(Actor):
+    """``__init__`` returns once the file ``gate`` exists: calls made meanwhile wait behind it."""
 
-    def __init__(self, seconds: float):
-        time.sleep(seconds)
+    def __init__(self, gate: str):
+        while not os.path.exists(gate):
+            time.sleep(0.01)
         self.ready_at = time.monotonic()
 
     @endpoint
@@ -421,9 +422,28 @@ class Foreman(Actor):
         return self.kids.pid.call().get(timeout=30).values()
 
     @endpoint
-    def busy(self, seconds: float) -> None:
+    def busy_until_a_failure_waits(self) -> None:
+        """Hold the mailbox until a supervision event is queued behind the messages waiting."""
         self.log.append("busy")
-        time.sleep(seconds)
+        slot = self._monarch_info.slot
+        deadline = time.monotonic() + 30
+        while not slot.events and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    @endpoint
+    def busy_until_stopping_then_lose_a_kid(self) -> None:
+        """Hold the mailbox until a stop has begun, then kill a kid's proc and wait until it is known dead."""
+        from monarch_agents.runtime import current
+
+        slot = self._monarch_info.slot
+        deadline = time.monotonic() + 30
+        while not slot.stopping and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc = self.procs._procs[0]
+        os.kill(proc.pid, signal.SIGKILL)
+        while current().death(proc.addr) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the death watchers run right after it is recorded
 
     @endpoint
     def note(self, what: str) -> list:

@@ -39,7 +39,7 @@ from tests.monarch.actors import (
     Finalizable,
     Foreman,
     Mortal,
-    SlowInit,
+    GatedInit,
     Worker,
 )
 
@@ -72,13 +72,14 @@ def _no_more(q: queue.Queue) -> None:
 # --- spawn -------------------------------------------------------------------------
 
 
-def test_spawn_returns_at_once_and_calls_queue_behind_init(procs):
-    t0 = time.monotonic()
-    slow = procs.spawn("slow", SlowInit, 1.0)
-    returned_after = time.monotonic() - t0
-    answer = slow.ready.call()  # sent before any __init__ finished
-    assert returned_after < 1.0, f"spawn waited for __init__ ({returned_after:.2f} s)"
-    assert not slow.initialized.done()
+def test_spawn_returns_at_once_and_calls_queue_behind_init(procs, tmp_path):
+    gate = tmp_path / "gate"
+    slow = procs.spawn("slow", GatedInit, str(gate))  # returns while every __init__ waits for the gate
+    answer = slow.ready.call()
+    with pytest.raises(TimeoutError):
+        slow.initialized.get(timeout=QUIET_S)
+    assert not answer.done()
+    gate.touch()
     assert answer.get(timeout=T).values() == [True, True]
     assert slow.initialized.get(timeout=T) is None
     slow.stop().get(timeout=T)
@@ -104,12 +105,10 @@ def test_init_failure_is_a_supervision_event_and_later_calls_raise(procs, faults
     assert procs.spawn("good", BadInit, 99).ok.call().get(timeout=T).values() == [True, True]
 
 
-def test_init_that_never_returns_does_not_block_the_client(faults):
+def test_init_that_never_returns_does_not_block_the_client(faults, tmp_path):
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     try:
-        t0 = time.monotonic()
-        stuck = pm.spawn("stuck", SlowInit, 3600)
-        assert time.monotonic() - t0 < 5
+        stuck = pm.spawn("stuck", GatedInit, str(tmp_path / "never"))
         with pytest.raises(TimeoutError):
             stuck.initialized.get(timeout=QUIET_S)
         pid = pm.spawn("beside", Mortal).pid.call_one().get(timeout=T)  # the proc still serves others
@@ -187,12 +186,11 @@ def test_supervise_runs_before_queued_messages(procs, faults):
     port, recv = Channel.open()
     foreman = procs.slice(gpus=1).spawn("orderly", Foreman, port)
     kids = foreman.spawn_own.call_one(1).get(timeout=T)
-    busy = foreman.busy.call_one(1.5)
+    busy = foreman.busy_until_a_failure_waits.call_one()
     queued = foreman.note.call_one("queued")  # waits behind busy
-    time.sleep(0.3)  # busy is running
     os.kill(kids[0], signal.SIGKILL)
-    assert recv.recv().get(timeout=T)[0] == "procs"
     busy.get(timeout=T)
+    assert recv.recv().get(timeout=T)[0] == "procs"
     assert queued.get(timeout=T) == ["busy", "supervise", "queued"]
     _no_more(faults)
     foreman.stop().get(timeout=T)
@@ -202,13 +200,11 @@ def test_supervision_events_are_dropped_once_stop_begins(procs, faults):
     port, recv = Channel.open()
     foreman = procs.slice(gpus=1).spawn("stopping", Foreman, port)
     kids = foreman.spawn_own.call_one(1).get(timeout=T)
-    busy = foreman.busy.call_one(1.0)
-    time.sleep(0.2)
-    stopped = foreman.stop()  # begins now; runs once busy returns
-    time.sleep(0.2)
-    os.kill(kids[0], signal.SIGKILL)
+    busy = foreman.busy_until_stopping_then_lose_a_kid.call_one()
+    stopped = foreman.stop()  # begins now; runs once busy returns, after the kid's proc died
     busy.get(timeout=T)
     stopped.get(timeout=T)
+    assert wait_gone(kids) == []
     with pytest.raises(TimeoutError):
         recv.recv().get(timeout=QUIET_S)
     _no_more(faults)
@@ -292,9 +288,13 @@ def test_procs_see_the_clients_environment_at_spawn_time(monkeypatch):
     finally:
         pm.stop().get(timeout=T)
     monkeypatch.delenv("ACTORS_TEST_SETTING")
+    assert "HOME" in os.environ  # the host agent started with it
+    monkeypatch.delenv("HOME")  # removed since: the procs do not get it either
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     try:
-        assert pm.spawn("env", Mortal).env.call_one("ACTORS_TEST_SETTING").get(timeout=T) is None
+        mortal = pm.spawn("env", Mortal)
+        assert mortal.env.call_one("ACTORS_TEST_SETTING").get(timeout=T) is None
+        assert mortal.env.call_one("HOME").get(timeout=T) is None
     finally:
         pm.stop().get(timeout=T)
 
