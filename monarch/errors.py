@@ -46,3 +46,9 @@ class UsageError(MonarchError):
     """The command line asked for something impossible."""
 
     exit_code = 2
+
+
+class WorkspaceError(MonarchError):
+    """The workspace could not be synced to the hosts (unreadable path, a host died or is full)."""
+
+    exit_code = 7

@@ -9,6 +9,7 @@ Exit codes (each has a test in tests/cli/test_errors.py):
     4  the scheduler refused or failed (SchedulerError)
     5  a host agent is unreachable (AgentError)
     6  a run could not start (RunError)
+  7  the workspace could not be synced (WorkspaceError)
   130  interrupted (Ctrl-C)
 """
 
@@ -31,6 +32,7 @@ EXIT_CODES = {
     "scheduler": 4,
     "agent": 5,
     "run": 6,
+    "workspace": 7,
     "interrupted": 130,
 }
 

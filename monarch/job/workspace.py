@@ -1,0 +1,265 @@
+"""Push a directory to every host of a reservation, where it is served read-only (``monarch sync``).
+
+A sync packs the directory (only files whose stat changed are read again),
+asks every host which chunks it lacks, sends those chunks once, to the first
+host of a fan-out tree (hosts forward to hosts; each acknowledges each batch
+here), and then tells every host to switch its mount to the new manifest.
+A batch a host finds corrupted is sent again to that host; a file that changed
+while it was being sent restarts the sync from a fresh snapshot; a host that
+dies or runs out of disk fails the sync with one line, and no host switches.
+
+What it does not do: delete files on the hosts' own disks, or move bytes by
+RDMA (see ``monarch_rdmafs.rdma``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from monarch.errors import WorkspaceError
+from monarch_agents.errors import SupervisionError
+from monarch_agents.messages import Reply
+from monarch_agents.runtime import Runtime
+from monarch_rdmafs import messages as wm
+from monarch_rdmafs.errors import SourceChanged, SyncError
+from monarch_rdmafs.pack import Packer, PackResult
+from monarch_rdmafs.rdma import choose_transport
+
+#: A batch carries about this many bytes (one message, one frame).
+BATCH_BYTES = 8 << 20
+#: Batches sent and not yet acknowledged by every host.
+WINDOW = 4
+#: Hosts forward each batch to this many others (1 = a chain).
+FANOUT = 2
+#: A sync fails if no host answers anything for this long.
+STALL_S = 60.0
+_TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A host to sync to."""
+
+    addr: str
+    host: str
+    rank: int
+    mountpoint: str = ""  # '' for the host's default place for this mount's name
+
+
+@dataclass
+class SyncResult:
+    """What one sync did."""
+
+    generation: str
+    files: int
+    bytes: int
+    sent_chunks: int
+    sent_bytes: int
+    seconds: float
+    changed: bool
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)  # each host's mount status
+    transport: str = "tcp"
+    transport_reason: str = ""
+
+
+class WorkspacePusher:
+    """Syncs one directory to a fixed set of hosts, as mount ``name``, again and again."""
+
+    def __init__(self, rt: Runtime, source: str, targets: list[Target], *, name: str = "workspace",
+                 unreadable: str = "skip", honour_ignores: bool = True, fanout: int = FANOUT):
+        self.rt = rt
+        self.source = os.path.abspath(source)
+        self.targets = list(targets)
+        self.name = name
+        self.fanout = fanout
+        self.packer = Packer(self.source, honour_ignores=honour_ignores, unreadable=unreadable)
+        self.committed = ""
+        #: Test hook: (batch number, payload) -> payload as it goes on the wire.
+        self._tamper: Callable[[int, bytes], bytes] | None = None
+
+    def sync(self) -> SyncResult:
+        """Push the directory as it is now; returns once every host serves it."""
+        if not self.targets:
+            raise WorkspaceError("no hosts to sync to", "`monarch serve` first")
+        t0 = time.monotonic()
+        for attempt in range(_TRIES):
+            try:
+                packed = self._pack()
+                sent_chunks, sent_bytes = self._send(packed)
+                break
+            except SourceChanged as e:
+                if attempt == _TRIES - 1:
+                    raise WorkspaceError(e.message, "sync again once the files are written") from None
+        manifest = packed.manifest
+        changed = manifest.id != self.committed
+        mounts = self._commit(manifest.id)
+        self.committed = manifest.id
+        choice = choose_transport()
+        return SyncResult(manifest.id, manifest.files, manifest.total_bytes, sent_chunks, sent_bytes,
+                          time.monotonic() - t0, changed, packed.skipped, mounts, choice.kind, choice.reason)
+
+    def close(self) -> list:
+        """Stop serving this mount on every host."""
+        futures = [self.rt.request(t.addr, lambda port: wm.WsUnmount(self.name, port)) for t in self.targets]
+        return [self._get(f, t) for f, t in zip(futures, self.targets)]
+
+    # -- steps --------------------------------------------------------------------
+
+    def _pack(self) -> PackResult:
+        try:
+            return self.packer.pack()
+        except SyncError as e:
+            raise WorkspaceError(e.message, e.hint) from None
+
+    def _send(self, packed: PackResult) -> tuple[int, int]:
+        manifest = packed.manifest
+        ids = [*packed.sources, manifest.id]
+        futures = [self.rt.request(t.addr, lambda port: wm.WsMissing(ids, port)) for t in self.targets]
+        missing: dict[str, None] = {}
+        for f, t in zip(futures, self.targets):
+            missing.update(dict.fromkeys(self._get(f, t)))
+        if not missing:
+            return 0, 0
+
+        def read(cid: str) -> bytes:
+            return manifest.data if cid == manifest.id else self.packer.read_chunk(cid, packed.sources[cid])
+
+        return _Transfer(self, list(missing), read).run()
+
+    def _commit(self, manifest_id: str) -> list[dict]:
+        futures = [self.rt.request(t.addr, lambda port, t=t: wm.WsCommit(self.name, manifest_id, t.mountpoint, port))
+                   for t in self.targets]
+        return [self._get(f, t) for f, t in zip(futures, self.targets)]
+
+    def _get(self, future: Any, t: Target) -> Any:
+        try:
+            return future.get(timeout=STALL_S)
+        except SupervisionError:
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
+                                 "`monarch status` shows the hosts; `monarch serve` reserves again") from None
+        except TimeoutError:
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {STALL_S:.0f} s",
+                                 "`monarch status` shows the hosts") from None
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise WorkspaceError(first) from None
+
+
+class _Transfer:
+    """One push of chunks to every host: batches down the fan-out tree, acknowledged per host."""
+
+    def __init__(self, pusher: WorkspacePusher, ids: list[str], read: Callable[[str], bytes]):
+        self.p = pusher
+        self.ids = ids
+        self.read = read
+        self.sync_id = uuid.uuid4().hex[:12]
+        self.cond = threading.Condition()
+        self.waiting: dict[int, set[int]] = {}  # batch -> host ranks still to acknowledge
+        self.batches: dict[int, tuple[list[str], list[int]]] = {}
+        self.resend: list[tuple[int, list[str]]] = []  # (host rank, corrupt ids)
+        self.failure: str = ""
+        self.port_id = 0
+        self.next_batch = 0
+        self.last_progress = time.monotonic()
+
+    # PortHandler
+    def deliver(self, reply: Reply) -> None:
+        done = reply.payload
+        with self.cond:
+            self.last_progress = time.monotonic()
+            if not reply.ok or not isinstance(done, wm.WsBatchDone):
+                self.failure = self.failure or str(done)
+            elif done.error:
+                host = self._host(done.host_rank)
+                self.failure = self.failure or f"host {host.host} (rank {host.rank}): {done.error}"
+            else:
+                if done.corrupt:
+                    self.resend.append((done.host_rank, done.corrupt))
+                self.waiting.get(done.batch, set()).discard(done.host_rank)
+            self.cond.notify_all()
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        with self.cond:
+            t = next((t for t in self.p.targets if t.addr == addr), None)
+            who = f"host {t.host} (rank {t.rank})" if t else addr
+            self.failure = self.failure or f"{who} died during the sync"
+            self.cond.notify_all()
+
+    def _host(self, rank: int) -> Target:
+        return next(t for t in self.p.targets if t.rank == rank)
+
+    def run(self) -> tuple[int, int]:
+        rt = self.p.rt
+        port = rt.open_port(self, [t.addr for t in self.p.targets])
+        self.port = port
+        sent_chunks = sent_bytes = 0
+        try:
+            root, rest = self.p.targets[0], [t.addr for t in self.p.targets[1:]]
+            everyone = {t.rank for t in self.p.targets}
+            for ids, sizes, payload in self._batches():
+                self._wait(lambda: len([b for b in self.waiting.values() if b]) < WINDOW)
+                self._send(root.addr, rest, ids, sizes, payload, everyone)
+                sent_chunks += len(ids)
+                sent_bytes += len(payload)
+            self._wait(lambda: not any(self.waiting.values()) and not self.resend)
+        finally:
+            rt.close_port(port.port_id)
+        return sent_chunks, sent_bytes
+
+    def _batches(self):
+        ids: list[str] = []
+        sizes: list[int] = []
+        parts: list[bytes] = []
+        total = 0
+        for cid in self.ids:
+            data = self.read(cid)
+            ids.append(cid)
+            sizes.append(len(data))
+            parts.append(data)
+            total += len(data)
+            if total >= BATCH_BYTES:
+                yield ids, sizes, b"".join(parts)
+                ids, sizes, parts, total = [], [], [], 0
+        if ids:
+            yield ids, sizes, b"".join(parts)
+
+    def _send(self, addr: str, forward: list[str], ids: list[str], sizes: list[int], payload: bytes,
+              ranks: set[int]) -> None:
+        with self.cond:
+            batch = self.next_batch
+            self.next_batch += 1
+            self.waiting[batch] = set(ranks)
+            self.batches[batch] = (ids, sizes)
+        wire = self.p._tamper(batch, payload) if self.p._tamper else payload
+        msg = wm.WsChunks(self.sync_id, batch, ids, sizes, wire,
+                          forward, self.p.fanout, self.port)
+        try:
+            self.p.rt.send(addr, msg)
+        except SupervisionError:
+            t = next((t for t in self.p.targets if t.addr == addr), None)
+            with self.cond:
+                self.failure = self.failure or f"host {t.host if t else addr} died during the sync"
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        while True:
+            with self.cond:
+                while not self.failure and not self.resend and not ready():
+                    self.cond.wait(0.5)
+                    if time.monotonic() - self.last_progress > STALL_S:
+                        self.failure = f"the hosts stopped acknowledging chunks for {STALL_S:.0f} s"
+                if self.failure:
+                    raise WorkspaceError(self.failure, "`monarch status` shows the hosts; sync again once fixed")
+                resend, self.resend = self.resend, []
+            if not resend:
+                return
+            for rank, corrupt in resend:
+                # Corrupted on the way there: the host asks again, this time straight from here.
+                ids = list(dict.fromkeys(corrupt))
+                data = [self.read(c) for c in ids]
+                self._send(self._host(rank).addr, [], ids, [len(d) for d in data], b"".join(data), {rank})

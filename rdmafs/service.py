@@ -1,0 +1,296 @@
+"""The workspace service of a host agent: receive chunks, forward them, and serve mounts of synced trees.
+
+The agent routes the messages of :mod:`monarch_rdmafs.messages` here
+(:meth:`WorkspaceService.handlers`), adds :meth:`WorkspaceService.status` to its
+own, and calls :meth:`WorkspaceService.stop` when it stops.  Batches are
+forwarded the moment they arrive (on the agent's IO thread) and stored by one
+worker thread, so the agent keeps answering while chunks are written.
+
+At start it unmounts any mount an earlier agent of this job's host left over
+its store (the agent was killed), and empties the store's temp folder.  Each
+mount is a FUSE mount process (restarted if it dies) or, where FUSE cannot be
+used, a materialized directory; the reason is logged once and shown in status.
+
+What it does not do: RDMA transfers (see :mod:`monarch_rdmafs.rdma`), or serve
+trees to anyone but the job's authenticated client (the agent's transport
+admits no one else).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from monarch_rdmafs import messages as wm
+from monarch_rdmafs.errors import CorruptChunk, StoreFull, SyncError
+from monarch_rdmafs.manifest import Manifest
+from monarch_rdmafs.mount import FuseMount, MaterializedMount, fuse_unavailable_reason, unmount_stale
+from monarch_rdmafs.rdma import choose_transport
+from monarch_rdmafs.store import ChunkStore
+
+log = logging.getLogger("monarch.rdmafs.service")
+
+#: Chunks no kept generation uses are removed once they are this old (a sync in flight may still need newer ones).
+_GC_AGE_S = 600.0
+_WATCH_MOUNTS_S = 0.5
+_READ_MAX = 32 << 20
+
+
+@dataclass
+class _Mount:
+    name: str
+    server: FuseMount | MaterializedMount
+    manifest: Manifest
+    previous: str = ""
+    synced_at: float = field(default_factory=time.time)
+    syncs: int = 1
+    restarts: int = 0
+
+
+class WorkspaceService:
+    """Chunk store, fan-out and mounts of one host.
+
+    ``send(addr, msg)`` sends a message; ``reply(port, value, ok)`` answers a port.
+    """
+
+    name = "workspace"
+
+    def __init__(self, root: str, *, host: str, host_rank: int, send: Callable[[str, Any], None],
+                 reply: Callable[[Any, Any, bool], None]):
+        self.root = os.path.abspath(root)
+        self.host = host
+        self.host_rank = host_rank
+        self._send = send
+        self._reply = reply
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        self.store = ChunkStore(os.path.join(self.root, "store"))
+        self.stale_unmounted = unmount_stale(self.store.root)
+        self.store.clean()
+        self.fuse_reason = fuse_unavailable_reason()
+        if self.fuse_reason:
+            log.warning("FUSE cannot be used on %s (%s): workspaces are materialized as directories instead",
+                        host, self.fuse_reason)
+        self.transport = choose_transport()
+        self.mounts: dict[str, _Mount] = {}
+        self.bytes_received = 0
+        self.chunks_received = 0
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._worker = threading.Thread(target=self._work, name="workspace-store", daemon=True)
+        self._worker.start()
+        self._watcher = threading.Thread(target=self._watch_mounts, name="workspace-mounts", daemon=True)
+        self._watcher.start()
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {
+            wm.WsMissing: lambda msg: self._jobs.put((self._missing, msg)),
+            wm.WsChunks: self.on_chunks,
+            wm.WsCommit: lambda msg: self._jobs.put((self._commit, msg)),
+            wm.WsUnmount: lambda msg: self._jobs.put((self._unmount, msg)),
+            wm.WsStatus: lambda msg: self._reply(msg.reply, self.status(), True),
+            wm.WsListDir: lambda msg: self._jobs.put((self._list_dir, msg)),
+            wm.WsStat: lambda msg: self._jobs.put((self._stat, msg)),
+            wm.WsRead: lambda msg: self._jobs.put((self._read, msg)),
+        }
+
+    # -- chunks -------------------------------------------------------------------
+
+    def on_chunks(self, msg: wm.WsChunks) -> None:
+        # Forward first: the hosts below start receiving while this one writes.
+        for nxt, rest in msg.subtrees():
+            try:
+                self._send(nxt, wm.WsChunks(msg.sync_id, msg.batch, msg.ids, msg.sizes, msg.payload, rest,
+                                            msg.fanout, msg.reply))
+            except Exception as e:  # the client learns of that host's death from its own connection
+                log.warning("could not forward batch %d to %s: %s", msg.batch, nxt, e)
+        self._jobs.put((self._store_batch, msg))
+
+    def _store_batch(self, msg: wm.WsChunks) -> None:
+        stored = 0
+        corrupt = []
+        try:
+            for cid, data in msg.chunks():
+                if self.store.has(cid):
+                    continue
+                try:
+                    if self.store.put(cid, data):
+                        stored += 1
+                        self.bytes_received += len(data)
+                except CorruptChunk:
+                    corrupt.append(cid)
+            self.chunks_received += stored
+            done = wm.WsBatchDone(self.host_rank, msg.batch, stored, corrupt)
+        except StoreFull as e:
+            done = wm.WsBatchDone(self.host_rank, msg.batch, stored, corrupt, f"{e.message} ({e.hint})")
+        except OSError as e:
+            done = wm.WsBatchDone(self.host_rank, msg.batch, stored, corrupt, f"cannot store chunks: {e}")
+        self._reply(msg.reply, done, True)
+
+    def _missing(self, msg: wm.WsMissing) -> None:
+        self._reply(msg.reply, self.store.missing(msg.ids), True)
+
+    # -- mounts -------------------------------------------------------------------
+
+    def default_mountpoint(self, name: str) -> str:
+        return os.path.join(self.root, "mnt", name)
+
+    def _commit(self, msg: wm.WsCommit) -> None:
+        try:
+            self._reply(msg.reply, self.commit(msg.name, msg.manifest_id, msg.mountpoint), True)
+        except SyncError as e:
+            self._reply(msg.reply, RuntimeError(f"{self.host}: {e.message}" + (f" ({e.hint})" if e.hint else "")), False)
+        except Exception as e:
+            log.exception("commit failed")
+            self._reply(msg.reply, RuntimeError(f"{self.host}: could not switch the workspace: {e}"), False)
+
+    def commit(self, name: str, manifest_id: str, mountpoint: str = "") -> dict:
+        """Serve ``manifest_id`` at mount ``name``; every chunk it names must be in the store."""
+        if not self.store.has(manifest_id):
+            raise SyncError(f"manifest {manifest_id[:12]} never arrived", "sync again")
+        manifest = Manifest.from_bytes(self.store.get(manifest_id))
+        missing = self.store.missing(manifest.chunk_ids())
+        if missing:
+            raise SyncError(f"{len(missing)} chunk(s) of the new workspace never arrived", "sync again")
+        mountpoint = os.path.abspath(mountpoint or self.default_mountpoint(name))
+        with self._lock:
+            mount = self.mounts.get(name)
+        if mount is not None and mount.server.mountpoint != mountpoint:
+            self._stop_mount(name)
+            mount = None
+        if mount is None:
+            server = MaterializedMount(self.store, mountpoint) if self.fuse_reason else FuseMount(self.store, mountpoint)
+            server.start(manifest_id)
+            mount = _Mount(name, server, manifest)
+            with self._lock:
+                self.mounts[name] = mount
+        elif mount.manifest.id != manifest_id:
+            mount.server.switch(manifest_id)
+            mount.previous, mount.manifest = mount.manifest.id, manifest
+            mount.synced_at = time.time()
+            mount.syncs += 1
+        else:
+            mount.synced_at = time.time()
+        self._gc()
+        return self._mount_status(mount)
+
+    def _unmount(self, msg: wm.WsUnmount) -> None:
+        self._reply(msg.reply, self._stop_mount(msg.name), True)
+
+    def _stop_mount(self, name: str) -> bool:
+        with self._lock:
+            mount = self.mounts.pop(name, None)
+        if mount is None:
+            return False
+        mount.server.stop()
+        return True
+
+    def _watch_mounts(self) -> None:
+        # A mount process killed (even with -9) leaves a dead mount: remove it and serve again.
+        while not self._stopping.wait(_WATCH_MOUNTS_S):
+            with self._lock:
+                dead = [mt for mt in self.mounts.values() if not mt.server.alive]
+            for mt in dead:
+                if self._stopping.is_set():
+                    return
+                log.warning("the workspace mount process at %s died; mounting again", mt.server.mountpoint)
+                mt.server.stop()
+                try:
+                    mt.server.start(mt.manifest.id)
+                    mt.restarts += 1
+                except Exception as e:
+                    log.error("could not mount %s again: %s", mt.server.mountpoint, e)
+                    with self._lock:
+                        self.mounts.pop(mt.name, None)
+
+    def _gc(self) -> None:
+        keep: set[str] = set()
+        with self._lock:
+            mounts = list(self.mounts.values())
+        for mt in mounts:
+            keep.add(mt.manifest.id)
+            keep |= mt.manifest.chunk_ids()
+            if mt.previous and self.store.has(mt.previous):
+                keep.add(mt.previous)
+                try:
+                    keep |= Manifest.from_bytes(self.store.get(mt.previous)).chunk_ids()
+                except (OSError, ValueError):
+                    pass
+        self.store.gc(keep, older_than=time.time() - _GC_AGE_S)
+
+    # -- gather_mount: reading the host's own files -----------------------------------
+
+    def _list_dir(self, msg: wm.WsListDir) -> None:
+        try:
+            rows = []
+            with os.scandir(msg.path) as it:
+                for d in it:
+                    st = d.stat(follow_symlinks=False)
+                    rows.append((d.name, st.st_mode, st.st_size, st.st_mtime_ns))
+            self._reply(msg.reply, rows, True)
+        except OSError as e:
+            self._reply(msg.reply, e.errno or 5, True)
+
+    def _stat(self, msg: wm.WsStat) -> None:
+        try:
+            st = os.lstat(msg.path)
+            target = os.readlink(msg.path) if stat.S_ISLNK(st.st_mode) else ""
+            self._reply(msg.reply, (st.st_mode, st.st_size, st.st_mtime_ns, target), True)
+        except OSError as e:
+            self._reply(msg.reply, e.errno or 5, True)
+
+    def _read(self, msg: wm.WsRead) -> None:
+        try:
+            with open(msg.path, "rb") as f:
+                data = os.pread(f.fileno(), min(msg.length, _READ_MAX), msg.offset)
+            self._reply(msg.reply, data, True)
+        except OSError as e:
+            self._reply(msg.reply, e.errno or 5, True)
+
+    # -- status and stop -------------------------------------------------------------
+
+    def _mount_status(self, mt: _Mount) -> dict:
+        return {
+            "name": mt.name, "mountpoint": mt.server.mountpoint, "mode": mt.server.kind,
+            "fallback_reason": self.fuse_reason, "manifest": mt.manifest.id, "files": mt.manifest.files,
+            "bytes": mt.manifest.total_bytes, "synced_at": mt.synced_at, "syncs": mt.syncs, "restarts": mt.restarts,
+            "alive": mt.server.alive,
+        }
+
+    def status(self) -> dict:
+        """What ``monarch status`` shows for this host's workspace."""
+        with self._lock:
+            mounts = [self._mount_status(mt) for mt in self.mounts.values()]
+        return {
+            "host": self.host, "host_rank": self.host_rank, "root": self.root, "mounts": mounts,
+            "transport": self.transport.kind, "transport_reason": self.transport.reason,
+            "received_bytes": self.bytes_received, "received_chunks": self.chunks_received,
+        }
+
+    def stop(self, deadline: float | None = None) -> None:
+        """Unmount everything and stop the worker; safe to call twice."""
+        self._stopping.set()
+        self._jobs.put(None)
+        with self._lock:
+            names = list(self.mounts)
+        for name in names:
+            self._stop_mount(name)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self._worker.join(left)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, msg = job
+            try:
+                fn(msg)
+            except Exception:
+                log.exception("workspace job %s failed", type(msg).__name__)

@@ -1,0 +1,117 @@
+"""A host's chunk store: content-addressed files on local disk, so an unchanged chunk is never sent twice.
+
+Layout under ``root``: ``chunks/<2 hex>/<id>`` (read-only files, written to
+``tmp/`` and renamed in, so a reader or a killed writer never leaves half a
+chunk), and ``tmp/`` (emptied by :meth:`ChunkStore.clean` when its writer starts).  A chunk is accepted
+only if its bytes hash to its id.
+
+What it does not do: share chunks between users, or bound its size (``gc``
+drops what no kept generation uses).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+
+from monarch_rdmafs.errors import CorruptChunk, StoreFull
+from monarch_rdmafs.manifest import chunk_id
+
+
+class ChunkStore:
+    """The chunks one host has, under ``root``."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        self._chunks = os.path.join(self.root, "chunks")
+        self._tmp = os.path.join(self.root, "tmp")
+        os.makedirs(self._chunks, exist_ok=True)
+        os.makedirs(self._tmp, exist_ok=True)
+
+    def clean(self) -> None:
+        """Remove what a killed writer left in ``tmp/`` (only the store's one writer calls this, at start)."""
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        os.makedirs(self._tmp, exist_ok=True)
+
+    def path(self, cid: str) -> str:
+        return os.path.join(self._chunks, cid[:2], cid)
+
+    def has(self, cid: str) -> bool:
+        return os.path.exists(self.path(cid))
+
+    def missing(self, ids) -> list[str]:
+        """The ids of ``ids`` this store does not have, in order, without repeats."""
+        return [c for c in dict.fromkeys(ids) if not self.has(c)]
+
+    def put(self, cid: str, data: bytes | memoryview) -> bool:
+        """Store ``data`` as ``cid``; False if it was already there.
+
+        Raises CorruptChunk if the bytes do not hash to ``cid``, StoreFull if the disk is full.
+        """
+        if chunk_id(data) != cid:
+            raise CorruptChunk(f"chunk {cid[:12]} arrived corrupted")
+        final = self.path(cid)
+        if os.path.exists(final):
+            return False
+        tmp = os.path.join(self._tmp, uuid.uuid4().hex)
+        try:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except OSError as e:
+            _unlink(tmp)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"no space left on the host's disk at {self.root}",
+                                "free space there; the previous workspace generation is still served") from None
+            raise
+        return True
+
+    def get(self, cid: str) -> bytes:
+        with open(self.path(cid), "rb") as f:
+            return f.read()
+
+    def gc(self, keep: set[str], older_than: float | None = None) -> int:
+        """Remove every chunk not in ``keep`` (and, if given, stored before ``older_than``); returns how many."""
+        removed = 0
+        for sub in os.listdir(self._chunks):
+            d = os.path.join(self._chunks, sub)
+            for name in os.listdir(d):
+                if name in keep:
+                    continue
+                p = os.path.join(d, name)
+                try:
+                    if older_than is not None and os.stat(p).st_mtime >= older_than:
+                        continue
+                except OSError:
+                    continue
+                _unlink(p)
+                removed += 1
+        return removed
+
+    def statistics(self) -> dict:
+        count = size = 0
+        for sub in os.listdir(self._chunks):
+            d = os.path.join(self._chunks, sub)
+            for name in os.listdir(d):
+                count += 1
+                try:
+                    size += os.stat(os.path.join(d, name)).st_size
+                except OSError:
+                    pass
+        return {"chunks": count, "bytes": size}
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

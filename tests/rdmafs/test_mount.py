@@ -1,0 +1,169 @@
+"""The read-only mount (real FUSE) and its fallback: contents, EROFS, atomic switches, dead mounts."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import time
+
+import pytest
+
+from monarch_rdmafs.manifest import Manifest
+from monarch_rdmafs.mount import FuseMount, MaterializedMount, is_mounted, mounts_of, unmount_stale
+from monarch_rdmafs.pack import Packer
+from monarch_rdmafs.store import ChunkStore
+from tests.helpers import wait_gone
+from tests.rdmafs.conftest import make_tree
+
+
+def publish(store: ChunkStore, packer: Packer) -> Manifest:
+    """Pack the tree and put every chunk (and the manifest) into the store, as a sync would."""
+    r = packer.pack()
+    for cid in store.missing(r.sources):
+        store.put(cid, packer.read_chunk(cid, r.sources[cid]))
+    store.put(r.manifest.id, r.manifest.data)
+    return r.manifest
+
+
+@pytest.fixture
+def tree(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_tree(ws)
+    store = ChunkStore(str(tmp_path / "store"))
+    return ws, store, Packer(str(ws))
+
+
+@pytest.fixture
+def fuse_mount(fuse, tree, tmp_path):
+    ws, store, packer = tree
+    m = FuseMount(store, str(tmp_path / "mnt"))
+    m.start(publish(store, packer).id)
+    try:
+        yield m
+    finally:
+        m.stop()
+    assert not is_mounted(m.mountpoint)
+
+
+def _same_tree(ws, mnt, mode_mask: int = 0o7777) -> None:
+    for rel in ("train.py", "pkg/__init__.py", "pkg/sub/data.txt", "run.sh", "big.bin"):
+        a, b = os.path.join(ws, rel), os.path.join(mnt, rel)
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            assert fa.read() == fb.read(), rel
+        sa, sb = os.stat(a), os.stat(b)
+        assert (sa.st_size, sa.st_mtime_ns, stat.S_IMODE(sa.st_mode) & mode_mask) == \
+            (sb.st_size, sb.st_mtime_ns, stat.S_IMODE(sb.st_mode) & mode_mask)
+    assert sorted(os.listdir(mnt)) == sorted(n for n in os.listdir(ws) if n not in ("build", "debug.log"))
+    assert os.readlink(os.path.join(mnt, "outside_link")) == "/etc"
+    assert os.readlink(os.path.join(mnt, "inside_link")) == "pkg/sub/data.txt"
+    with open(os.path.join(mnt, "inside_link")) as f:
+        assert f.read() == "data\n"
+
+
+def test_fuse_mount_serves_the_tree_read_only(tree, fuse_mount):
+    ws, _, _ = tree
+    mnt = fuse_mount.mountpoint
+    _same_tree(ws, mnt)
+    with open(os.path.join(mnt, "big.bin"), "rb") as f:  # reads across chunk boundaries
+        f.seek((4 << 20) - 10)
+        assert f.read(20) == (ws / "big.bin").read_bytes()[(4 << 20) - 10:(4 << 20) + 10]
+    for attempt in (lambda: open(os.path.join(mnt, "train.py"), "w"),
+                    lambda: open(os.path.join(mnt, "new.py"), "w"),
+                    lambda: os.mkdir(os.path.join(mnt, "d")),
+                    lambda: os.unlink(os.path.join(mnt, "train.py")),
+                    lambda: os.rename(os.path.join(mnt, "train.py"), os.path.join(mnt, "x.py"))):
+        with pytest.raises(OSError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+    assert mounts_of(fuse_mount.store.root) == [mnt]
+
+
+def test_a_switch_is_atomic_and_open_files_keep_their_bytes(tree, fuse_mount):
+    ws, store, packer = tree
+    mnt = fuse_mount.mountpoint
+    old = open(os.path.join(mnt, "train.py"))
+    assert os.listdir(os.path.join(mnt, "pkg", "sub")) == ["data.txt"]
+    (ws / "train.py").write_text("print('train v2')\n")
+    (ws / "pkg" / "sub" / "data.txt").unlink()
+    (ws / "pkg" / "sub" / "new.txt").write_text("new\n")
+    big = bytearray((ws / "big.bin").read_bytes())
+    big[5 << 20] ^= 1
+    (ws / "big.bin").write_bytes(bytes(big))
+    fuse_mount.switch(publish(store, packer).id)
+    # Visible at once (the kernel's cached names were invalidated), whole files only.
+    with open(os.path.join(mnt, "train.py")) as f:
+        assert f.read() == "print('train v2')\n"
+    assert os.listdir(os.path.join(mnt, "pkg", "sub")) == ["new.txt"]
+    assert not os.path.exists(os.path.join(mnt, "pkg", "sub", "data.txt"))
+    with open(os.path.join(mnt, "big.bin"), "rb") as f:
+        assert f.read() == bytes(big)
+    assert old.read() == "print('train v1')\n", "a file open before the switch keeps its bytes"
+    old.close()
+
+
+def test_kill_9_of_the_mount_process_leaves_a_dead_mount_that_is_cleared(tree, fuse, tmp_path):
+    ws, store, packer = tree
+    m = FuseMount(store, str(tmp_path / "mnt"))
+    m.start(publish(store, packer).id)
+    try:
+        os.kill(m.proc.pid, signal.SIGKILL)
+        assert wait_gone([m.proc.pid]) == []
+        m.proc.wait()
+        assert is_mounted(m.mountpoint)  # dead, but still in the mount table
+        assert unmount_stale(store.root) == [m.mountpoint]
+        assert not is_mounted(m.mountpoint) and mounts_of(store.root) == []
+        m.start(m_id := publish(store, packer).id)  # and the place can be mounted again
+        assert os.path.exists(os.path.join(m.mountpoint, "train.py")) and m_id
+    finally:
+        m.stop()
+
+
+def test_the_mount_process_unmounts_when_its_parent_dies(tree, fuse, tmp_path):
+    import subprocess
+    import sys
+
+    ws, store, packer = tree
+    mid = publish(store, packer).id
+    mnt = str(tmp_path / "mnt")
+    os.makedirs(mnt)
+    # A parent that starts the mount process and is then killed with -9.
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import subprocess, sys, time
+p = subprocess.Popen([sys.executable, '-m', 'monarch_rdmafs.mount', '--store', {store.root!r}, '--manifest', {mid!r}, {mnt!r}],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+print(p.pid, p.stdout.readline().decode().strip(), flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, ready = parent.stdout.readline().split()
+        assert ready == "ready" and is_mounted(mnt)
+        parent.kill()
+        parent.wait()
+        assert wait_gone([int(pid)]) == []
+        assert not is_mounted(mnt)
+    finally:
+        parent.kill()
+        parent.wait()
+        unmount_stale(store.root)
+
+
+def test_materialized_fallback_switches_a_read_only_directory(tree, tmp_path):
+    ws, store, packer = tree
+    m = MaterializedMount(store, str(tmp_path / "mnt"))
+    m.start(publish(store, packer).id)
+    try:
+        mnt = m.mountpoint
+        _same_tree(ws, mnt, mode_mask=0o7555)  # files are written read-only
+        assert os.stat(os.path.join(mnt, "train.py")).st_mode & 0o222 == 0
+        first = os.path.realpath(mnt)
+        (ws / "train.py").write_text("print('train v2')\n")
+        m.switch(publish(store, packer).id)
+        with open(os.path.join(mnt, "train.py")) as f:
+            assert f.read() == "print('train v2')\n"
+        assert os.path.realpath(mnt) != first and os.path.isdir(first), "the previous generation is kept"
+    finally:
+        m.stop()
+    assert not os.path.lexists(m.mountpoint)
