@@ -9,11 +9,22 @@ PY=${PYTHON:-python3}
 # editable_mode=compat: a plain .pth path entry; the default mode installs an import hook
 # (pathlib, re, fnmatch) that every Python start pays for (~20 ms of each `monarch run`).
 EDITABLE=(--config-settings editable_mode=compat)
+# Workspace mounts are FUSE (pyfuse3 compiles against libfuse3); rsync is the sync benchmark's baseline;
+# the tests check the RDMA choice with Debian's pyverbs (there is no RDMA device here).
+APT=(fuse3 libfuse3-dev pkg-config rsync)
+[ "${1:-}" = "--test" ] && APT+=(python3-pyverbs)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s "${APT[@]}" >/dev/null 2>&1; then
+  (apt-get update -qq || true) >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null
+fi
 if [ "${1:-}" = "--test" ]; then
   .venv/bin/pip install -q torch==2.13.0
   .venv/bin/pip install -q -e ".[test]" "${EDITABLE[@]}"
   if [ "$(id -u)" = 0 ]; then scripts/slurm_cluster.sh install; fi
+elif pkg-config --exists fuse3 2>/dev/null; then
+  .venv/bin/pip install -q -e ".[fuse]" "${EDITABLE[@]}"
 else
+  echo "note: libfuse3 is not installed; hosts will serve the workspace as a copied directory, not a FUSE mount" >&2
   .venv/bin/pip install -q -e . "${EDITABLE[@]}"
 fi
 # The folders agents/, schedulers/, rdmafs/, telemetry/ are installed as monarch_* (pyproject's
