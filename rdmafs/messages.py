@@ -85,11 +85,16 @@ class WsBatchDone:
 
 @dataclass(slots=True)
 class WsCommit:
-    """Serve ``manifest_id`` at mount ``name`` (``mountpoint`` '' for the default place); answers the mount's status."""
+    """Serve ``manifest_id`` at mount ``name`` (``mountpoint`` '' for the default place); answers the mount's status.
+
+    ``source`` is the folder's path on the client: a command started there (or below) on
+    this host starts in the mount instead.
+    """
 
     name: str
     manifest_id: str
     mountpoint: str
+    source: str
     reply: Any
 
 

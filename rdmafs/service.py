@@ -47,6 +47,7 @@ class _Mount:
     name: str
     server: FuseMount | MaterializedMount
     manifest: Manifest
+    source: str = ""
     previous: str = ""
     synced_at: float = field(default_factory=time.time)
     syncs: int = 1
@@ -72,10 +73,7 @@ class WorkspaceService:
         self.store = ChunkStore(os.path.join(self.root, "store"))
         self.stale_unmounted = unmount_stale(self.store.root)
         self.store.clean()
-        self.fuse_reason = fuse_unavailable_reason()
-        if self.fuse_reason:
-            log.warning("FUSE cannot be used on %s (%s): workspaces are materialized as directories instead",
-                        host, self.fuse_reason)
+        self._fuse_reason: str | None = None  # learned at the first mount (pyfuse3 costs an import)
         self.transport = choose_transport()
         self.mounts: dict[str, _Mount] = {}
         self.bytes_received = 0
@@ -138,19 +136,48 @@ class WorkspaceService:
 
     # -- mounts -------------------------------------------------------------------
 
+    @property
+    def fuse_reason(self) -> str:
+        """Why this host cannot use FUSE ('' when it can); said once, in the log."""
+        if self._fuse_reason is None:
+            self._fuse_reason = fuse_unavailable_reason()
+            if self._fuse_reason:
+                log.warning("FUSE cannot be used on %s (%s): workspaces are materialized as directories instead",
+                            self.host, self._fuse_reason)
+        return self._fuse_reason
+
+    def place(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
+        """Where a command started from the client's ``cwd`` runs here, and its environment.
+
+        With a synced workspace, a command started in it (or below) starts at the same place in
+        the mount, with the mount first on ``PYTHONPATH``; a synced environment's ``bin`` leads ``PATH``.
+        """
+        with self._lock:
+            ws, venv = self.mounts.get("workspace"), self.mounts.get("env")
+        if ws is not None:
+            mnt = ws.server.mountpoint
+            if ws.source and (cwd is None or cwd == ws.source or cwd.startswith(ws.source + os.sep)):
+                cwd = os.path.normpath(os.path.join(mnt, os.path.relpath(cwd or ws.source, ws.source)))
+            env["PYTHONPATH"] = mnt + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            env["MONARCH_WORKSPACE"] = mnt
+        if venv is not None:
+            env["VIRTUAL_ENV"] = venv.server.mountpoint
+            env["PATH"] = os.path.join(venv.server.mountpoint, "bin") + os.pathsep + env.get("PATH", os.defpath)
+        return cwd, env
+
     def default_mountpoint(self, name: str) -> str:
         return os.path.join(self.root, "mnt", name)
 
     def _commit(self, msg: wm.WsCommit) -> None:
         try:
-            self._reply(msg.reply, self.commit(msg.name, msg.manifest_id, msg.mountpoint), True)
+            self._reply(msg.reply, self.commit(msg.name, msg.manifest_id, msg.mountpoint, msg.source), True)
         except SyncError as e:
             self._reply(msg.reply, RuntimeError(f"{self.host}: {e.message}" + (f" ({e.hint})" if e.hint else "")), False)
         except Exception as e:
             log.exception("commit failed")
             self._reply(msg.reply, RuntimeError(f"{self.host}: could not switch the workspace: {e}"), False)
 
-    def commit(self, name: str, manifest_id: str, mountpoint: str = "") -> dict:
+    def commit(self, name: str, manifest_id: str, mountpoint: str = "", source: str = "") -> dict:
         """Serve ``manifest_id`` at mount ``name``; every chunk it names must be in the store."""
         if not self.store.has(manifest_id):
             raise SyncError(f"manifest {manifest_id[:12]} never arrived", "sync again")
@@ -167,7 +194,7 @@ class WorkspaceService:
         if mount is None:
             server = MaterializedMount(self.store, mountpoint) if self.fuse_reason else FuseMount(self.store, mountpoint)
             server.start(manifest_id)
-            mount = _Mount(name, server, manifest)
+            mount = _Mount(name, server, manifest, source)
             with self._lock:
                 self.mounts[name] = mount
         elif mount.manifest.id != manifest_id:
@@ -177,6 +204,7 @@ class WorkspaceService:
             mount.syncs += 1
         else:
             mount.synced_at = time.time()
+        mount.source = source
         self._gc()
         return self._mount_status(mount)
 

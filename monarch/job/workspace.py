@@ -83,14 +83,23 @@ class WorkspacePusher:
         #: Test hook: (batch number, payload) -> payload as it goes on the wire.
         self._tamper: Callable[[int, bytes], bytes] | None = None
 
-    def sync(self) -> SyncResult:
-        """Push the directory as it is now; returns once every host serves it."""
+    def sync(self, force: bool = False) -> SyncResult:
+        """Push the directory as it is now; returns once every host serves it.
+
+        A tree identical to the one this pusher last committed costs only the pack
+        (a stat per file), unless ``force``.
+        """
         if not self.targets:
             raise WorkspaceError("no hosts to sync to", "`monarch serve` first")
         t0 = time.monotonic()
+        choice = choose_transport()
         for attempt in range(_TRIES):
             try:
                 packed = self._pack()
+                if packed.manifest.id == self.committed and not force:
+                    m = packed.manifest
+                    return SyncResult(m.id, m.files, m.total_bytes, 0, 0, time.monotonic() - t0, False, packed.skipped,
+                                      [], choice.kind, choice.reason)
                 sent_chunks, sent_bytes = self._send(packed)
                 break
             except SourceChanged as e:
@@ -100,7 +109,6 @@ class WorkspacePusher:
         changed = manifest.id != self.committed
         mounts = self._commit(manifest.id)
         self.committed = manifest.id
-        choice = choose_transport()
         return SyncResult(manifest.id, manifest.files, manifest.total_bytes, sent_chunks, sent_bytes,
                           time.monotonic() - t0, changed, packed.skipped, mounts, choice.kind, choice.reason)
 
@@ -133,7 +141,7 @@ class WorkspacePusher:
         return _Transfer(self, list(missing), read).run()
 
     def _commit(self, manifest_id: str) -> list[dict]:
-        futures = [self.rt.request(t.addr, lambda port, t=t: wm.WsCommit(self.name, manifest_id, t.mountpoint, port))
+        futures = [self.rt.request(t.addr, lambda port, t=t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, port))
                    for t in self.targets]
         return [self._get(f, t) for f, t in zip(futures, self.targets)]
 
@@ -263,3 +271,97 @@ class _Transfer:
                 ids = list(dict.fromkeys(corrupt))
                 data = [self.read(c) for c in ids]
                 self._send(self._host(rank).addr, [], ids, [len(d) for d in data], b"".join(data), {rank})
+
+
+# -- a reservation's workspace -------------------------------------------------------------
+
+
+@dataclass
+class WorkspaceSpec:
+    """What ``monarch serve --workspace`` asked for; kept in the job state."""
+
+    source: str
+    env_dir: str = ""
+    unreadable: str = "skip"
+
+    def mounts(self) -> list[tuple[str, str, bool]]:
+        """(mount name, local folder, honour ignore files) for each tree to sync."""
+        out = [("workspace", self.source, True)]
+        if self.env_dir:
+            out.append(("env", self.env_dir, False))  # an environment is synced whole
+        return out
+
+
+def check_source(path: str, what: str = "workspace") -> str:
+    """The absolute path of a folder to sync; WorkspaceError naming it if it is missing or unreadable."""
+    p = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(p):
+        raise WorkspaceError(f"{what} {path} does not exist", "give an existing folder")
+    if not os.path.isdir(p):
+        raise WorkspaceError(f"{what} {path} is not a folder", "give a folder")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise WorkspaceError(f"{what} {path} cannot be read: permission denied", "check its permissions")
+    return p
+
+
+class ReservationSync:
+    """The workspace (and environment) of one reservation, synced to all its hosts.
+
+    The stat cache and the last generation committed are kept in the job's folder,
+    so a ``monarch run`` that changed nothing pays only for a stat of each file.
+    """
+
+    def __init__(self, record: Any, rt: Runtime | None = None):
+        from monarch_agents.client import ensure_runtime
+
+        spec = WorkspaceSpec(**record.workspace)
+        self.record = record
+        self.rt = rt or ensure_runtime(record.keys)
+        hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+        targets = [Target(h.addr, h.host, h.host_rank) for h in hosts]
+        self.pushers = [WorkspacePusher(self.rt, src, targets, name=name, unreadable=spec.unreadable,
+                                        honour_ignores=ignores) for name, src, ignores in spec.mounts()]
+        self._index_path = os.path.join(record.job_dir, "workspace.index")
+        self._load_index()
+
+    def sync(self) -> list[SyncResult]:
+        """Push every tree now (unchanged trees cost a stat of each file)."""
+        results = []
+        for p in self.pushers:
+            results.append(p.sync())
+        self._save_index()
+        return results
+
+    def mounts(self) -> dict[int, dict]:
+        """Host rank -> the workspace mount's status there, from the last sync."""
+        return self._mounts
+
+    def _load_index(self) -> None:
+        import pickle
+
+        self._mounts: dict[int, dict] = {}
+        try:
+            with open(self._index_path, "rb") as f:
+                saved = pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError):
+            return
+        if not isinstance(saved, dict) or saved.get("hosts") != [t.addr for t in self.pushers[0].targets]:
+            return
+        for p in self.pushers:
+            known = saved.get("known", {}).get(p.name)
+            if isinstance(known, dict):
+                p.packer._known = known
+            p.committed = saved.get("committed", {}).get(p.name, "")
+
+    def _save_index(self) -> None:
+        import pickle
+
+        from monarch.job.state import write_atomic
+
+        data = {"hosts": [t.addr for t in self.pushers[0].targets],
+                "known": {p.name: p.packer._known for p in self.pushers},
+                "committed": {p.name: p.committed for p in self.pushers}}
+        try:
+            write_atomic(self._index_path, pickle.dumps(data, protocol=5))
+        except OSError:
+            pass  # only a cache

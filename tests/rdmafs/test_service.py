@@ -63,7 +63,7 @@ def test_missing_store_commit_and_status(fuse, host, tmp_path):
     packer = Packer(str(ws))
     r, missing, done = host.push(packer)
     assert done.stored == len(missing) == len(r.sources) + 1 and not done.corrupt and not done.error
-    st = host.ask(wm.WsCommit("workspace", r.manifest.id, "", "port"))
+    st = host.ask(wm.WsCommit("workspace", r.manifest.id, "", "", "port"))
     mnt = st["mountpoint"]
     assert st["mode"] == "fuse" and st["files"] == r.manifest.files and st["bytes"] == r.manifest.total_bytes
     assert open(os.path.join(mnt, "train.py")).read() == "print('train v1')\n"
@@ -71,7 +71,7 @@ def test_missing_store_commit_and_status(fuse, host, tmp_path):
     (ws / "train.py").write_text("print('train v2')\n")
     r2, missing2, _ = host.push(packer)
     assert len(missing2) == 2 and r2.manifest.id in missing2
-    host.ask(wm.WsCommit("workspace", r2.manifest.id, "", "port"))
+    host.ask(wm.WsCommit("workspace", r2.manifest.id, "", "", "port"))
     assert open(os.path.join(mnt, "train.py")).read() == "print('train v2')\n"
     status = host.ask(wm.WsStatus("port"))
     assert status["transport"] == "tcp" and status["transport_reason"]
@@ -111,12 +111,12 @@ def test_a_full_disk_fails_the_batch_and_the_previous_generation_stays(fuse, tin
         (ws / "a.py").write_text("v1\n")
         packer = Packer(str(ws))
         r, _, done = h.push(packer)
-        st = h.ask(wm.WsCommit("workspace", r.manifest.id, str(tmp_path / "mnt"), "port"))
+        st = h.ask(wm.WsCommit("workspace", r.manifest.id, str(tmp_path / "mnt"), "", "port"))
         (ws / "big.bin").write_bytes(os.urandom(3 << 20))
         (ws / "a.py").write_text("v2\n")
         r2, _, done = h.push(packer)
         assert "no space left" in done.error
-        h.handlers[wm.WsCommit](wm.WsCommit("workspace", r2.manifest.id, str(tmp_path / "mnt"), "port"))
+        h.handlers[wm.WsCommit](wm.WsCommit("workspace", r2.manifest.id, str(tmp_path / "mnt"), "", "port"))
         _, err, ok = h.replies.get(timeout=T)
         assert not ok and "never arrived" in str(err)
         assert open(os.path.join(st["mountpoint"], "a.py")).read() == "v1\n", "the previous generation is still served"
@@ -128,7 +128,7 @@ def test_a_killed_mount_process_is_unmounted_and_mounted_again(fuse, host, tmp_p
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "a.py").write_text("a\n")
     r, _, _ = host.push(Packer(str(tmp_path / "ws")))
-    st = host.ask(wm.WsCommit("workspace", r.manifest.id, "", "port"))
+    st = host.ask(wm.WsCommit("workspace", r.manifest.id, "", "", "port"))
     server = host.svc.mounts["workspace"].server
     old_pid = server.proc.pid
     os.kill(old_pid, signal.SIGKILL)
@@ -146,7 +146,7 @@ def test_a_new_service_unmounts_what_a_killed_one_left(fuse, tmp_path):
     (tmp_path / "ws" / "a.py").write_text("a\n")
     first = Host(root)
     r, _, _ = first.push(Packer(str(tmp_path / "ws")))
-    st = first.ask(wm.WsCommit("workspace", r.manifest.id, "", "port"))
+    st = first.ask(wm.WsCommit("workspace", r.manifest.id, "", "", "port"))
     # The agent is gone without stopping anything (kill -9), and its mount process with it.
     first.svc._stopping.set()
     proc = first.svc.mounts["workspace"].server.proc
@@ -165,13 +165,16 @@ def test_fallback_to_a_materialized_directory_is_said_once(tmp_path, monkeypatch
     monkeypatch.setenv("MONARCH_RDMAFS_NO_FUSE", "1")
     h = Host(str(tmp_path / "host0"))
     try:
-        assert [r.message for r in caplog.records if "materialized" in r.message]  # said at start, once
         (tmp_path / "ws").mkdir()
         (tmp_path / "ws" / "a.py").write_text("a\n")
         r, _, _ = h.push(Packer(str(tmp_path / "ws")))
-        st = h.ask(wm.WsCommit("workspace", r.manifest.id, "", "port"))
+        st = h.ask(wm.WsCommit("workspace", r.manifest.id, "", "", "port"))
         assert st["mode"] == "materialized" and st["fallback_reason"] == "MONARCH_RDMAFS_NO_FUSE=1"
         assert open(os.path.join(st["mountpoint"], "a.py")).read() == "a\n"
-        assert len([r for r in caplog.records if "materialized" in r.message]) == 1
+        (tmp_path / "ws" / "a.py").write_text("b\n")
+        r, _, _ = h.push(Packer(str(tmp_path / "ws")))
+        h.ask(wm.WsCommit("workspace", r.manifest.id, "", "", "port"))
+        assert open(os.path.join(st["mountpoint"], "a.py")).read() == "b\n"
+        assert len([r for r in caplog.records if "materialized" in r.message]) == 1, "said once"
     finally:
         h.svc.stop(time.monotonic() + 10)
