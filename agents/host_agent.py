@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from monarch_agents import messages as m
 from monarch_agents.runtime import Runtime, install
-from monarch_agents.services import Child, SerialWorker, Service, killpg, procs, runs, shells
+from monarch_agents.services import Child, SerialWorker, Service, killpg, procs, runs, shells, workspace
 from monarch_agents.transport import JobKeys, route_ip
 from monarch_agents.zygote import ZygoteClient
 
@@ -40,6 +40,7 @@ log = logging.getLogger("monarch.host_agent")
 #: The agent's services, in start order; they stop in the reverse order.  A new capability is a
 #: module in agents/services/ and one line here (see ``monarch_agents.services``).
 SERVICES: tuple[type[Service], ...] = (
+    workspace.WorkspaceAgentService,  # first, so it stops last: runs leave its mount before it unmounts
     procs.ProcsService,
     runs.RunsService,
     shells.ShellsService,
@@ -55,7 +56,7 @@ class HostAgent:
     """One host's agent: its runtime, its zygote, its children, and the services that use them.
 
     What a service may use: ``keys``, ``host``, ``host_rank``, ``log_dir``, ``rt``,
-    ``stopping``; :meth:`send`, :meth:`reply`, :meth:`track_owner`, :meth:`child_env`,
+    ``stopping``; :meth:`send`, :meth:`reply`, :meth:`track_owner`, :meth:`child_env`, :meth:`place_child`,
     :meth:`stdio_for`, :meth:`start_child`, :meth:`wait_exited`.
     """
 
@@ -133,6 +134,12 @@ class HostAgent:
         env.update({str(k): str(v) for k, v in extra.items()})
         env["MONARCH_HOSTNAME"] = self.host
         return env
+
+    def place_child(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
+        """Where a child starts and its environment, after every service had its say (the workspace mount)."""
+        for s in self.services:
+            cwd, env = s.place(cwd, env)
+        return cwd, env
 
     def stdio_for(self, rel: str) -> list[int]:
         """stdout and stderr fds for a child logging to ``<log_dir>/<rel>`` (the caller closes them)."""

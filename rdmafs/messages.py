@@ -74,9 +74,9 @@ def split_tree(hosts: list, fanout: int) -> list[tuple[str, list]]:
 
 @dataclass(slots=True)
 class WsBatchDone:
-    """A host's acknowledgement of one batch (the payload of its Reply)."""
+    """A host's acknowledgement of one batch (the payload of its Reply); ``addr`` is the host agent's."""
 
-    host_rank: int
+    addr: str
     batch: int
     stored: int
     corrupt: list = field(default_factory=list)

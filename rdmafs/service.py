@@ -57,18 +57,20 @@ class _Mount:
 class WorkspaceService:
     """Chunk store, fan-out and mounts of one host.
 
-    ``send(addr, msg)`` sends a message; ``reply(port, value, ok)`` answers a port.
+    ``send(addr, msg)`` sends a message; ``reply(port, value, ok)`` answers a port; ``addr()`` is this
+    host's own address (it names the host in acknowledgements).
     """
 
     name = "workspace"
 
     def __init__(self, root: str, *, host: str, host_rank: int, send: Callable[[str, Any], None],
-                 reply: Callable[[Any, Any, bool], None]):
+                 reply: Callable[[Any, Any, bool], None], addr: Callable[[], str] = lambda: ""):
         self.root = os.path.abspath(root)
         self.host = host
         self.host_rank = host_rank
         self._send = send
         self._reply = reply
+        self._addr = addr
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         self.store = ChunkStore(os.path.join(self.root, "store"))
         self.stale_unmounted = unmount_stale(self.store.root)
@@ -124,11 +126,11 @@ class WorkspaceService:
                 except CorruptChunk:
                     corrupt.append(cid)
             self.chunks_received += stored
-            done = wm.WsBatchDone(self.host_rank, msg.batch, stored, corrupt)
+            done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt)
         except StoreFull as e:
-            done = wm.WsBatchDone(self.host_rank, msg.batch, stored, corrupt, f"{e.message} ({e.hint})")
+            done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"{e.message} ({e.hint})")
         except OSError as e:
-            done = wm.WsBatchDone(self.host_rank, msg.batch, stored, corrupt, f"cannot store chunks: {e}")
+            done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"cannot store chunks: {e}")
         self._reply(msg.reply, done, True)
 
     def _missing(self, msg: wm.WsMissing) -> None:

@@ -72,6 +72,10 @@ class Service:
     def stop(self, deadline: float) -> None:
         """Stop everything this service runs by ``deadline`` (``time.monotonic()`` seconds)."""
 
+    def place(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
+        """Where a child starts and its environment, as this service would have them (default: unchanged)."""
+        return cwd, env
+
 
 class Child:
     """A process a service started through the agent's zygote; the agent calls these hooks.

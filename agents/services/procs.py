@@ -80,7 +80,7 @@ class ProcsService(Service):
         agent = self.agent
         agent.track_owner(msg.owner)
         pending = _PendingSpawn(msg, [None] * msg.count)
-        env = agent.child_env(msg.env)
+        cwd, env = agent.place_child(None, agent.child_env(msg.env))
         for i in range(msg.count):
             token = uuid.uuid4().hex
             proc = _Proc(self, msg, token, i, pending)
@@ -99,7 +99,7 @@ class ProcsService(Service):
             }
             fds = agent.stdio_for(f"procs/{msg.mesh_id}-{i}.log")
             try:
-                agent.start_child({"kind": "proc", "config": config, "env": env}, fds, proc)
+                agent.start_child({"kind": "proc", "config": config, "env": env, "cwd": cwd}, fds, proc)
             finally:
                 for fd in fds:
                     if fd > 2:

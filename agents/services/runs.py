@@ -155,13 +155,13 @@ class RunsService(Service):
         run = _Run(self, msg, run_dir)
         with open(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
             json.dump({"argv": msg.argv, "rank": msg.rank, "host": agent.host, "started": run.started}, f)
-        env = agent.child_env(msg.env)
+        cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         with self.lock:
             self.runs[msg.run_id] = run
         try:
-            agent.start_child({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": msg.cwd}, [out_w, err_w], run)
+            agent.start_child({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": cwd}, [out_w, err_w], run)
         finally:
             os.close(out_w)
             os.close(err_w)

@@ -72,9 +72,10 @@ class ShellsService(Service):
         shell = _Shell(self, msg, master)
         with self.lock:
             self.shells[msg.shell_id] = shell
+        cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
         try:
-            agent.start_child({"kind": "exec", "argv": list(msg.argv), "env": agent.child_env(msg.env),
-                               "cwd": msg.cwd, "pty": True}, [slave, slave, slave], shell)
+            agent.start_child({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": cwd, "pty": True},
+                              [slave, slave, slave], shell)
         finally:
             os.close(slave)
         threading.Thread(target=self._pump, args=(shell,), name=f"pty-{msg.shell_id[:8]}", daemon=True).start()

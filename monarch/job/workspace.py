@@ -37,7 +37,7 @@ WINDOW = 4
 #: Hosts forward each batch to this many others (1 = a chain).
 FANOUT = 2
 #: A sync fails if no host answers anything for this long.
-STALL_S = 60.0
+STALL_S = float(os.environ.get("MONARCH_SYNC_STALL_S", "60"))
 _TRIES = 3
 
 
@@ -168,9 +168,9 @@ class _Transfer:
         self.read = read
         self.sync_id = uuid.uuid4().hex[:12]
         self.cond = threading.Condition()
-        self.waiting: dict[int, set[int]] = {}  # batch -> host ranks still to acknowledge
+        self.waiting: dict[int, set[str]] = {}  # batch -> host addresses still to acknowledge
         self.batches: dict[int, tuple[list[str], list[int]]] = {}
-        self.resend: list[tuple[int, list[str]]] = []  # (host rank, corrupt ids)
+        self.resend: list[tuple[str, list[str]]] = []  # (host address, corrupt ids)
         self.failure: str = ""
         self.port_id = 0
         self.next_batch = 0
@@ -184,12 +184,12 @@ class _Transfer:
             if not reply.ok or not isinstance(done, wm.WsBatchDone):
                 self.failure = self.failure or str(done)
             elif done.error:
-                host = self._host(done.host_rank)
+                host = self._host(done.addr)
                 self.failure = self.failure or f"host {host.host} (rank {host.rank}): {done.error}"
             else:
                 if done.corrupt:
-                    self.resend.append((done.host_rank, done.corrupt))
-                self.waiting.get(done.batch, set()).discard(done.host_rank)
+                    self.resend.append((done.addr, done.corrupt))
+                self.waiting.get(done.batch, set()).discard(done.addr)
             self.cond.notify_all()
 
     def lost(self, addr: str, error: SupervisionError) -> None:
@@ -199,8 +199,8 @@ class _Transfer:
             self.failure = self.failure or f"{who} died during the sync"
             self.cond.notify_all()
 
-    def _host(self, rank: int) -> Target:
-        return next(t for t in self.p.targets if t.rank == rank)
+    def _host(self, addr: str) -> Target:
+        return next((t for t in self.p.targets if t.addr == addr), Target(addr, addr, -1))
 
     def run(self) -> tuple[int, int]:
         rt = self.p.rt
@@ -209,7 +209,7 @@ class _Transfer:
         sent_chunks = sent_bytes = 0
         try:
             root, rest = self.p.targets[0], [t.addr for t in self.p.targets[1:]]
-            everyone = {t.rank for t in self.p.targets}
+            everyone = {t.addr for t in self.p.targets}
             for ids, sizes, payload in self._batches():
                 self._wait(lambda: len([b for b in self.waiting.values() if b]) < WINDOW)
                 self._send(root.addr, rest, ids, sizes, payload, everyone)
@@ -238,11 +238,11 @@ class _Transfer:
             yield ids, sizes, b"".join(parts)
 
     def _send(self, addr: str, forward: list[str], ids: list[str], sizes: list[int], payload: bytes,
-              ranks: set[int]) -> None:
+              hosts: set[str]) -> None:
         with self.cond:
             batch = self.next_batch
             self.next_batch += 1
-            self.waiting[batch] = set(ranks)
+            self.waiting[batch] = set(hosts)
             self.batches[batch] = (ids, sizes)
         wire = self.p._tamper(batch, payload) if self.p._tamper else payload
         msg = wm.WsChunks(self.sync_id, batch, ids, sizes, wire,
@@ -266,11 +266,11 @@ class _Transfer:
                 resend, self.resend = self.resend, []
             if not resend:
                 return
-            for rank, corrupt in resend:
-                # Corrupted on the way there: the host asks again, this time straight from here.
+            for addr, corrupt in resend:
+                # Corrupted on the way there: sent again, this time straight to that host.
                 ids = list(dict.fromkeys(corrupt))
                 data = [self.read(c) for c in ids]
-                self._send(self._host(rank).addr, [], ids, [len(d) for d in data], b"".join(data), {rank})
+                self._send(addr, [], ids, [len(d) for d in data], b"".join(data), {addr})
 
 
 # -- a reservation's workspace -------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""The workspace service: synced trees served read-only on this host (``monarch_rdmafs``), plugged into the agent.
+
+Its store and mounts live under ``$MONARCH_WORKSPACE_DIR``, else a folder of
+this host's temp dir named after the agent's log folder (node-local disk, one per
+job and host, found again by the next agent of the same host, which unmounts
+what a killed one left).  Commands and procs the agent starts go through
+:meth:`WorkspaceAgentService.place`, so they start in the mount with it on
+``PYTHONPATH``.  A clean stop unmounts and removes the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from typing import Any, Callable
+
+from monarch_agents.services import Service
+from monarch_rdmafs.service import WorkspaceService
+
+
+def workspace_root(log_dir: str) -> str:
+    """Where this host keeps the workspace store and mounts of the agent logging to ``log_dir``."""
+    env = os.environ.get("MONARCH_WORKSPACE_DIR")
+    if env:
+        return os.path.abspath(env)
+    tag = hashlib.sha256(os.path.abspath(log_dir).encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}", f"ws-{tag}")
+
+
+class WorkspaceAgentService(Service):
+    """Receives chunks (forwarding them down the fan-out tree on the IO thread), mounts, and places children."""
+
+    name = "workspace"
+    # Batches are forwarded the moment they arrive; the rdmafs service stores them on its own thread.
+    blocking = False
+
+    def __init__(self, agent: Any):
+        super().__init__(agent)
+        self.ws = WorkspaceService(workspace_root(agent.log_dir), host=agent.host, host_rank=agent.host_rank,
+                                   send=agent.send, reply=agent.reply, addr=lambda: agent.rt.addr)
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return self.ws.handlers()
+
+    def info(self) -> dict:
+        return self.ws.status()
+
+    def place(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
+        """A child's working directory and environment, moved into the synced workspace if there is one."""
+        cwd, env = self.ws.place(cwd, env)
+        ws = self.ws.mounts.get("workspace")
+        if ws is not None and env.get("MONARCH_SYS_PATH"):
+            # The spawner's sys.path entries inside its workspace are in the mount here.
+            env["MONARCH_SYS_PATH"] = os.pathsep.join(
+                self.ws.place(p, {})[0] or p for p in env["MONARCH_SYS_PATH"].split(os.pathsep))
+        return cwd, env
+
+    def stop(self, deadline: float) -> None:
+        self.ws.stop(deadline)
+        shutil.rmtree(self.ws.root, ignore_errors=True)

@@ -1,0 +1,189 @@
+"""Syncs to real host agents: fan-out, edits, corruption in transit, an agent killed mid-transfer, a full disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from monarch.errors import WorkspaceError
+from monarch.job.workspace import Target, WorkspacePusher
+from monarch_agents.messages import Ping
+from monarch_rdmafs.mount import is_mounted
+from tests.helpers import start_client, start_host_agent, stop_client, wait_gone
+from tests.rdmafs.conftest import make_tree
+
+pytestmark = pytest.mark.timeout(120)
+T = 30
+
+
+@pytest.fixture(scope="module")
+def client():
+    rt = start_client()
+    yield rt
+    stop_client()
+
+
+def start_agents(client, tmp_path, n: int, env: dict | None = None) -> list:
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        for i in range(n):
+            (tmp_path / f"h{i}").mkdir(exist_ok=True)
+        return [start_host_agent(client.keys, tmp_path / f"h{i}", hostname=f"h{i}") for i in range(n)]
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def agents(client, tmp_path, fuse):
+    started = start_agents(client, tmp_path, 4)
+    yield started
+    for a in started:
+        a.stop()
+    assert wait_gone([a.pid for a in started]) == []
+
+
+def targets(agents) -> list[Target]:
+    return [Target(a.addr, a.info["host"], i) for i, a in enumerate(agents)]
+
+
+def workspace_of(client, agent) -> dict:
+    return client.request(agent.addr, lambda port: Ping(port)).get(timeout=T).services["workspace"]
+
+
+def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, agents, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_tree(ws)
+    p = WorkspacePusher(client, str(ws), targets(agents), fanout=2)
+    r = p.sync()
+    total_chunks = len(r.mounts) and r.sent_chunks
+    assert r.changed and r.files == 6 and total_chunks == 6 + 2 + 1  # 5 small + 3 chunks of big.bin + the manifest
+    assert r.sent_bytes >= 9 << 20 and r.sent_bytes < (9 << 20) + 100_000, "the client sent each byte once"
+    mounts = [m["mountpoint"] for m in r.mounts]
+    assert len(set(mounts)) == 4
+    for a, mnt in zip(agents, mounts):
+        assert open(os.path.join(mnt, "train.py")).read() == "print('train v1')\n"
+        assert open(os.path.join(mnt, "big.bin"), "rb").read() == (ws / "big.bin").read_bytes()
+        st = workspace_of(client, a)
+        # Each host received the bytes itself (forwarded down the tree), once.
+        assert st["received_bytes"] == r.sent_bytes and st["transport"] == "tcp"
+        assert st["mounts"][0]["files"] == 6 and st["mounts"][0]["mode"] == "fuse"
+    (ws / "train.py").write_text("print('train v2')\n")
+    r2 = p.sync()
+    assert (r2.sent_chunks, r2.changed) == (2, True)  # the edited file and the new manifest
+    for mnt in mounts:
+        assert open(os.path.join(mnt, "train.py")).read() == "print('train v2')\n"
+    r3 = p.sync()
+    assert (r3.sent_chunks, r3.changed) == (0, False)
+    # A chain (fan-out 1) delivers the same way.
+    (ws / "pkg" / "__init__.py").write_text("VALUE = 2\n")
+    chain = WorkspacePusher(client, str(ws), targets(agents), fanout=1)
+    assert chain.sync().sent_chunks == 2
+    for mnt in mounts:
+        assert open(os.path.join(mnt, "pkg", "__init__.py")).read() == "VALUE = 2\n"
+
+
+def test_a_chunk_corrupted_in_transit_is_detected_and_sent_again(client, agents, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("A = 1\n" * 1000)
+    (ws / "b.bin").write_bytes(os.urandom(1 << 20))
+    seen = []
+
+    def corrupt_first_batch(batch: int, payload: bytes) -> bytes:
+        seen.append(batch)
+        if batch != 0:
+            return payload
+        b = bytearray(payload)
+        b[len(b) // 2] ^= 0xFF
+        return bytes(b)
+
+    p = WorkspacePusher(client, str(ws), targets(agents))
+    p._tamper = corrupt_first_batch
+    r = p.sync()
+    assert len(seen) > 1, "the corrupted chunk was sent again"
+    for m in r.mounts:
+        assert open(os.path.join(m["mountpoint"], "b.bin"), "rb").read() == (ws / "b.bin").read_bytes()
+        assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 1\n" * 1000
+
+
+def test_an_agent_killed_during_a_transfer_fails_the_sync_and_the_next_one_completes(client, tmp_path, fuse):
+    started = start_agents(client, tmp_path, 2)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_tree(ws)
+    (ws / "more.bin").write_bytes(os.urandom(20 << 20))
+    try:
+        p = WorkspacePusher(client, str(ws), targets(started))
+        p.sync()
+        mnt1 = workspace_of(client, started[1])["mounts"][0]["mountpoint"]
+        (ws / "more.bin").write_bytes(os.urandom(20 << 20))
+
+        def kill_second_host(batch: int, payload: bytes) -> bytes:
+            if batch == 1:
+                os.kill(started[1].pid, signal.SIGKILL)
+            return payload
+
+        p._tamper = kill_second_host
+        with pytest.raises(WorkspaceError) as e:
+            p.sync()
+        assert "host h1 (rank 1) died during the sync" in e.value.message
+        assert wait_gone([started[1].pid]) == []
+        started[1].proc.wait()
+        # Its mount process followed it (it dies with its parent and unmounts).
+        deadline = time.monotonic() + T
+        while is_mounted(mnt1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_mounted(mnt1)
+        # The host comes back (a new agent over the same host folder): the next sync completes.
+        started[1] = start_host_agent(client.keys, tmp_path / "h1", hostname="h1")
+        p2 = WorkspacePusher(client, str(ws), targets(started))
+        r = p2.sync()
+        for m in r.mounts:
+            assert open(os.path.join(m["mountpoint"], "more.bin"), "rb").read() == (ws / "more.bin").read_bytes()
+    finally:
+        for a in started:
+            a.stop()
+    assert wait_gone([a.pid for a in started]) == []
+
+
+def test_a_host_with_a_full_disk_fails_the_sync_clearly_and_keeps_serving(client, tmp_path, fuse, tiny_disk):
+    started = start_agents(client, tmp_path, 1, env={"MONARCH_WORKSPACE_DIR": str(tiny_disk / "ws")})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("v1\n")
+    try:
+        p = WorkspacePusher(client, str(ws), targets(started))
+        mnt = p.sync().mounts[0]["mountpoint"]
+        (ws / "a.py").write_text("v2\n")
+        (ws / "data.bin").write_bytes(os.urandom(3 << 20))
+        with pytest.raises(WorkspaceError) as e:
+            p.sync()
+        assert "host h0 (rank 0): no space left on the host's disk" in e.value.message
+        assert open(os.path.join(mnt, "a.py")).read() == "v1\n", "the previous generation is still served"
+    finally:
+        for a in started:
+            a.stop()
+    assert wait_gone([a.pid for a in started]) == []
+    assert not is_mounted(mnt)
+
+
+def test_stopping_the_agent_leaves_no_mount_and_no_store(client, tmp_path, fuse):
+    started = start_agents(client, tmp_path, 1)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("a\n")
+    p = WorkspacePusher(client, str(ws), targets(started))
+    r = p.sync()
+    root = workspace_of(client, started[0])["root"]
+    started[0].stop()
+    assert wait_gone([started[0].pid]) == []
+    assert not is_mounted(r.mounts[0]["mountpoint"]) and not os.path.exists(root)
