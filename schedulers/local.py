@@ -1,7 +1,7 @@
 """The local scheduler: N hosts on this machine, each its own host-agent process.
 
 Prerequisites: none.  Each host agent is started in its own session so it
-outlives ``monarch serve``; it is named ``host<i>`` and logs to
+outlives ``monarch serve``; ``JobSpec.options["env"]`` adds to its environment (``ProcessJob(env=)``); it is named ``host<i>`` and logs to
 ``.monarch/jobs/<name>/logs/host<i>/``.
 
     $ monarch serve --hosts 2          # two host agents on this machine
@@ -41,7 +41,10 @@ class LocalScheduler(Scheduler):
         for i in range(spec.hosts):
             argv = agent_argv(job_dir, extra=self._extra(job_dir, i))
             cmds.append(" ".join(argv))
-        return AllocateRequest("local", job_dir, spec.hosts, "\n".join(cmds), payload=spec.hosts)
+        env = dict((spec.options or {}).get("env") or {})
+        if env:
+            cmds.insert(0, "env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+        return AllocateRequest("local", job_dir, spec.hosts, "\n".join(cmds), payload={"env": env})
 
     def _extra(self, job_dir: str, i: int) -> list[str]:
         return ["--host-rank", str(i), "--hostname", f"host{i}", "--bind", self.bind,
@@ -51,7 +54,9 @@ class LocalScheduler(Scheduler):
         job_dir = request.job_dir
         os.makedirs(os.path.join(job_dir, "agents"), exist_ok=True)
         procs: list[_AgentProcess] = []
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [project_root(), os.environ.get("PYTHONPATH")]))}
+        extra_env = (request.payload or {}).get("env") or {} if isinstance(request.payload, dict) else {}
+        env = {**os.environ, **extra_env,
+               "PYTHONPATH": os.pathsep.join(filter(None, [project_root(), os.environ.get("PYTHONPATH")]))}
         for i in range(request.hosts):
             log_dir = os.path.join(job_dir, "logs", f"host{i}")
             os.makedirs(log_dir, exist_ok=True)

@@ -31,8 +31,8 @@ next ``monarch serve`` replaces it.
 Options (``JobSpec.options``; ``monarch serve`` flags of the same names):
 ``partition``, ``time``, ``account``, ``qos``, ``gpus_per_node``,
 ``constraint``, ``exclusive``, ``sbatch_args`` (extra ``#SBATCH`` arguments),
-``client_host`` and ``bind`` (the agents' bind address, instead of the route to
-``client_host``).
+``client_host``, ``bind`` (the agents' bind address, instead of the route to
+``client_host``) and ``python`` (the interpreter the nodes run; default: this one).
 
     $ monarch serve --scheduler slurm --hosts 4 --partition debug --time 1:00:00
     $ squeue --me                          # the job: monarch-default
@@ -124,7 +124,7 @@ ENDING_REASONS = {
 }
 
 OPTIONS = ("partition", "time", "account", "qos", "gpus_per_node", "constraint", "exclusive", "sbatch_args",
-           "client_host", "bind")
+           "client_host", "bind", "python")
 
 
 # -- parsers (pure) -----------------------------------------------------------------------------
@@ -320,7 +320,7 @@ class SlurmScheduler(Scheduler):
                              "an address or host name the compute nodes can reach, e.g. --client-host 10.0.0.5")
         agent_file = os.path.join(job_dir, "agents", "$SLURM_NODEID.json")
         log_dir = os.path.join(logs, "host$SLURM_NODEID")
-        agent = agent_argv(job_dir, python=self.python, extra=[
+        agent = agent_argv(job_dir, python=str(opts.get("python") or self.python), extra=[
             "--host-rank", "$SLURM_NODEID", "--hostname", "$SLURMD_NODENAME",
             "--client-host", client_host, *(["--bind", str(opts["bind"])] if opts.get("bind") else []),
             "--agent-file", agent_file, "--log-dir", log_dir,

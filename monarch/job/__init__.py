@@ -1,79 +1,53 @@
-"""monarch.job: load the reservation ``monarch serve`` made, in Python.
+"""monarch.job: PyTorch Monarch's job API, on monarch reservations.
 
-    from monarch.job import job_load
-    job = job_load()                      # .monarch/job_state.pkl
-    hosts = job.state().hosts             # HostMesh of the reserved hosts
+    from monarch.job import ProcessJob, SlurmJob, job_load
+
+    job = ProcessJob({"hosts": 2})         # or SlurmJob(meshes={"hosts": 2}, partition="debug")
+    hosts = job.state().hosts              # reuses the cached job (.monarch/job_state.pkl) when it can
     procs = hosts.spawn_procs(per_host={"gpus": 2})
+
+    job_load().state().hosts               # later, from another process (or a `monarch serve` reservation)
+
+A job made here is the reservation ``monarch serve`` makes: ``monarch status``, ``monarch run``
+and ``monarch stop`` see it.  Names load lazily, so the ``monarch`` command that imports
+``monarch.job.state`` does not pay for the actor runtime.
 """
 
 from __future__ import annotations
 
-import os
+import importlib
 from typing import Any
 
-from monarch.job.state import JobRecord, JobSpec, StatePaths
-
-DEFAULT_JOB_PATH = ".monarch/job_state.pkl"
-
-
-class JobState:
-    """The live meshes of a job: ``state.hosts`` is the HostMesh of its hosts."""
-
-    def __init__(self, hosts: dict[str, Any]):
-        self._hosts = hosts
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._hosts[name]
-        except KeyError:
-            raise AttributeError(f"job has no mesh {name!r}; it has {sorted(self._hosts)}") from None
-
-    def __repr__(self) -> str:
-        return f"JobState(hosts={self._hosts!r})"
+_EXPORTS = {
+    "DEFAULT_JOB_PATH": "monarch.job.job",
+    "Job": "monarch.job.job",
+    "JobState": "monarch.job.job",
+    "JobTrait": "monarch.job.job",
+    "LocalJob": "monarch.job.job",
+    "job_load": "monarch.job.job",
+    "job_loads": "monarch.job.job",
+    "load_current_job": "monarch.job.job",
+    "set_current_job": "monarch.job.job",
+    "ProcessJob": "monarch.job.process",
+    "SlurmJob": "monarch.job.slurm",
+    "JobSpec": "monarch.job.state",
+    "shell": "monarch.job.shell",
+    "exec_command": "monarch.job.exec",
+    "PortForwarder": "monarch.job.port_forward",
+}
 
 
-class Job:
-    """A reservation loaded from a state file."""
-
-    def __init__(self, record: JobRecord, path: str):
-        self.record = record
-        self.path = path
-
-    def state(self, cached_path: str | None = None) -> JobState:
-        """The job's meshes; waits for agents if the reservation is still starting."""
-        from monarch.job.reserve import load_live
-
-        self.record, self.path = load_live(path=self.path)
-        return JobState({"hosts": self.record.host_mesh()})
-
-    def kill(self) -> None:
-        """Release the reservation (like ``monarch stop``)."""
-        from monarch.job.reserve import release
-
-        release(self.record, self.path)
-
-    @property
-    def active(self) -> bool:
-        from monarch.job.reserve import describe
-
-        d = describe(self.record)
-        return d is not None and d.state.alive
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'monarch.job' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-def job_load(filename: str | None = None) -> Job:
-    """Load the job at ``filename`` (default: MONARCH_JOB, else .monarch/job_state.pkl).
-
-    A job made by ``monarch.job.spmd.serve`` comes back as an ``SPMDJob`` (with ``run_spmd()``).
-    """
-    from monarch.job.state import load_state
-
-    path = os.path.abspath(filename) if filename else StatePaths().resolve(None)
-    record = load_state(path)
-    if record.program is not None:
-        from monarch.job.spmd import SPMDJob
-
-        return SPMDJob(record, path)
-    return Job(record, path)
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = ["DEFAULT_JOB_PATH", "Job", "JobState", "JobSpec", "job_load"]
+__all__ = sorted(_EXPORTS)

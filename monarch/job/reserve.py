@@ -111,7 +111,18 @@ def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: 
                     f"job {name!r} is already reserved with a different shape: {old.spec.summary()}",
                     f"`monarch stop{_name_flag(name)}` first, or `monarch serve --replace ...`")
             release(old, path)
-    job_dir = paths.job_dir(name)
+    record = allocate(spec, name=name, path=path, job_dir=paths.job_dir(name), wait=wait, progress=progress,
+                      timeout=timeout)
+    return Reservation(record, path, reused=False)
+
+
+def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = True, progress: Progress = _quiet,
+             timeout: float | None = None, job: bytes | None = None) -> JobRecord:
+    """Make a new reservation (no reuse), its state at ``path`` and its files in ``job_dir``.
+
+    The state file is written as soon as the scheduler took the request, so a reservation whose
+    client dies while the hosts start can still be found and released.
+    """
     shutil.rmtree(job_dir, ignore_errors=True)
     os.makedirs(os.path.join(job_dir, "agents"), mode=0o700, exist_ok=True)
     keys = JobKeys.generate()
@@ -127,8 +138,13 @@ def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: 
         raise
     # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs.
     keys = read_keys(job_dir)
-    record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys)
-    save_state(path, record)
+    record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys, job=job)
+    try:
+        save_state(path, record)
+    except BaseException:
+        release(record, None)
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
     if wait:
         try:
             record = wait_ready(record, path, progress=progress, timeout=timeout)
@@ -136,7 +152,7 @@ def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: 
             # Ctrl-C or a failed start while waiting: give the hosts back, keep nothing half-made.
             release(record, path)
             raise
-    return Reservation(record, path, reused=False)
+    return record
 
 
 def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, timeout: float | None = None) -> JobRecord:

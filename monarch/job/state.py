@@ -73,6 +73,10 @@ class JobRecord:
     #: The SPMD program ``monarch.job.spmd.serve`` reserved for (argv, env, ...), so that
     #: ``job_load(...).run_spmd()`` in another process runs it again; None for ``monarch serve``.
     program: dict | None = None
+    #: The ``monarch.job`` job object (``ProcessJob``, ``SlurmJob``, a user's ``JobTrait``) this
+    #: reservation was made for, pickled without its running state, so ``job_load`` gives it back;
+    #: None when ``monarch serve`` made it.
+    job: bytes | None = None
 
     @property
     def ready(self) -> bool:
@@ -98,7 +102,7 @@ class JobRecord:
         return cls(
             name=d["name"], spec=JobSpec(**d["spec"]), job_id=d["job_id"], job_dir=d["job_dir"],
             keys=JobKeys(**d["keys"]), hosts=[HostRecord(**h) for h in d["hosts"]],
-            created_at=d["created_at"], version=d["version"], program=d.get("program"),
+            created_at=d["created_at"], version=d["version"], program=d.get("program"), job=d.get("job"),
         )
 
 
@@ -212,12 +216,34 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 def save_state(path: str, state: JobRecord) -> None:
-    payload = {"format": STATE_FORMAT, "version": STATE_VERSION, "state": state.to_dict()}
-    write_atomic(path, pickle.dumps(payload, protocol=5))
+    write_atomic(path, state_bytes(state))
+
+
+def state_bytes(state: JobRecord | None, job: bytes | None = None, kind: str | None = None) -> bytes:
+    """A state file's bytes: a reservation, and/or (for a job with no reservation) the pickled job."""
+    payload: dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION,
+                               "state": state.to_dict() if state is not None else None}
+    if job is not None:
+        payload["job"] = job
+        payload["kind"] = kind
+    return pickle.dumps(payload, protocol=5)
 
 
 def load_state(path: str) -> JobRecord:
     """Load a state file; raises StateError (with the fixing command) if it is missing or unusable."""
+    payload = load_payload(path)
+    if payload.get("state") is None:
+        raise StateError(f"{_rel(path)} holds a {payload.get('kind') or 'Python'} job with no monarch reservation",
+                         "load it with monarch.job.job_load(), or `monarch serve` to reserve hosts")
+    try:
+        return JobRecord.from_dict(payload["state"])
+    except Exception:
+        raise StateError(f"state file {_rel(path)} is corrupt",
+                         "remove it with `monarch stop --force`, then `monarch serve`") from None
+
+
+def load_payload(path: str) -> dict:
+    """The checked top level of a state file: ``state`` (a reservation) and/or ``job`` (a pickled job)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -225,21 +251,31 @@ def load_state(path: str) -> JobRecord:
         raise StateError(f"no reservation at {_rel(path)}", "run `monarch serve` first") from None
     except OSError as e:
         raise StateError(f"cannot read {_rel(path)}: {e.strerror}", "check its permissions") from None
+    return parse_payload(raw, _rel(path))
+
+
+def parse_payload(raw: bytes, where: str) -> dict:
+    """Check the bytes of a state file (``where`` names it in errors)."""
     try:
         payload = pickle.loads(raw)
+    except (ModuleNotFoundError, AttributeError) as e:
+        # A pickle of classes this monarch does not have: PyTorch Monarch's own job pickle, or another program's.
+        raise StateError(f"{where} is not a monarch state file (it needs {_missing(e)})",
+                         f"it was written by another program or another monarch; remove it (`rm {where}`)") from None
     except Exception:
-        raise StateError(f"state file {_rel(path)} is corrupt",
-                         f"remove it with `monarch stop --force` or `rm {_rel(path)}`, then `monarch serve`") from None
+        raise StateError(f"state file {where} is corrupt",
+                         f"remove it with `monarch stop --force` or `rm {where}`, then `monarch serve`") from None
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
-        raise StateError(f"{_rel(path)} is not a monarch state file", f"remove it (`rm {_rel(path)}`), then `monarch serve`")
+        raise StateError(f"{where} is not a monarch state file", f"remove it (`rm {where}`), then `monarch serve`")
     if payload.get("version") != STATE_VERSION:
-        raise StateError(f"state file {_rel(path)} is version {payload.get('version')}, this monarch reads {STATE_VERSION}",
+        raise StateError(f"state file {where} is version {payload.get('version')}, this monarch reads {STATE_VERSION}",
                          "run `monarch stop --force` with the monarch that made it, or remove the file, then `monarch serve`")
-    try:
-        return JobRecord.from_dict(payload["state"])
-    except Exception:
-        raise StateError(f"state file {_rel(path)} is corrupt",
-                         "remove it with `monarch stop --force`, then `monarch serve`") from None
+    return payload
+
+
+def _missing(e: Exception) -> str:
+    name = getattr(e, "name", None)
+    return f"module {name!r}" if isinstance(e, ModuleNotFoundError) and name else str(e)
 
 
 def remove_state(path: str) -> None:

@@ -1,0 +1,600 @@
+"""PyTorch Monarch's job model: a job is a specification plus, once applied, a running allocation.
+
+    job = ProcessJob({"trainers": 2, "dataloaders": 1})
+    state = job.state()           # reuse the cached job if it can run this spec, else apply and cache it
+    state.trainers                # HostMesh of 2 hosts
+    job.kill()
+
+:class:`JobTrait` holds the lifecycle (``apply``, ``state``, ``kill``, ``dump``) and its exact cache
+order; a backend implements four hooks (``_create``, ``_state``, ``can_run``, ``_kill``), which is
+also how a user's own job class plugs in.  :class:`Job` is the backend for monarch reservations:
+``ProcessJob`` and ``SlurmJob`` make the same reservation ``monarch serve`` makes (its state file,
+its agents), so ``monarch status`` / ``run`` / ``stop`` see a job made from Python and
+``job.state()`` reuses a reservation made by ``monarch serve``.
+
+Where this differs from Monarch on purpose:
+
+* The cache file is monarch's state file (versioned, mode 0600, written atomically), not a bare
+  pickle of the job; ``job_load`` refuses a file from another version or program with one line.
+* ``cached_path=".monarch/job_state.pkl"`` (the default) means the current reservation, the one
+  ``monarch status`` shows: ``$MONARCH_JOB``, else the context chosen by ``monarch context use``.
+* A job applied with ``cached_path=None`` can be found by no other process, so it is released
+  when this process exits if it was not killed before (Monarch leaves it running).
+* ``kill()`` also removes the job's state file, as ``monarch stop`` does.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import importlib
+import logging
+import os
+import pickle
+import sys
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+from monarch.errors import StateError, UsageError
+
+if TYPE_CHECKING:  # the actor runtime is imported only when a job is connected
+    from monarch.actor import HostMesh
+    from monarch.job.state import JobRecord, JobSpec
+
+#: Where ``state()`` caches a job unless told otherwise (Monarch's default).
+DEFAULT_JOB_PATH: str = ".monarch/job_state.pkl"
+
+logger = logging.getLogger("monarch.job")
+if not logger.handlers:
+    # Monarch tells the user on stderr when a cached job is replaced; so do we, without their logging setup.
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("monarch: %(message)s"))
+    logger.addHandler(_h)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+class JobState:
+    """The host meshes of a running job, by the names its specification gave them.
+
+    ``state.trainers`` is the ``HostMesh`` of the mesh called ``trainers``; an unknown name raises
+    ``AttributeError`` listing the names there are.
+    """
+
+    def __init__(self, hosts: dict[str, "HostMesh"]):
+        self._hosts = hosts
+
+    def __getattr__(self, attr: str) -> "HostMesh":
+        hosts = self.__dict__.get("_hosts")
+        if hosts is None or attr.startswith("__"):
+            raise AttributeError(attr)
+        try:
+            return hosts[attr]
+        except KeyError:
+            available = ", ".join(sorted(hosts))
+            raise AttributeError(f"'{attr}' is not a valid host mesh name. Available names: {available}") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._hosts))
+
+    def __repr__(self) -> str:
+        return f"JobState(hosts={self._hosts!r})"
+
+
+class _CachedRunning(NamedTuple):
+    job: "JobTrait"
+
+
+class JobTrait(abc.ABC):
+    """A job: a specification of host meshes and, once applied, the allocation that runs it.
+
+    ``apply()`` brings the job into existence (a no-op if it already runs); ``state()`` returns
+    its :class:`JobState`, reusing a cached running job that ``can_run`` this specification, or
+    applying this one and caching it; ``kill()`` releases it.  Subclasses implement ``_create``,
+    ``_state``, ``can_run`` and ``_kill``, and must not set ``_status`` themselves.
+    """
+
+    def __init__(self) -> None:
+        self._status: str | _CachedRunning = "not_running"
+        self._apply_id: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def _running(self) -> "JobTrait | None":
+        status = self._status
+        if status == "running":
+            return self
+        if isinstance(status, _CachedRunning):
+            return status.job
+        return None
+
+    def apply(self, client_script: str | None = None) -> None:
+        """Create the job as specified; a no-op when it is already running."""
+        if self._running is None:
+            self._create(client_script)
+            self._apply_id = str(uuid.uuid4())
+            self._status = "running"
+
+    @property
+    def apply_id(self) -> str | None:
+        """A UUID naming the current allocation (kept across ``dump``/``job_load``); None before ``apply``."""
+        running = self._running
+        return running._apply_id if running is not None else None
+
+    @property
+    def active(self) -> bool:
+        """Whether this job object holds an allocation (applied, loaded running, or reusing a cached one)."""
+        return self._running is not None
+
+    def state(self, cached_path: str | None = DEFAULT_JOB_PATH) -> JobState:
+        """The job's host meshes, applying the job first if need be.
+
+        If this job is not running and ``cached_path`` names a cached job that is running and
+        ``can_run`` this specification, that job is used.  A cached job that cannot is killed and
+        its cache removed; then this job is applied and, unless ``cached_path`` is None, cached there.
+        """
+        running = self._running
+        if running is not None:
+            return running._state()
+        path = _resolve_cache_path(cached_path)
+        cached = self._load_cached(path)
+        if cached is not None:
+            self._status = _CachedRunning(cached)
+            return cached._state()
+        self._cache_target = path
+        try:
+            self.apply()
+        finally:
+            self._cache_target = None
+        if path is None:
+            _release_at_exit(self)
+        state = self._state()
+        if path is not None:
+            self.dump(path)
+        return state
+
+    def _load_cached(self, path: str | None) -> "JobTrait | None":
+        if path is None or not os.path.exists(path):
+            return None
+        job = job_load(path)  # another version or program: StateError, the file is left alone
+        running = job._running
+        if running is None:
+            return None
+        if not running.can_run(self):
+            logger.info("the job cached at %s (%s) cannot run this %s: releasing it and applying anew",
+                        _rel(path), running._describe(), type(self).__name__)
+            try:
+                running._kill()
+            except Exception as e:  # a stale cache must not block every later state()
+                logger.warning("releasing the cached job failed (%s); removing its cache anyway", e)
+            _remove(os.path.realpath(path))
+            return None
+        return job
+
+    def kill(self) -> None:
+        """Release the allocation (safe to repeat)."""
+        running = self._running
+        if running is not None:
+            running._kill()
+        self._status = "not_running"
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def dump(self, filename: str) -> None:
+        """Save the job to ``filename`` (a monarch state file, mode 0600; a symlink is followed)."""
+        from monarch.job.state import write_atomic
+
+        path = os.path.realpath(filename) if os.path.islink(filename) else filename
+        write_atomic(os.path.abspath(path), self.dumps())
+
+    def dumps(self) -> bytes:
+        """The job as bytes, for :func:`job_loads`."""
+        from monarch.job.state import state_bytes
+
+        return state_bytes(None, pickle.dumps(self, protocol=5), type(self).__name__)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_cache_target", None)
+        return state
+
+    def _describe(self) -> str:
+        return type(self).__name__
+
+    # -- what a backend implements ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _create(self, client_script: str | None) -> None:
+        """Allocate the job (called by ``apply`` when it is not running)."""
+
+    @abc.abstractmethod
+    def _state(self) -> JobState:
+        """The running job's host meshes."""
+
+    @abc.abstractmethod
+    def can_run(self, spec: "JobTrait") -> bool:
+        """Whether this (running) job can serve ``spec`` instead of a new allocation."""
+
+    @abc.abstractmethod
+    def _kill(self) -> None:
+        """Release the allocation."""
+
+
+# -- jobs backed by a monarch reservation ---------------------------------------------------------
+
+
+class Job(JobTrait):
+    """A job whose allocation is a monarch reservation (the kind ``monarch serve`` makes).
+
+    A subclass says what to reserve (``_job_spec``) and how its hosts split into named meshes
+    (``_mesh_sizes``); reserving, waiting for the agents, reuse and release are done here.
+    ``Job(record, path)`` wraps a reservation already made (that is what ``job_load`` gives back
+    for a reservation made by ``monarch serve``).
+    """
+
+    def __init__(self, record: "JobRecord | None" = None, path: str | None = None):
+        super().__init__()
+        self.record = record
+        self.path = path
+        if record is not None:
+            self._status = "running"
+            self._apply_id = record.job_id
+
+    # what a subclass says
+    def _job_spec(self) -> "JobSpec":
+        if self.record is None:
+            raise UsageError(f"{type(self).__name__} has no specification to apply")
+        return self.record.spec
+
+    def _mesh_sizes(self) -> dict[str, int]:
+        n = self.record.spec.hosts if self.record is not None else self._job_spec().hosts
+        return {"hosts": n}
+
+    def _same_spec(self, spec: "JobTrait") -> bool:
+        return type(spec) is type(self) and spec._mesh_sizes() == self._mesh_sizes() and \
+            spec._job_spec().compatible(self._job_spec())
+
+    def _start_timeout(self) -> float | None:
+        return None
+
+    # the hooks
+    def _create(self, client_script: str | None) -> None:
+        from monarch.job.reserve import allocate
+        from monarch.job.state import StatePaths
+
+        if client_script is not None:
+            raise UsageError(f"{type(self).__name__}.apply(client_script=...) (batch mode) is not supported",
+                             f"reserve with job.apply() and run the script with `monarch run {client_script}`")
+        spec = self._job_spec()
+        sizes = self._mesh_sizes()
+        if sum(sizes.values()) != spec.hosts or any(n < 1 for n in sizes.values()):
+            raise UsageError(f"bad mesh sizes {sizes}", "each mesh needs a positive number of hosts")
+        path = getattr(self, "_cache_target", None)
+        paths = StatePaths()
+        if path is None:
+            # Not cached: a private job folder and state file nobody else reads (released at exit).
+            name = f"py-{uuid.uuid4().hex[:10]}"
+            job_dir = paths.job_dir(name)
+            path = os.path.join(job_dir, "job_state.pkl")
+        else:
+            name, job_dir = _name_and_dir(path, paths)
+        blob = pickle.dumps(_spec_only(self), protocol=5)
+        self.record = allocate(spec, name=name, path=path, job_dir=job_dir, timeout=self._start_timeout(),
+                               job=blob)
+        self.path = path
+
+    def _state(self) -> JobState:
+        from monarch.job.reserve import load_live
+
+        if self.record is None or self.path is None:
+            raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
+        self.record, self.path = load_live(path=self.path)
+        return JobState(_host_meshes(self.record, self._mesh_sizes()))
+
+    def can_run(self, spec: JobTrait) -> bool:
+        from monarch.job.reserve import describe
+
+        if self.record is None or not self._same_spec(spec):
+            return False
+        d = describe(self.record)
+        if d is None or not d.state.alive:
+            why = d.reason if d is not None and d.reason else "the scheduler no longer knows it"
+            logger.info("the cached reservation %s is gone: %s", self.record.job_id, why)
+            return False
+        return True
+
+    def _kill(self) -> None:
+        from monarch.job.reserve import release
+        from monarch.job.state import load_state
+
+        if self.record is None:
+            return
+        path = self.path
+        if path is not None:
+            try:
+                if load_state(path).job_id != self.record.job_id:
+                    path = None  # the file names another reservation by now: leave it
+            except StateError:
+                path = None
+        release(self.record, path)
+
+    def _describe(self) -> str:
+        if self.record is None:
+            return type(self).__name__
+        return f"{type(self).__name__} {self.record.job_id}, {self.record.spec.summary()}"
+
+    def dumps(self) -> bytes:
+        """The job as bytes: its reservation (as ``monarch serve`` writes it) and the job object."""
+        import dataclasses
+
+        from monarch.job.state import state_bytes
+
+        if self.record is None:
+            return super().dumps()
+        record = self.record
+        if record.job is None and type(self) is not Job and record.program is None:
+            record = dataclasses.replace(record, job=pickle.dumps(_spec_only(self), protocol=5))
+        return state_bytes(record)
+
+    def __repr__(self) -> str:
+        return f"<{self._describe()}>"
+
+    # Kept from monarch's first job API: the reservation's whole host mesh.
+    def host_mesh(self) -> "HostMesh":
+        """Every host of the reservation as one mesh (``{hosts: N}``)."""
+        from monarch.job.reserve import load_live
+
+        if self.record is None or self.path is None:
+            raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
+        self.record, self.path = load_live(path=self.path)
+        return _host_meshes(self.record, {"hosts": self.record.spec.hosts})["hosts"]
+
+
+def _spec_only(job: Job) -> Job:
+    """A copy of ``job`` without its running state: what a state file keeps of the job object."""
+    clone = object.__new__(type(job))
+    clone.__dict__.update(job.__getstate__())
+    clone.record = None
+    clone.path = None
+    clone._status = "not_running"
+    clone._apply_id = None
+    return clone
+
+
+def _host_meshes(record: "JobRecord", sizes: dict[str, int]) -> dict[str, "HostMesh"]:
+    """The reservation's hosts split, in host-rank order, into meshes of ``sizes`` (``{hosts: n}`` each)."""
+    from monarch.actor._client import HostRef, ensure_runtime
+    from monarch.actor._mesh import HostMesh
+    from monarch.actor._shape import Shape
+
+    ensure_runtime(record.keys)
+    hosts = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(record.hosts, key=lambda h: h.host_rank)]
+    out, i = {}, 0
+    for name, n in sizes.items():
+        out[name] = HostMesh(hosts[i:i + n], Shape(("hosts",), (n,)))
+        i += n
+    return out
+
+
+def _name_and_dir(path: str, paths: Any) -> tuple[str, str]:
+    """The context name and job folder for a state file: ``monarch status --name`` finds the named ones."""
+    from monarch.job.state import DEFAULT_CONTEXT
+
+    path = os.path.abspath(path)
+    if os.path.dirname(path) == paths.root:
+        base = os.path.basename(path)
+        if base == "job_state.pkl":
+            return DEFAULT_CONTEXT, paths.job_dir(DEFAULT_CONTEXT)
+        if base.endswith(".job_state.pkl"):
+            name = base[: -len(".job_state.pkl")]
+            try:
+                return name, paths.job_dir(paths.check_name(name))
+            except StateError:
+                pass
+    import hashlib
+
+    stem = os.path.basename(path).split(".")[0] or "job"
+    name = "".join(c if c.isalnum() or c in "_-" else "-" for c in stem)[:40].strip("-_") or "job"
+    # Job folders live under this directory's .monarch/jobs/ whatever the state file's path.
+    return name, paths.job_dir(f"{name}-{hashlib.sha1(path.encode()).hexdigest()[:8]}")
+
+
+def _resolve_cache_path(cached_path: str | None) -> str | None:
+    if cached_path is None:
+        return None
+    if os.path.normpath(cached_path) == os.path.normpath(DEFAULT_JOB_PATH):
+        from monarch.job.state import StatePaths
+
+        return StatePaths().resolve(None)
+    return os.path.abspath(cached_path)
+
+
+_exit_jobs: list[JobTrait] = []
+_exit_lock = threading.Lock()
+
+
+def _release_at_exit(job: JobTrait) -> None:
+    with _exit_lock:
+        if not _exit_jobs:
+            atexit.register(_release_uncached)
+        _exit_jobs.append(job)
+
+
+def _release_uncached() -> None:
+    for job in list(_exit_jobs):
+        try:
+            if job.active:
+                job.kill()
+        except Exception as e:
+            print(f"monarch: releasing an uncached job at exit failed: {e}", file=sys.stderr)
+    _exit_jobs.clear()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _rel(path: str) -> str:
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def job_loads(data: bytes) -> JobTrait:
+    """The job in ``data`` (from :meth:`JobTrait.dumps`)."""
+    from monarch.job.state import parse_payload
+
+    return _job_from_payload(parse_payload(data, "the job bytes"), None)
+
+
+def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
+    """The job saved at ``filename`` (default: the current reservation, as for ``monarch status``).
+
+    A reservation made by ``monarch serve`` comes back as a running ``ProcessJob({"hosts": N})``
+    (local) or ``SlurmJob(meshes={"hosts": N}, ...)``; one made by ``monarch.job.spmd.serve`` as
+    an ``SPMDJob``.  Raises ``FileNotFoundError`` if there is no file, and
+    ``monarch.errors.StateError`` (one line, with the fix) for a file of another version or program.
+    """
+    from monarch.job.state import load_payload
+
+    path = _resolve_cache_path(filename) if filename is not None else _resolve_cache_path(DEFAULT_JOB_PATH)
+    assert path is not None
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no job saved at {_rel(path)} (run `monarch serve` or job.state() first)")
+    return _job_from_payload(load_payload(path), path)
+
+
+def _job_from_payload(payload: dict, path: str | None) -> JobTrait:
+    from monarch.job.state import JobRecord
+
+    where = _rel(path) if path else "the job bytes"
+    state, blob = payload.get("state"), payload.get("job")
+    if state is None:
+        if blob is None:
+            raise StateError(f"{where} holds no job", "`monarch serve` or job.state() makes one")
+        return _unpickle_job(blob, where)
+    try:
+        record = JobRecord.from_dict(state)
+    except Exception:
+        raise StateError(f"state file {where} is corrupt", "remove it with `monarch stop --force`") from None
+    return job_for_record(record, path)
+
+
+def job_for_record(record: "JobRecord", path: str | None) -> Job:
+    """The running job object of a reservation: the job it was made for, else one for its scheduler."""
+    if record.job is not None:
+        job = _unpickle_job(record.job, _rel(path) if path else "the job bytes")
+        if not isinstance(job, Job):
+            raise StateError(f"the reservation {record.job_id} names a {type(job).__name__}, not a monarch job")
+        Job.__init__(job, record, path)
+        return job
+    if record.program is not None:
+        from monarch.job.spmd import SPMDJob
+
+        return SPMDJob(record, path)
+    if record.spec.scheduler == "local":
+        from monarch.job.process import ProcessJob
+
+        return ProcessJob._attached({"hosts": record.spec.hosts}, record, path)
+    if record.spec.scheduler == "slurm":
+        from monarch.job.slurm import SlurmJob
+
+        return SlurmJob._attached({"hosts": record.spec.hosts}, record, path)
+    return Job(record, path)
+
+
+def _unpickle_job(blob: bytes, where: str) -> JobTrait:
+    try:
+        job = pickle.loads(blob)
+    except (ModuleNotFoundError, AttributeError, ImportError) as e:
+        raise StateError(f"{where} holds a job whose class this program cannot import ({e})",
+                         "import the module that defines it first, or remove the file") from None
+    except Exception as e:
+        raise StateError(f"{where} holds a job that cannot be loaded ({type(e).__name__}: {e})",
+                         "remove the file and apply the job again") from None
+    if not isinstance(job, JobTrait):
+        raise StateError(f"{where} holds a {type(job).__name__}, not a job", "remove the file")
+    return job
+
+
+# -- the current job (``monarch apply``-style contexts) --------------------------------------------
+
+
+def _spec_file() -> str:
+    from monarch.job.state import StatePaths
+
+    paths = StatePaths()
+    return os.path.join(paths.root, "specs", paths.current())
+
+
+def set_current_job(module_path: str) -> None:
+    """Remember ``module.attr`` (a ``JobTrait`` object) as the job of the current context."""
+    from monarch.job.state import write_atomic
+
+    if not isinstance(module_path, str) or "." not in module_path:
+        raise ValueError(f"module_path must be 'module.attr', got {module_path!r}")
+    write_atomic(_spec_file(), module_path.encode())
+
+
+def load_current_job() -> JobTrait:
+    """A fresh job object from the current context's ``module.attr`` (see :func:`set_current_job`).
+
+    Not connected: call ``.state()`` on it (which reuses the cached job when it can).
+    """
+    path = _spec_file()
+    try:
+        with open(path) as f:
+            module_path = f.read().strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"No spec found at {_rel(path)}. Call monarch.job.set_current_job('module.attr') first.") \
+            from None
+    mod_name, _, attr = module_path.rpartition(".")
+    if not mod_name:
+        raise ValueError(f"module_path must be 'module.attr', got {module_path!r}")
+    job = getattr(importlib.import_module(mod_name), attr, None)
+    if job is None:
+        raise AttributeError(f"Module '{mod_name}' has no '{attr}' attribute")
+    if not isinstance(job, JobTrait):
+        raise TypeError(f"'{module_path}' must be a JobTrait, got {type(job).__name__}")
+    return job
+
+
+# -- LocalJob ----------------------------------------------------------------------------------
+
+
+class LocalJob(JobTrait):
+    """This machine as every host mesh: ``state().<name>`` is ``this_host()``.
+
+    A stand-in so a program can switch between a real job and local execution by configuration.
+    Like Monarch's, it never reuses a cached job (``can_run`` is False), so its ``state()``
+    releases a different cached job at ``cached_path``.
+    """
+
+    def __init__(self, hosts: Sequence[str] = ("hosts",)):
+        super().__init__()
+        if isinstance(hosts, str):
+            hosts = (hosts,)
+        self._host_names = tuple(hosts)
+
+    def _create(self, client_script: str | None) -> None:
+        if client_script is not None:
+            raise UsageError("LocalJob.apply(client_script=...) (batch mode) is not supported",
+                             f"run it as `python {client_script}`")
+
+    def _state(self) -> JobState:
+        from monarch.actor import this_host
+
+        return JobState({name: this_host() for name in self._host_names})
+
+    def can_run(self, spec: JobTrait) -> bool:
+        return False
+
+    def _kill(self) -> None:
+        pass

@@ -1,0 +1,70 @@
+"""``ProcessJob``: hosts that are processes on this machine (monarch's local scheduler).
+
+    job = ProcessJob({"trainers": 2, "dataloaders": 1})
+    state = job.state()            # three host agents on this machine, reserved as `monarch serve` does
+    state.trainers                 # HostMesh of 2 hosts
+
+Each host is a long-lived monarch host agent, so the reservation is the one ``monarch serve
+--hosts 3`` makes: ``monarch status`` shows it, ``monarch run`` uses it, ``monarch stop`` (or
+``job.kill()``) releases it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch.job.job import Job
+
+
+def check_meshes(meshes: Any, kind: str) -> dict[str, int]:
+    """``meshes`` as a dict of mesh name -> host count, or a ValueError that says what is wrong."""
+    if not isinstance(meshes, dict) or not meshes:
+        raise ValueError(f"{kind} takes a dict of mesh name -> number of hosts, e.g. {{'hosts': 2}}; got {meshes!r}")
+    out = {}
+    for name, n in meshes.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"mesh name {name!r} must be a Python identifier (it becomes state.<name>)")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"mesh {name!r} needs a positive number of hosts, got {n!r}")
+        out[name] = n
+    return out
+
+
+class ProcessJob(Job):
+    """Each host of each mesh is a process on this machine (a monarch host agent).
+
+    Args:
+        meshes: mesh name -> number of hosts, e.g. ``{"hosts": 2}``.
+        env: extra environment variables for the host agents and the procs they start.
+    """
+
+    def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self._meshes = check_meshes(meshes, "ProcessJob")
+        if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                    for k, v in env.items())):
+            raise ValueError(f"env must map names to strings, got {env!r}")
+        self._env = dict(env) if env else None
+
+    @classmethod
+    def _attached(cls, meshes: dict[str, int], record: Any, path: str | None) -> "ProcessJob":
+        job = cls(meshes, env=(record.spec.options or {}).get("env"))
+        Job.__init__(job, record, path)
+        return job
+
+    def _job_spec(self):
+        from monarch.job.state import JobSpec
+
+        options: dict = {"env": dict(self._env)} if self._env else {}
+        return JobSpec("local", sum(self._meshes.values()), 1, options)
+
+    def _mesh_sizes(self) -> dict[str, int]:
+        return dict(self._meshes)
+
+    def _same_spec(self, spec: Any) -> bool:
+        # Monarch: a ProcessJob with the same meshes (the environment is part of what we reserved).
+        return isinstance(spec, ProcessJob) and spec._meshes == self._meshes and spec._env == self._env \
+            and self.record is not None and self.record.spec.scheduler == "local"
+
+
+__all__ = ["ProcessJob"]
