@@ -240,7 +240,13 @@ class Job(JobTrait):
         self.path = path
         if record is not None:
             self._status = "running"
-            self._apply_id = record.job_id
+            self._apply_id = _apply_uuid(record)
+
+    def apply(self, client_script: str | None = None) -> None:
+        super().apply(client_script)
+        if self.record is not None and self._status == "running":
+            # The same allocation has the same apply_id in every process that loads it.
+            self._apply_id = _apply_uuid(self.record)
 
     # what a subclass says
     def _job_spec(self) -> "JobSpec":
@@ -350,6 +356,10 @@ class Job(JobTrait):
             raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
         self.record, self.path = load_live(path=self.path)
         return _host_meshes(self.record, {"hosts": self.record.spec.hosts})["hosts"]
+
+
+def _apply_uuid(record: "JobRecord") -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"monarch-job:{record.job_id}@{record.created_at!r}"))
 
 
 def _spec_only(job: Job) -> Job:
