@@ -44,7 +44,7 @@ def agent_pids(cwd) -> list[int]:
     for root, _, files in os.walk(os.path.join(cwd, ".monarch", "jobs")):
         if "local.json" in files:
             with open(os.path.join(root, "local.json")) as f:
-                out += json.load(f)["pids"]
+                out += [a["pid"] for a in json.load(f)["agents"]]
     return out
 
 
