@@ -62,6 +62,17 @@ class Pickled(Message):
         return Pickled, (pickle.PickleBuffer(self.body) if len(self.body) >= wire.OOB_THRESHOLD else bytes(self.body), bufs)
 
 
+class Streamed(Message):
+    """A message of a stream (a run's output, a shell's bytes, later debug and sync sessions).
+
+    Each carries the ``port_id`` of the port its stream was opened on
+    (:meth:`monarch_agents.runtime.Runtime.open_stream`); the runtime hands it to that port,
+    so any number of streams of one kind coexist in one process.
+    """
+
+    port_id: int
+
+
 @dataclass(frozen=True)
 class PortRef:  # stays a frozen dataclass: small, and hashable
     """Where to send answers: a process's inbound address and a port in it."""
@@ -191,7 +202,9 @@ class HostInfo(Message):
 
 @message
 class RunCommand(Message):
-    """Run ``argv`` on the host; output streams to ``reply`` as RunOutput/RunExited."""
+    """Run ``argv`` on the host; output streams to the port ``reply`` as RunOutput, then one RunExited.
+
+    ``reply.addr`` empty: a detached run, output only in the host's log."""
 
     run_id: str
     argv: list
@@ -203,7 +216,8 @@ class RunCommand(Message):
 
 
 @message
-class RunOutput(Message):
+class RunOutput(Streamed):
+    port_id: int
     run_id: str
     rank: int
     stream: str  # "stdout" | "stderr"
@@ -211,7 +225,10 @@ class RunOutput(Message):
 
 
 @message
-class RunExited(Message):
+class RunExited(Streamed):
+    """The end of a run's rank (or of a shell): the last message of its stream."""
+
+    port_id: int
     run_id: str
     rank: int
     exit_code: int
@@ -231,7 +248,8 @@ class Shutdown(Message):
 
 @message
 class OpenShell(Message):
-    """Start an interactive shell on a pty; bytes flow as ShellData both ways."""
+    """Start an interactive shell on a pty: its bytes stream to the port ``reply`` as ShellOutput
+    (then one RunExited); keys and window sizes come back as ShellData."""
 
     shell_id: str
     argv: list
@@ -245,10 +263,19 @@ class OpenShell(Message):
 
 @message
 class ShellData(Message):
+    """Keys for a shell (and its new window size, when ``rows`` and ``cols`` are set)."""
+
     shell_id: str
     data: bytes
     rows: int = 0
     cols: int = 0
+
+
+@message
+class ShellOutput(Streamed):
+    port_id: int
+    shell_id: str
+    data: bytes
 
 
 @message

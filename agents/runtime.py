@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from monarch_agents.errors import SupervisionError
 from monarch_agents.future import Future
-from monarch_agents.messages import PortRef, ProcDied, Reply
+from monarch_agents.messages import PortRef, ProcDied, Reply, Streamed
 from monarch_agents.transport import JobKeys, Mailbox, PeerLost
 
 log = logging.getLogger("monarch.runtime")
@@ -59,6 +59,34 @@ class OneShot:
     def lost(self, addr: str, error: SupervisionError) -> None:
         self.rt.close_port(self.port_id)
         self.future.set_exception(error)
+
+
+class StreamPort:
+    """A port that receives a stream: every message sent to it goes to ``on_message`` (IO thread).
+
+    Opened with :meth:`Runtime.open_stream`; ``ref`` is what the sender is given.  ``on_lost(addr,
+    error)`` is called if a peer it waits on dies.  Close it once the stream has ended.
+    """
+
+    __slots__ = ("rt", "port_id", "on_message", "on_lost", "ref")
+
+    def __init__(self, rt: "Runtime", on_message: Callable[[Any], None],
+                 on_lost: Callable[[str, SupervisionError], None] | None):
+        self.rt = rt
+        self.port_id = 0
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.ref = PortRef("", 0)
+
+    def deliver(self, msg: Any) -> None:
+        self.on_message(msg)
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        if self.on_lost is not None:
+            self.on_lost(addr, error)
+
+    def close(self) -> None:
+        self.rt.close_port(self.port_id)
 
 
 def _as_exception(payload: Any) -> BaseException:
@@ -110,7 +138,14 @@ class Runtime:
     # -- messages ----------------------------------------------------------
 
     def register(self, msg_type: type, handler: Callable[[Any], None]) -> None:
-        """Run ``handler(msg)`` on the IO thread for each message of ``msg_type``."""
+        """Run ``handler(msg)`` on the IO thread for each message of ``msg_type`` (one handler per type).
+
+        Streams (:class:`~monarch_agents.messages.Streamed`) are not registered: each is read
+        through its own port (:meth:`open_stream`), so that several can coexist."""
+        if issubclass(msg_type, Streamed):
+            raise TypeError(f"{msg_type.__name__} is a stream message: read it through open_stream(), not register()")
+        if self._handlers.get(msg_type, handler) is not handler:
+            raise ValueError(f"{self.name}: {msg_type.__name__} already has a handler")
         self._handlers[msg_type] = handler
 
     def send(self, addr: str, msg: Any) -> None:
@@ -138,6 +173,13 @@ class Runtime:
             return
         handler = self._handlers.get(type(msg))
         if handler is None:
+            if isinstance(msg, Streamed):
+                port = self._ports.get(msg.port_id)
+                if port is not None:
+                    port.deliver(msg)
+                else:  # the stream's reader is gone (it stopped listening, or never opened it)
+                    log.debug("%s: %s for closed port %s", self.name, type(msg).__name__, msg.port_id)
+                return
             log.warning("%s: no handler for %s", self.name, type(msg).__name__)
             return
         handler(msg)
@@ -160,6 +202,15 @@ class Runtime:
         if dead is not None:
             self.mailbox.call_soon(lambda: handler.lost(*dead))
         return PortRef(self.addr, pid)
+
+    def open_stream(self, on_message: Callable[[Any], None],
+                    on_lost: Callable[[str, SupervisionError], None] | None = None,
+                    waits_on: list[str] | tuple = ()) -> StreamPort:
+        """A port for a stream of :class:`~monarch_agents.messages.Streamed` messages (run output, a
+        shell); give its ``ref`` to the sender.  Streams of one kind coexist: each has its own port."""
+        port = StreamPort(self, on_message, on_lost)
+        port.ref = self.open_port(port, waits_on)
+        return port
 
     def close_port(self, port_id: int) -> None:
         with self._lock:

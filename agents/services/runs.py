@@ -1,7 +1,7 @@
 """Commands for ``monarch run``: start them, stream and keep their output, signal them, read logs.
 
 Each ``RunCommand`` is one rank of a run: its stdout and stderr go, live, to the
-run's reply address as ``RunOutput`` and into ``<log_dir>/runs/<run id>/<rank>.stdout``
+run's reply port as ``RunOutput`` and into ``<log_dir>/runs/<run id>/<rank>.stdout``
 (``.stderr``) for ``monarch logs``; then one ``RunExited`` says how it ended and a
 ``<rank>.exit`` file marks the log complete.
 """
@@ -89,7 +89,7 @@ class CommandChild(Child):
         code, reason = self.exit
         self.ended(code, reason)
         if self.reply.addr:
-            self.service.agent.send(self.reply.addr, m.RunExited(self.run_id, self.rank, code, reason))
+            self.service.agent.send(self.reply.addr, m.RunExited(self.reply.port_id, self.run_id, self.rank, code, reason))
         self.service.finished(self)
 
     def ended(self, code: int, reason: str) -> None:
@@ -190,7 +190,7 @@ class RunsService(Service):
                     files[key.data].write(data)
                     files[key.data].flush()
                     if run.reply.addr:
-                        self.agent.send(run.reply.addr, m.RunOutput(run.run_id, run.rank, key.data, data))
+                        self.agent.send(run.reply.addr, m.RunOutput(run.reply.port_id, run.run_id, run.rank, key.data, data))
         finally:
             for fd in open_fds:
                 os.close(fd)

@@ -1,7 +1,7 @@
 """Interactive shells for ``monarch shell``: a command on a real pty, bytes both ways.
 
 ``OpenShell`` starts the command on a new pty; what it writes goes to the reply
-address as ``ShellData``, keys come back as ``ShellData`` (with the window size
+port as ``ShellOutput``, keys come back as ``ShellData`` (with the window size
 when it changed), and one ``RunExited`` says how the shell ended.  Nothing is
 logged: a shell is the user's terminal.
 """
@@ -88,7 +88,7 @@ class ShellsService(Service):
                 data = b""  # EIO: the pty's last user closed it
             if not data:
                 break
-            self.agent.send(shell.reply.addr, m.ShellData(shell.run_id, data))
+            self.agent.send(shell.reply.addr, m.ShellOutput(shell.reply.port_id, shell.run_id, data))
         with shell.fd_lock:
             master, shell.master = shell.master, -1
             os.close(master)

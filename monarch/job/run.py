@@ -24,7 +24,7 @@ from typing import Callable
 
 from monarch_agents import messages as m
 from monarch_agents.errors import SupervisionError
-from monarch_agents.runtime import Runtime
+from monarch_agents.runtime import Runtime, StreamPort
 from monarch_agents.client import ensure_runtime
 from monarch.errors import MonarchError, RunError
 from monarch.job.state import HostRecord, JobRecord
@@ -170,22 +170,23 @@ class RemoteRun:
         self.left = len(hosts)
         self.done = threading.Event()
         self.lock = threading.Lock()
+        self._stream: StreamPort | None = None
 
     def start(self) -> None:
         rt = self.rt
-        rt.register(m.RunOutput, self._output)
-        rt.register(m.RunExited, self._exited)
         port = self.pick_master_port()
-        reply = m.PortRef("" if self.detach else rt.addr, 0)
-        owner = "" if self.detach else rt.addr
+        if self.detach:
+            reply, owner = m.PortRef("", 0), ""  # output only in the hosts' logs; it outlives us
+        else:
+            # Our own port: other runs and shells of this process have theirs.
+            self._stream = rt.open_stream(self._on_stream, self._agent_lost, [h.addr for h in self.hosts])
+            reply, owner = self._stream.ref, rt.addr
         for i, h in enumerate(self.hosts):
             env = run_env(self.record, self.hosts, i, self.run_id, port, self.env)
-            if not self.detach:
-                rt.watch(h.addr, lambda err, i=i: self._agent_lost(i, err))
             try:
                 rt.send(h.addr, m.RunCommand(self.run_id, self.argv_for(i, env), env, self.cwd, reply, i, owner))
             except SupervisionError as e:
-                self._agent_lost(i, e)
+                self._finish(i, 255, f"host agent on {h.host} died during the run ({e})")
 
     def argv_for(self, index: int, env: dict[str, str]) -> list[str]:
         if self.expand is None:
@@ -198,17 +199,16 @@ class RemoteRun:
     def pick_master_port(self) -> int:
         return pick_port(self.hosts[0])
 
-    def _output(self, msg: m.RunOutput) -> None:
-        if msg.run_id == self.run_id:
+    def _on_stream(self, msg: m.RunOutput | m.RunExited) -> None:
+        if type(msg) is m.RunOutput:
             self.on_output(msg.rank, msg.stream, msg.data)
+        elif type(msg) is m.RunExited:
+            self._finish(msg.rank, msg.exit_code, msg.reason)
 
-    def _exited(self, msg: m.RunExited) -> None:
-        if msg.run_id != self.run_id:
-            return
-        self._finish(msg.rank, msg.exit_code, msg.reason)
-
-    def _agent_lost(self, rank: int, err: SupervisionError) -> None:
-        self._finish(rank, 255, f"host agent on {self.hosts[rank].host} died during the run ({err})")
+    def _agent_lost(self, addr: str, err: SupervisionError) -> None:
+        for rank, h in enumerate(self.hosts):
+            if h.addr == addr:
+                self._finish(rank, 255, f"host agent on {h.host} died during the run ({err})")
 
     def _finish(self, rank: int, code: int, reason: str) -> None:
         with self.lock:
@@ -225,6 +225,8 @@ class RemoteRun:
             # The other ranks would wait forever for the failed one (torchrun does): stop them.
             self.signal(signal.SIGTERM)
         if finished:
+            if self._stream is not None:
+                self._stream.close()
             self.done.set()
 
     def signal(self, signum: int) -> None:

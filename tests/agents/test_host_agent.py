@@ -28,16 +28,14 @@ def agent(client, tmp_path_factory):
 
 
 class Streams:
-    """Routes RunOutput / RunExited / ShellData messages to one queue per run id."""
+    """One stream port per run or shell (as any client opens them), its messages in a queue."""
 
     def __init__(self, rt):
+        self.rt = rt
         self.queues: dict[str, queue.Queue] = {}
-        for t in (m.RunOutput, m.RunExited, m.ShellData):
-            rt.register(t, self._on)
 
-    def _on(self, msg) -> None:
-        key = getattr(msg, "run_id", None) or msg.shell_id
-        self.queue(key).put(msg)
+    def open(self, key: str) -> m.PortRef:
+        return self.rt.open_stream(self.queue(key).put).ref
 
     def queue(self, key: str) -> queue.Queue:
         return self.queues.setdefault(key, queue.Queue())
@@ -67,10 +65,9 @@ def _spawn(rt, agent, count: int, env: dict | None = None) -> list[m.ProcInfo]:
     return mesh_id, infos
 
 
-def _run(rt, agent, argv, env=None, cwd=None, rank=0) -> str:
+def _run(rt, agent, streams, argv, env=None, cwd=None, rank=0) -> str:
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    port = m.PortRef(rt.addr, 0)  # run output arrives as its own messages, not as replies
-    rt.send(agent.addr, m.RunCommand(run_id, list(argv), env or {}, cwd, port, rank, rt.addr))
+    rt.send(agent.addr, m.RunCommand(run_id, list(argv), env or {}, cwd, streams.open(run_id), rank, rt.addr))
     return run_id
 
 
@@ -120,7 +117,7 @@ def test_proc_that_fails_to_start_fails_the_spawn(client, agent):
 
 
 def test_run_command_streams_output_and_exit(client, agent, streams, tmp_path):
-    run_id = _run(client, agent, ["sh", "-c", 'echo "out $FOO"; pwd; echo err >&2; exit 7'],
+    run_id = _run(client, agent, streams, ["sh", "-c", 'echo "out $FOO"; pwd; echo err >&2; exit 7'],
                   env={"FOO": "bar"}, cwd=str(tmp_path))
     out, exited = streams.collect(run_id)
     assert out["stdout"].decode().splitlines() == ["out bar", str(tmp_path)]
@@ -133,14 +130,14 @@ def test_run_command_streams_output_and_exit(client, agent, streams, tmp_path):
 
 
 def test_run_missing_command(client, agent, streams):
-    run_id = _run(client, agent, ["/no/such/program"])
+    run_id = _run(client, agent, streams, ["/no/such/program"])
     out, exited = streams.collect(run_id)
     assert exited.exit_code == 127
     assert b"cannot run" in out["stderr"]
 
 
 def test_signal_run(client, agent, streams):
-    run_id = _run(client, agent, ["sh", "-c", "echo started; exec sleep 60"])
+    run_id = _run(client, agent, streams, ["sh", "-c", "echo started; exec sleep 60"])
     q = streams.queue(run_id)
     first = q.get(timeout=T)
     assert first.data == b"started\n"
@@ -151,7 +148,7 @@ def test_signal_run(client, agent, streams):
 
 def test_shell(client, agent, streams):
     shell_id = f"sh-{uuid.uuid4().hex[:8]}"
-    client.send(agent.addr, m.OpenShell(shell_id, ["sh"], {"PS1": "$ "}, None, 24, 80, m.PortRef(client.addr, 0),
+    client.send(agent.addr, m.OpenShell(shell_id, ["sh"], {"PS1": "$ "}, None, 24, 80, streams.open(shell_id),
                                         client.addr))
     client.send(agent.addr, m.ShellData(shell_id, b"echo hello-$((6*7))\nexit 3\n"))
     out, exited = streams.collect(shell_id)

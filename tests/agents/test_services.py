@@ -20,12 +20,11 @@ T = 30
 
 
 class RunStream:
-    """The RunOutput / RunExited messages of the runs this test starts."""
+    """The RunOutput / RunExited messages of the runs a test starts, on one stream port."""
 
     def __init__(self, rt):
         self.q: queue.Queue = queue.Queue()
-        for t in (m.RunOutput, m.RunExited, m.ShellData):
-            rt.register(t, self.q.put)
+        self.port = rt.open_stream(self.q.put)
 
     def next(self, kind: type, timeout: float = T):
         while True:
@@ -38,9 +37,9 @@ def _ping(client, agent) -> m.HostInfo:
     return client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
 
 
-def _run(client, agent, argv) -> str:
+def _run(client, agent, stream: RunStream, argv) -> str:
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    client.send(agent.addr, m.RunCommand(run_id, argv, {}, None, m.PortRef(client.addr, 0), 0, client.addr))
+    client.send(agent.addr, m.RunCommand(run_id, argv, {}, None, stream.port.ref, 0, client.addr))
     return run_id
 
 
@@ -54,7 +53,7 @@ def plugged(client, tmp_path):
 
 def test_status_has_every_service(client, plugged):
     stream = RunStream(client)
-    run_id = _run(client, plugged, ["sh", "-c", "echo up; exec sleep 30"])
+    run_id = _run(client, plugged, stream, ["sh", "-c", "echo up; exec sleep 30"])
     assert stream.next(m.RunOutput).data == b"up\n"
     info = _ping(client, plugged)
     assert set(info.services) == {"echo", "workspace", "procs", "runs", "shells"}
@@ -75,7 +74,7 @@ def test_ordered_stop_ends_runs_before_the_next_service_and_exits_normally(clien
     """Shutdown with a rank that ignores SIGTERM: it is killed within the deadline, its owner hears
     why, the service listed first stops last (no child left by then), and the process exits normally."""
     stream = RunStream(client)
-    _run(client, plugged, ["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"])
+    _run(client, plugged, stream, ["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"])
     assert stream.next(m.RunOutput).data == b"up\n"
     children = plugged.children()
     assert client.request(plugged.addr, lambda port: m.Shutdown(port)).get(timeout=T) is True
@@ -92,7 +91,7 @@ def test_ordered_stop_ends_runs_before_the_next_service_and_exits_normally(clien
 
 def test_sigterm_stops_the_agent_in_order(client, plugged):
     stream = RunStream(client)
-    _run(client, plugged, ["sh", "-c", "echo up; exec sleep 30"])
+    _run(client, plugged, stream, ["sh", "-c", "echo up; exec sleep 30"])
     assert stream.next(m.RunOutput).data == b"up\n"
     children = plugged.children()
     os.kill(plugged.pid, signal.SIGTERM)
