@@ -472,20 +472,22 @@ class ActorSlot:
 
 
 class _PlainMethod:
-    """A method not marked ``@endpoint``, called through ``as_endpoint``: it answers with its result."""
+    """A method not marked ``@endpoint``, called through ``as_endpoint``."""
 
-    _explicit_response_port = False
     _concurrent = False
 
-    def __init__(self, fn: Any):
+    def __init__(self, fn: Any, explicit_response_port: bool):
         self._fn = fn
+        self._explicit_response_port = explicit_response_port
 
 
-def _plain_method(cls: type, name: str) -> _PlainMethod:
+def _plain_method(cls: type, method: str) -> _PlainMethod:
+    # ``as_endpoint(..., explicit_response_port=True)`` sends "port:<name>".
+    explicit, _, name = method.rpartition(":")
     fn = inspect.getattr_static(cls, name, None)
-    if name.startswith("__") or not inspect.isfunction(fn):
+    if name.startswith("__") or not inspect.isfunction(fn) or explicit not in ("", "port"):
         raise AttributeError(f"{cls.__name__}.{name} is not an endpoint")
-    return _PlainMethod(fn)
+    return _PlainMethod(fn, explicit == "port")
 
 
 def _failure_reason(headline: str, e: BaseException, why: str = "") -> str:

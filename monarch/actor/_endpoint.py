@@ -344,7 +344,8 @@ def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None, explicit_respons
     mesh, name = not_an_endpoint._ref, not_an_endpoint._name
     fn = getattr(mesh._class, name)
     prop = EndpointProperty(fn, explicit_response_port=explicit_response_port, propagate=propagate)
-    return Endpoint(mesh, name, prop)
+    # The actor's side learns of the port from the name (":" is in no Python identifier).
+    return Endpoint(mesh, f"port:{name}" if explicit_response_port else name, prop)
 
 
 A = TypeVar("A")

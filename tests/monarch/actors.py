@@ -370,6 +370,9 @@ class Mortal(Actor):
         """Not an endpoint: only ``as_endpoint(mesh.plain)`` calls it."""
         return x * 10
 
+    def plain_with_port(self, port, x: int) -> None:
+        port.send(x * 100)
+
 
 class Finalizable(Actor):
     """Arms an ``atexit`` handler and a module-level object with ``__del__`` in its proc."""

@@ -177,9 +177,16 @@ def test_failure_of_a_mesh_spawned_on_someone_elses_procs_reaches_the_spawner(pr
         # Only the procs' owner hears the exit status from the host agent; the spawner sees the connection go.
         assert (mesh_name, rank) == ("hired", 1) and "connection lost" in report
         assert faults.get(timeout=T).rank == 1  # the procs' owner (the client) is told as well
+        pm.stop().get(timeout=T)
+        # The owner stopping its procs is no failure for the actors it ran for others.
+        with pytest.raises(TimeoutError):
+            recv.recv().get(timeout=QUIET_S)
+        with pytest.raises(ActorError, match="actor mesh is stopped due to proc mesh shutdown"):
+            foreman.spawn_on.call_one(pm).get(timeout=T)  # the foreman knows those procs are gone
     finally:
         pm.stop().get(timeout=T)
         foreman.stop().get(timeout=T)
+    _no_more(faults)
 
 
 def test_supervise_runs_before_queued_messages(procs, faults):
@@ -326,6 +333,8 @@ def test_plain_methods_are_placeholders_and_as_endpoint_calls_them(procs):
     with pytest.raises(RuntimeError, match="is not annotated as an endpoint. To call it as one"):
         mortal.plain(1)
     assert as_endpoint(mortal.plain).call(4).get(timeout=T).values() == [40, 40]
+    with_port = as_endpoint(mortal.plain_with_port, explicit_response_port=True)
+    assert with_port.call(2).get(timeout=T).values() == [200, 200]
     with pytest.raises(ValueError, match="expected an method of a spawned actor"):
         as_endpoint(mortal.ok)
     mortal.stop().get(timeout=T)
