@@ -17,7 +17,7 @@ import monarch
 
 # Command modules keep their machinery (ZeroMQ, Rich, the job code) in function-local
 # imports: every `monarch run` pays for what this line imports.
-from monarch_cli.commands import context, logs, run, serve, shell, status, stop, version
+from monarch_cli.commands import context, logs, run, serve, shell, status, stop, sync, version
 
 
 @dataclass
@@ -41,7 +41,8 @@ def app(ctx: click.Context, verbose: bool, json_out: bool) -> None:
         logging.basicConfig(level=os.environ.get("MONARCH_LOG", "INFO"))
 
 
-for command in (serve.serve, run.run, status.status, logs.logs, shell.shell, stop.stop, version.version, context.app):
+for command in (serve.serve, run.run, sync.sync, status.status, logs.logs, shell.shell, stop.stop, version.version,
+                context.app):
     app.add_command(command)
 
 

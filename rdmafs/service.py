@@ -287,7 +287,7 @@ class WorkspaceService:
 
     def _mount_status(self, mt: _Mount) -> dict:
         return {
-            "name": mt.name, "mountpoint": mt.server.mountpoint, "mode": mt.server.kind,
+            "name": mt.name, "host": self.host, "mountpoint": mt.server.mountpoint, "mode": mt.server.kind,
             "fallback_reason": self.fuse_reason, "manifest": mt.manifest.id, "files": mt.manifest.files,
             "bytes": mt.manifest.total_bytes, "synced_at": mt.synced_at, "syncs": mt.syncs, "restarts": mt.restarts,
             "alive": mt.server.alive,

@@ -77,6 +77,9 @@ class JobRecord:
     #: reservation was made for, pickled without its running state, so ``job_load`` gives it back;
     #: None when ``monarch serve`` made it.
     job: bytes | None = None
+    #: What ``monarch serve --workspace`` syncs to every host (``monarch.job.workspace.WorkspaceSpec``
+    #: fields); None when the hosts use the client's paths as they are.
+    workspace: dict | None = None
 
     @property
     def ready(self) -> bool:
@@ -103,6 +106,7 @@ class JobRecord:
             name=d["name"], spec=JobSpec(**d["spec"]), job_id=d["job_id"], job_dir=d["job_dir"],
             keys=JobKeys(**d["keys"]), hosts=[HostRecord(**h) for h in d["hosts"]],
             created_at=d["created_at"], version=d["version"], program=d.get("program"), job=d.get("job"),
+            workspace=d.get("workspace"),
         )
 
 

@@ -365,3 +365,37 @@ class ReservationSync:
             write_atomic(self._index_path, pickle.dumps(data, protocol=5))
         except OSError:
             pass  # only a cache
+
+
+def set_workspace(record: Any, path: str, *, source: str, env_dir: str = "", unreadable: str = "skip") -> None:
+    """Record in the job state that ``source`` (and ``env_dir``) are synced to the hosts."""
+    from monarch.job.state import save_state
+
+    record.workspace = {"source": check_source(source),
+                        "env_dir": check_source(env_dir, "environment folder") if env_dir else "",
+                        "unreadable": unreadable}
+    save_state(path, record)
+
+
+def describe(results: list[SyncResult], hosts: int) -> str:
+    """One line about a sync, in a user's words."""
+    parts = []
+    for r, name in zip(results, ("workspace", "env")):
+        what = f"{name}: {r.files:,} files, {fmt_bytes(r.bytes)}"
+        if not r.changed and not r.sent_chunks:
+            parts.append(f"{what}, unchanged")
+        else:
+            parts.append(f"{what}, sent {fmt_bytes(r.sent_bytes)} ({r.sent_chunks} chunks) in {r.seconds * 1000:.0f} ms")
+    skipped = sum(len(r.skipped) for r in results)
+    line = f"synced to {hosts} host{'s' if hosts != 1 else ''}: " + "; ".join(parts)
+    if skipped:
+        line += f"; skipped {skipped} unreadable: " + ", ".join(p for r in results for p, _ in r.skipped[:5])
+    return line
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

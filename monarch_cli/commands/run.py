@@ -48,6 +48,8 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
             extra[k] = v
         warn_s = time_warning_s(warn_before)
         record, path = load_live(name, progress=lambda *a: None)
+        if record.workspace:
+            _push_workspace(record, o.verbose)
         if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
             raise click.exceptions.Exit(_run_controller(argv, path, extra))
         selected = record.hosts
@@ -103,6 +105,15 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
             else:
                 err.print(f"[bold red]error:[/] rank {f.rank} on {f.host} {f.reason}")
         raise click.exceptions.Exit(code)
+
+
+def _push_workspace(record, verbose: bool) -> None:
+    """Changed files go to every host before the run starts there (a stat per file when nothing changed)."""
+    from monarch.job.workspace import ReservationSync, describe
+
+    results = ReservationSync(record).sync()
+    if verbose or any(r.changed for r in results):
+        err.print(f"[dim]{escape(describe(results, len(record.hosts)))}[/]")
 
 
 #: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).

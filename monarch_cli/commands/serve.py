@@ -9,7 +9,7 @@ import click
 
 from monarch.errors import UsageError
 from monarch_cli.commands._common import handled, opts
-from monarch_cli.output import err, print_json
+from monarch_cli.output import err, escape, print_json
 
 
 @click.command("serve")
@@ -48,6 +48,11 @@ from monarch_cli.output import err, print_json
 @click.option("--no-wait", is_flag=True, help="Submit and return; a later command waits for the hosts.")
 @click.option("--dryrun", "--dry-run", is_flag=True, help="Print what would be submitted and exit.")
 @click.option("--timeout", type=float, help="Give up waiting for hosts after this many seconds.")
+@click.option("--workspace", metavar="PATH", help="Mount this folder read-only on every host (synced; "
+                                                  "`monarch run` pushes changes first, `monarch sync --watch` on every save).")
+@click.option("--env-dir", metavar="PATH", help="With --workspace: a Python environment (e.g. .venv) synced beside it.")
+@click.option("--unreadable", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
+              help="With --workspace: files that cannot be read are skipped and listed, or fail the sync.")
 @click.pass_context
 def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, name: str, partition: str | None,
           time_limit: str | None, account: str | None, qos: str | None, gpus_per_node: int | None,
@@ -55,7 +60,8 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
           bind: str | None, image: str | None, namespace: str | None, kubeconfig: str | None,
           kube_context: str | None, gpus_per_host: int | None, cpu: str | None, memory: str | None,
           node_selector: tuple[str, ...], toleration: tuple[str, ...], service_account: str | None,
-          pod_template: str | None, attach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None) -> None:
+          pod_template: str | None, attach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None,
+          workspace: str | None, env_dir: str | None, unreadable: str) -> None:
     """Reserve hosts and start a monarch agent on each; reuses a live reservation of the same shape."""
     from monarch.job.reserve import reserve
     from monarch.job.state import JobSpec, StatePaths
@@ -88,6 +94,15 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             options["bind"] = bind
         spec = JobSpec(scheduler, hosts, procs_per_host, options)
         paths = StatePaths()
+        if env_dir and not workspace:
+            raise UsageError("--env-dir goes with --workspace", "add --workspace .")
+        if workspace:
+            from monarch.job.workspace import check_source
+
+            # Before reserving anything: a bad path costs no allocation.
+            check_source(workspace)
+            if env_dir:
+                check_source(env_dir, "environment folder")
         if dryrun:
             from monarch.job.reserve import scheduler_for
 
@@ -108,11 +123,25 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             r = reserve(spec, name=name, paths=paths, wait=not no_wait, replace=replace, progress=progress, timeout=timeout)
         paths.set_current(name)
         rec = r.record
+        synced = None
+        if workspace:
+            from monarch.job.workspace import ReservationSync, describe, set_workspace
+
+            set_workspace(rec, r.path, source=workspace, env_dir=env_dir or "", unreadable=unreadable)
+            if rec.ready:
+                with err.status("syncing the workspace to every host …"):
+                    results = ReservationSync(rec).sync()
+                synced = describe(results, len(rec.hosts))
+                mounts = {m["host"]: m["mountpoint"] for m in results[0].mounts}
         data = {
             "name": rec.name, "job_id": rec.job_id, "scheduler": rec.spec.scheduler, "reused": r.reused,
             "ready": rec.ready, "state_file": r.path, "seconds": round(time.monotonic() - started, 3),
             "hosts": [{"host": h.host, "rank": h.host_rank, "addr": h.addr, "pid": h.pid} for h in rec.hosts],
         }
+        if synced is not None:
+            data["workspace"] = {"source": rec.workspace["source"], "synced": synced, "mounts": mounts}
+            for h in data["hosts"]:
+                h["workspace"] = mounts.get(h["host"], "")
         if o.json:
             print_json(data)
             return
@@ -122,6 +151,9 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
                   + (f": {where}" if where else "") + f"  state: {_rel(r.path)}")
         if not rec.ready:
             err.print("  hosts are still starting; `monarch status` shows progress, and `monarch run` waits for them")
+        if synced is not None:
+            err.print(f"  {escape(synced)}")
+            err.print(f"  workspace mounted read-only on every host (e.g. {escape(next(iter(mounts.values()), ''))})")
 
 
 def _rel(path: str) -> str:

@@ -38,6 +38,10 @@ def status(ctx: click.Context, name: str | None) -> None:
                 info: HostInfo = f.get(timeout=max(0.1, _PING_TIMEOUT_S - (time.monotonic() - t0)))
                 entry.update(agent="up", procs=len(info.procs), runs=[" ".join(r["argv"]) for r in info.runs],
                              uptime_s=round(time.time() - info.started_at, 1))
+                ws = info.services.get("workspace") or {}
+                if ws.get("mounts"):
+                    entry["workspace"] = {"transport": ws.get("transport"), "transport_reason": ws.get("transport_reason"),
+                                          "mounts": ws["mounts"]}
             except Exception as e:
                 entry.update(agent="unreachable", error=str(e).splitlines()[0], procs=0, runs=[])
             hosts.append(entry)
@@ -68,6 +72,20 @@ def status(ctx: click.Context, name: str | None) -> None:
                           "; ".join(h["runs"]) or "-", h["addr"])
             if hosts:
                 out.print(t)
+            mounted = [(h, mt) for h in hosts for mt in h.get("workspace", {}).get("mounts", [])]
+            if mounted:
+                wt = Table("rank", "mount", "where", "files", "bytes", "last sync", "transport")
+                for h, mt in mounted:
+                    how = mt["mode"] + ("" if mt.get("alive", True) else " [red](down)[/]")
+                    if mt.get("fallback_reason"):
+                        how += f" ({mt['fallback_reason']})"
+                    wt.add_row(str(h["rank"]), mt["name"], f"{mt['mountpoint']} [dim]{how}[/]", f"{mt['files']:,}",
+                               _fmt_bytes(mt["bytes"]), f"{_fmt_ago(time.time() - mt['synced_at'])} ago",
+                               h["workspace"]["transport"])
+                out.print(wt)
+                reason = next((h["workspace"]["transport_reason"] for h, _ in mounted), "")
+                if reason:
+                    err.print(f"[dim]transport tcp: {reason}[/]")
             if d and d.details:
                 cols = list(d.details[0])
                 dt = Table(*cols)
@@ -78,6 +96,17 @@ def status(ctx: click.Context, name: str | None) -> None:
             raise click.exceptions.Exit(3)
         if bad:
             raise click.exceptions.Exit(5)
+
+
+def _fmt_bytes(n: float) -> str:
+    from monarch.job.workspace import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def _fmt_ago(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s}s" if s < 120 else (f"{s // 60}m" if s < 7200 else f"{s // 3600}h")
 
 
 def _fmt_left(s: float) -> str:
