@@ -12,6 +12,7 @@ from monarch_cli.output import err, escape, print_json
 #: watchfiles yields once no new change came for this long (ms): an editor's save is one sync.
 _WATCH_STEP_MS = 10
 _WATCH_DEBOUNCE_MS = 100
+_WATCH_IDLE_MS = 1000
 
 
 @click.command("sync")
@@ -48,9 +49,14 @@ def sync(ctx: click.Context, name: str | None, watch: bool, source: str | None, 
         import watchfiles
 
         roots = [p.source for p in rs.pushers]
-        err.print(f"watching {', '.join(escape(r) for r in roots)} (Ctrl-C stops)")
-        for _changes in watchfiles.watch(*roots, watch_filter=_interesting, debounce=_WATCH_DEBOUNCE_MS,
-                                         step=_WATCH_STEP_MS, raise_interrupt=False):
+        ready = False
+        # yield_on_timeout: the first (empty) yield says the watcher runs; then an edit made since the
+        # sync above is pushed, and "watching" is true when it is printed.
+        for changes in watchfiles.watch(*roots, watch_filter=_interesting, debounce=_WATCH_DEBOUNCE_MS,
+                                        step=_WATCH_STEP_MS, raise_interrupt=False, yield_on_timeout=True,
+                                        rust_timeout=_WATCH_IDLE_MS):
+            if not changes and ready:
+                continue
             try:
                 results = rs.sync()
             except WorkspaceError as e:
@@ -58,6 +64,9 @@ def sync(ctx: click.Context, name: str | None, watch: bool, source: str | None, 
                 continue
             if any(r.changed for r in results):
                 _report(o, results, len(record.hosts))
+            if not ready:
+                ready = True
+                err.print(f"watching {', '.join(escape(r) for r in roots)} (Ctrl-C stops)")
 
 
 def _interesting(change, path: str) -> bool:
