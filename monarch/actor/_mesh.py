@@ -200,7 +200,10 @@ class ProcMesh(_MeshBase):
         return Future.completed(True)
 
     def slice(self, **dims: Any) -> "ProcMesh":
-        return ProcMesh(self._procs, self._shape.slice(**dims), self._mesh_id, self._name, self._host_mesh, False)
+        sub = ProcMesh(self._procs, self._shape.slice(**dims), self._mesh_id, self._name, self._host_mesh, False)
+        # A slice is still ours: its procs' deaths already reach the owner through the whole mesh.
+        sub._owner, sub._owner_actor = self._owner, self._owner_actor
+        return sub
 
     def _watch(self, owner_actor: Any) -> None:
         self._owner_actor = owner_actor

@@ -189,6 +189,17 @@ def test_failure_of_a_mesh_spawned_on_someone_elses_procs_reaches_the_spawner(pr
     _no_more(faults)
 
 
+def test_a_dead_proc_is_reported_once_with_actors_on_a_slice_of_it(faults):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        pid = pm.slice(gpus=1).spawn("sliced", Mortal).pid.call_one().get(timeout=T)
+        os.kill(pid, signal.SIGKILL)
+        assert faults.get(timeout=T).rank == 1
+        _no_more(faults)
+    finally:
+        pm.stop().get(timeout=T)
+
+
 def test_supervise_runs_before_queued_messages(procs, faults):
     port, recv = Channel.open()
     foreman = procs.slice(gpus=1).spawn("orderly", Foreman, port)
