@@ -1,0 +1,63 @@
+"""Telemetry saved as Parquet, for a post-mortem after the reservation is gone.
+
+``monarch stop --save DIR`` has every host agent write ``DIR/<table>/<host>.parquet``
+(one file per table and host, so hosts sharing a filesystem never write the same file);
+``monarch query --from DIR`` reads them back, one host per partition, through the same
+engine as a live query.
+
+What it does not do: append to an earlier save (a table's file for a host is replaced).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from monarch_telemetry.schema import TABLES
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def save_host(store, directory: str, host: str) -> list[str]:
+    """Write every table ``store`` holds rows of; returns the files written."""
+    written = []
+    for name in TABLES:
+        batches = store.batches(name)
+        if not batches:
+            continue
+        folder = os.path.join(directory, name)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{_SAFE.sub('_', host) or 'host'}.parquet")
+        tmp = f"{path}.tmp.{os.getpid()}"
+        pq.write_table(pa.Table.from_batches(batches, schema=TABLES[name].schema), tmp)
+        os.replace(tmp, path)  # a reader never sees half a file
+        written.append(path)
+    return written
+
+
+def load(directory: str) -> dict[str, list[pa.Table]]:
+    """Every saved table: {table: one Arrow table per host}.  Raises FileNotFoundError for no save."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"no saved telemetry at {directory}")
+    out: dict[str, list[pa.Table]] = {}
+    found = False
+    for name, spec in TABLES.items():
+        folder = os.path.join(directory, name)
+        if not os.path.isdir(folder):
+            continue
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".parquet"):
+                found = True
+                t = pq.read_table(os.path.join(folder, f))
+                out.setdefault(name, []).append(_conform(t, spec.schema))
+    if not found:
+        raise FileNotFoundError(f"{directory} holds no saved telemetry (no <table>/<host>.parquet files)")
+    return out
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))

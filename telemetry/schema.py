@@ -1,0 +1,301 @@
+"""Every telemetry table and column, documented in this one place.
+
+``monarch query --tables`` prints this, and README's telemetry section lists the same
+(a test keeps the two in step).  Monarch's own event tables (``meshes``, ``actors``,
+``actor_status_events``, ``messages``, ``sent_messages``, ``message_status_events``) keep
+PyTorch Monarch 0.7.0's names, columns and column order; the columns we add come after
+theirs.  Ids are 64-bit and the same on every host (names are hashed), so tables recorded
+on different hosts join.
+
+Three kinds of table:
+
+- *event* tables are appended to while the job runs (a bounded ring, oldest rows dropped first);
+- *snapshot* tables are built by each host agent when asked (what is true now);
+- *views* are SQL over the others, run after the rows of every host are merged.
+
+What this module does not do: record or query anything (see ``table.py``, ``engine.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Column types by name: importing pyarrow costs ~0.2 s, which a client or proc that only
+# records rows never pays (the host agent turns rows into Arrow).
+TIME, I64, F64, STR, BOOL = "timestamp", "int64", "float64", "string", "bool"
+
+EVENT = "event"
+SNAPSHOT = "snapshot"
+VIEW = "view"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str
+    doc: str
+    nullable: bool = False
+
+    @property
+    def arrow_type(self) -> "pa.DataType":
+        import pyarrow as pa
+
+        return {TIME: pa.timestamp("us", tz="UTC"), I64: pa.int64(), F64: pa.float64(), STR: pa.string(),
+                BOOL: pa.bool_()}[self.type]
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """A table's name, kind, columns and what one row means."""
+
+    name: str
+    kind: str
+    doc: str
+    columns: tuple[Column, ...]
+    recorded_by: str = ""
+
+    @property
+    def schema(self) -> "pa.Schema":
+        cached = _SCHEMAS.get(self.name)
+        if cached is None:
+            import pyarrow as pa
+
+            cached = _SCHEMAS[self.name] = pa.schema(
+                [pa.field(c.name, c.arrow_type, nullable=c.nullable) for c in self.columns])
+        return cached
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+_SCHEMAS: dict[str, "pa.Schema"] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSpec:
+    """A view: SQL over the tables, with its columns documented."""
+
+    name: str
+    doc: str
+    sql: str
+    columns: tuple[Column, ...]
+    kind: str = VIEW
+
+
+def _c(name: str, type_: str, doc: str, nullable: bool = False) -> Column:
+    return Column(name, type_, doc, nullable)
+
+
+_HOST = _c("host", STR, "host (agent) where the row was recorded")
+
+# --- Monarch's event tables (names, columns and order as in torchmonarch 0.7.0) -------------
+
+MESHES = TableSpec("meshes", EVENT, "One row per mesh made: host meshes, proc meshes and actor meshes.", (
+    _c("id", I64, "mesh id (a hash of its full name)"),
+    _c("timestamp_us", I64, "when it was made, microseconds since the epoch"),
+    _c("class", STR, "'Host', 'Proc', or 'Python<ActorClass>' for an actor mesh"),
+    _c("given_name", STR, "the name the program gave it (spawn's name)"),
+    _c("full_name", STR, "the unique name (given name plus a suffix)"),
+    _c("shape_json", STR, 'its shape as JSON: {"labels": [...], "sizes": [...]}'),
+    _c("parent_mesh_id", I64, "the mesh it was spawned on (procs on hosts, actors on procs)", True),
+    _c("parent_view_json", STR, "the shape of the parent it was spawned on", True),
+    _HOST,
+), "client")
+
+ACTORS = TableSpec("actors", EVENT, "One row per actor started (each rank of an actor mesh).", (
+    _c("id", I64, "actor id (a hash of full_name)"),
+    _c("timestamp_us", I64, "when it was created"),
+    _c("mesh_id", I64, "the actor mesh it belongs to (meshes.id)"),
+    _c("rank", I64, "its rank in the mesh"),
+    _c("full_name", STR, "unique name: <mesh full name>[<rank>]"),
+    _c("display_name", STR, "the name users see: <given name>[<rank>] ('<root>' for a client)", True),
+    _HOST,
+    _c("pid", I64, "the process it runs in"),
+), "proc agent, client")
+
+ACTOR_STATUS_EVENTS = TableSpec("actor_status_events", EVENT,
+    "Actor lifecycle: Client, Created, Initializing, Idle, Stopping, Stopped, Failed.", (
+    _c("id", I64, "event id"),
+    _c("timestamp_us", I64, "when the actor entered the status"),
+    _c("actor_id", I64, "actors.id"),
+    _c("new_status", STR, "Client, Created, Initializing, Idle, Stopping, Stopped or Failed"),
+    _c("reason", STR, "why (for Failed: the exception, one line)", True),
+    _HOST,
+), "proc agent, client")
+
+MESSAGES = TableSpec("messages", EVENT, "One row per endpoint call an actor handled (recorded where it was handled).", (
+    _c("id", I64, "message id"),
+    _c("timestamp_us", I64, "when the handler started (the message became active)"),
+    _c("from_actor_id", I64, "the sending process's root actor (the client's '<root>' actor, or a proc's)"),
+    _c("to_actor_id", I64, "actors.id of the receiver"),
+    _c("endpoint", STR, "endpoint (method) name", True),
+    _c("port_index", I64, "the reply port, if the caller waits for an answer", True),
+    _HOST,
+    _c("status", STR, "'complete' or 'failed' (the endpoint raised)"),
+    _c("latency_us", I64, "from arrival in the proc to the end of the handler, microseconds"),
+    _c("queue_us", I64, "time spent queued behind earlier messages to the same actor"),
+), "proc agent")
+
+MESSAGE_STATUS_EVENTS = TableSpec("message_status_events", EVENT,
+    "Message lifecycle: queued (arrived), active (handler started), complete or failed.", (
+    _c("id", I64, "event id"),
+    _c("timestamp_us", I64, "when the message entered the status"),
+    _c("message_id", I64, "messages.id"),
+    _c("status", STR, "queued, active, complete or failed"),
+    _HOST,
+), "proc agent")
+
+SENT_MESSAGES = TableSpec("sent_messages", EVENT, "One row per message a sender cast to an actor mesh (or slice of it).", (
+    _c("id", I64, "id of the send"),
+    _c("timestamp_us", I64, "when it was sent"),
+    _c("sender_actor_id", I64, "actors.id of the sender (the client's '<root>')"),
+    _c("actor_mesh_id", I64, "meshes.id of the actor mesh messaged"),
+    _c("view_json", STR, "the slice messaged, as JSON (labels, sizes, ranks)"),
+    _c("shape_json", STR, "the full shape of the mesh, as JSON"),
+    _HOST,
+    _c("endpoint", STR, "endpoint name"),
+    _c("adverb", STR, "call, call_one, choose, stream or broadcast"),
+    _c("num_targets", I64, "how many actors the send reached"),
+), "client")
+
+# --- ours -------------------------------------------------------------------------------------
+
+HOSTS = TableSpec("hosts", SNAPSHOT, "One row per host agent: what it is and how loaded it is now.", (
+    _HOST,
+    _c("host_rank", I64, "the host's rank in the reservation"),
+    _c("agent_pid", I64, "the host agent's pid"),
+    _c("addr", STR, "the agent's address"),
+    _c("started", TIME, "when the agent started"),
+    _c("uptime_s", F64, "seconds since it started"),
+    _c("cpu_count", I64, "CPUs of the host"),
+    _c("load_1m", F64, "1-minute load average"),
+    _c("memory_total_bytes", I64, "the host's memory"),
+    _c("memory_available_bytes", I64, "memory available now"),
+    _c("agent_rss_bytes", I64, "the agent's resident memory (its telemetry included)"),
+    _c("procs_alive", I64, "proc agents running"),
+    _c("ranks_alive", I64, "commands of `monarch run` running"),
+    _c("telemetry_rows", I64, "rows held in this agent's event tables"),
+    _c("telemetry_bytes", I64, "bytes held in this agent's event tables"),
+), "host agent")
+
+PROCS = TableSpec("procs", SNAPSHOT, "Processes a host agent started: proc agents and `monarch run` ranks, live and exited.", (
+    _HOST,
+    _c("pid", I64, "process id"),
+    _c("kind", STR, "'proc' (a proc agent hosting actors) or 'rank' (a command of `monarch run`)"),
+    _c("mesh", STR, "the proc mesh a proc belongs to ('' for ranks)"),
+    _c("run_id", STR, "the run a rank belongs to", True),
+    _c("rank", I64, "the rank's index in its run (one per host)", True),
+    _c("status", STR, "running, exited (code 0), failed (non-zero code) or killed (by a signal)"),
+    _c("exit_code", I64, "exit code, once exited", True),
+    _c("signal", I64, "the signal that ended it, if one did", True),
+    _c("reason", STR, "how it ended, in words", True),
+    _c("rss_bytes", I64, "resident memory now (running processes only)", True),
+    _c("started", TIME, "when it started"),
+    _c("ended", TIME, "when it ended", True),
+), "host agent")
+
+RUN_RANKS = TableSpec("run_ranks", SNAPSHOT, "One row per rank of each `monarch run` (the views runs and rank_exits are made from it).", (
+    _c("run_id", STR, "the run"),
+    _c("rank", I64, "the rank: the host's index in the run"),
+    _HOST,
+    _c("argv", STR, "the command, shell-quoted"),
+    _c("cwd", STR, "its working directory", True),
+    _c("pid", I64, "its process id (0 until started)"),
+    _c("started", TIME, "when it started"),
+    _c("ended", TIME, "when it ended", True),
+    _c("exit_code", I64, "exit code (negative: killed by that signal)", True),
+    _c("signal", I64, "the signal that ended it", True),
+    _c("reason", STR, "how it ended, in words", True),
+), "host agent")
+
+LOGS = TableSpec("logs", EVENT, "Every line printed by a rank of `monarch run` or by Python code in a proc.", (
+    _c("time", TIME, "when the line was read"),
+    _HOST,
+    _c("run_id", STR, "the run (ranks only)", True),
+    _c("rank", I64, "the rank in the run (ranks only)", True),
+    _c("proc", STR, "the proc mesh and pid, 'mesh/pid' (procs only)", True),
+    _c("stream", STR, "stdout or stderr"),
+    _c("line", STR, "the line, without its newline"),
+), "host agent (ranks), proc agent (procs)")
+
+STACKS = TableSpec("stacks", EVENT, "Python stacks taken by `monarch stack` (py-spy), one row per frame.", (
+    _c("time", TIME, "when the stack was taken"),
+    _HOST,
+    _c("pid", I64, "the process"),
+    _c("kind", STR, "'proc' or 'rank' (for a rank: every Python process of its command)"),
+    _c("run_id", STR, "the run, for a rank", True),
+    _c("rank", I64, "the rank, for a rank", True),
+    _c("thread_id", I64, "thread id"),
+    _c("thread_name", STR, "thread name", True),
+    _c("depth", I64, "0 = innermost frame"),
+    _c("function", STR, "function name"),
+    _c("filename", STR, "source file"),
+    _c("line", I64, "line number"),
+    _c("error", STR, "why no stack could be taken (then the frame columns are empty)", True),
+), "host agent")
+
+TABLES: dict[str, TableSpec] = {t.name: t for t in (
+    MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
+    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS,
+)}
+
+# --- views (run after merging every host's rows) ---------------------------------------------
+
+RUNS = ViewSpec("runs", "One row per `monarch run` of a command on the hosts.", """
+SELECT run_id,
+       first_value(argv ORDER BY rank) AS argv,
+       string_agg(host, ',' ORDER BY rank) AS hosts,
+       count(*) AS num_ranks,
+       min(started) AS started,
+       CASE WHEN count(ended) = count(*) THEN max(ended) END AS ended,
+       CASE WHEN count(ended) < count(*) THEN 'running'
+            WHEN sum(CASE WHEN exit_code <> 0 THEN 1 ELSE 0 END) > 0 THEN 'failed'
+            ELSE 'succeeded' END AS status,
+       sum(CASE WHEN exit_code <> 0 THEN 1 ELSE 0 END) AS failed_ranks
+FROM run_ranks GROUP BY run_id""", (
+    _c("run_id", STR, "the run"),
+    _c("argv", STR, "the command (rank 0's)"),
+    _c("hosts", STR, "its hosts, comma-separated, in rank order"),
+    _c("num_ranks", I64, "how many ranks (hosts) it ran on"),
+    _c("started", TIME, "when its first rank started"),
+    _c("ended", TIME, "when its last rank ended (empty while one runs)", True),
+    _c("status", STR, "running, succeeded or failed"),
+    _c("failed_ranks", I64, "ranks that exited non-zero"),
+))
+
+RANK_EXITS = ViewSpec("rank_exits", "One row per rank of a run that has exited, in the order they exited.", """
+SELECT run_id, rank, host, exit_code, signal, reason, ended AS time
+FROM run_ranks WHERE ended IS NOT NULL""", (
+    _c("run_id", STR, "the run"),
+    _c("rank", I64, "the rank"),
+    _HOST,
+    _c("exit_code", I64, "exit code (negative: the signal that killed it)"),
+    _c("signal", I64, "the signal that ended it", True),
+    _c("reason", STR, "how it ended, in words", True),
+    _c("time", TIME, "when it exited"),
+))
+
+VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS)}
+
+
+def all_specs() -> list[TableSpec | ViewSpec]:
+    """Tables then views, in documentation order."""
+    return [*TABLES.values(), *VIEWS.values()]
+
+
+def reference_markdown() -> str:
+    """Every table and column as Markdown (README's telemetry reference is this text)."""
+    out = []
+    for spec in all_specs():
+        out.append(f"#### `{spec.name}` ({spec.kind})\n\n{spec.doc}" + (
+            f" Recorded by: {spec.recorded_by}." if getattr(spec, "recorded_by", "") else "") + "\n")
+        out.append("| column | type | meaning |\n|---|---|---|")
+        for c in spec.columns:
+            out.append(f"| `{c.name}` | {c.type}{' (nullable)' if c.nullable else ''} | {c.doc} |")
+        out.append("")
+    return "\n".join(out)

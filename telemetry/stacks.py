@@ -1,0 +1,109 @@
+"""Live Python stacks with py-spy: ``monarch stack`` asks each host agent for them.
+
+The host agent runs ``py-spy dump --json`` on each selected process (a proc agent, or
+every Python process of a rank's command: torchrun's workers are children of the rank)
+in parallel, each with a deadline, and turns the threads and frames into ``stacks`` rows.
+py-spy reads the target's memory (ptrace): it needs the same user and, in some
+containers, the SYS_PTRACE capability; a process it cannot read gives a row with
+``error`` set instead of frames.
+
+What it does not do: native (C/C++) frames, or locals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import psutil
+
+#: How long one py-spy dump may take.
+DUMP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A process to take the stack of, and what it is."""
+
+    pid: int
+    kind: str  # "proc" | "rank"
+    run_id: str | None = None
+    rank: int | None = None
+
+
+def py_spy() -> str | None:
+    """The py-spy executable: beside this Python (the venv), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.access(here, os.X_OK) else shutil.which("py-spy")
+
+
+def _python_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants that run Python (a rank is often a shell or torchrun's tree)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return [pid]
+    out = []
+    for p in procs:
+        try:
+            name = " ".join([p.name(), *p.cmdline()[:1]]).lower()
+        except psutil.Error:
+            continue
+        if "python" in name or p.pid == pid:
+            out.append(p.pid)
+    return out or [pid]
+
+
+def dump(pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> tuple[list[dict], str | None]:
+    """(threads, error) for one process, from ``py-spy dump --json``."""
+    exe = py_spy()
+    if exe is None:
+        return [], "py-spy is not installed on this host (pip install py-spy)"
+    try:
+        r = subprocess.run([exe, "dump", "--json", "--pid", str(pid)], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [], f"py-spy took more than {timeout_s:.0f} s"
+    if r.returncode != 0:
+        lines = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+        first = lines[0] if lines else f"py-spy exited with {r.returncode}"
+        if "ptrace" in (r.stderr or "").lower() or "permission" in (r.stderr or "").lower():
+            first += " (py-spy needs ptrace: same user, or the SYS_PTRACE capability)"
+        return [], first.removeprefix("Error: ")
+    try:
+        return json.loads(r.stdout), None
+    except ValueError:
+        return [], "py-spy printed something that is not JSON"
+
+
+def take(targets: list[Target], host: str, time_us: int) -> list[dict]:
+    """``stacks`` rows for every target (one row per frame; one row with ``error`` when none)."""
+    jobs: list[tuple[Target, int]] = []
+    for t in targets:
+        pids = _python_tree(t.pid) if t.kind == "rank" else [t.pid]
+        jobs.extend((t, pid) for pid in pids)
+    if not jobs:
+        return []
+    with ThreadPoolExecutor(min(8, len(jobs))) as pool:
+        results = list(pool.map(lambda job: dump(job[1]), jobs))
+    rows: list[dict] = []
+    for (t, pid), (threads, error) in zip(jobs, results):
+        base = {"time": time_us, "host": host, "pid": pid, "kind": t.kind, "run_id": t.run_id, "rank": t.rank}
+        if error is not None:
+            if t.kind == "rank" and pid != t.pid:
+                continue  # a child that is not Python after all
+            rows.append({**base, "thread_id": 0, "thread_name": None, "depth": 0, "function": "", "filename": "",
+                         "line": 0, "error": error})
+            continue
+        for th in threads:
+            for depth, fr in enumerate(th.get("frames") or []):
+                rows.append({**base, "thread_id": int(th.get("thread_id") or 0), "thread_name": th.get("thread_name"),
+                             "depth": depth, "function": fr.get("name") or "", "filename": fr.get("filename") or "",
+                             "line": int(fr.get("line") or 0), "error": None})
+    return rows

@@ -1,0 +1,176 @@
+"""The SQL engine: a query over every host's rows (scans pushed to each host, the rest merged)
+gives the same answer as the same query over one table holding everything."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pyarrow as pa
+import pytest
+from datafusion import SessionConfig, SessionContext
+
+from monarch_telemetry.engine import QueryError, QueryTimeout, finish, plan, query_tables, run_scan, scan_table
+from monarch_telemetry.schema import TABLES, VIEWS
+
+HOSTS = 4
+T0 = 1_700_000_000_000_000
+
+
+def _host_tables(seed: int = 7) -> dict[str, list[pa.Table]]:
+    rnd = random.Random(seed)
+    out: dict[str, list[pa.Table]] = {n: [] for n in ("messages", "actors", "meshes", "logs", "run_ranks")}
+    endpoints = ["step", "incr", "load", None]
+    mesh_rows = [dict(id=m, timestamp_us=T0, **{"class": "Python<W>"}, given_name=f"m{m}", full_name=f"m{m}-x",
+                      shape_json="{}", parent_mesh_id=None, parent_view_json=None, host="h0") for m in range(3)]
+    for h in range(HOSTS):
+        host = f"h{h}"
+        actors = [dict(id=h * 100 + a, timestamp_us=T0 + a, mesh_id=a % 3, rank=a, full_name=f"m[{a}]",
+                       display_name=None if a == 2 else f"w[{a}]", host=host, pid=1000 + a) for a in range(6)]
+        msgs = [dict(id=h * 10_000 + i, timestamp_us=T0 + rnd.randrange(10**6), from_actor_id=7,
+                     to_actor_id=h * 100 + rnd.randrange(6), endpoint=rnd.choice(endpoints),
+                     port_index=rnd.choice([None, 1, 2]), host=host, status=rnd.choice(["complete", "failed"]),
+                     latency_us=rnd.randrange(1, 5000), queue_us=rnd.randrange(0, 50)) for i in range(500 + 100 * h)]
+        logs = [dict(time=T0 + i, host=host, run_id="r1", rank=h, proc=None, stream=rnd.choice(["stdout", "stderr"]),
+                     line=f"{host} line {i}") for i in range(50)]
+        ranks = [dict(run_id=f"r{r}", rank=h, host=host, argv="python train.py", cwd="/w", pid=10 + h,
+                      started=T0 + r * 10**6, ended=None if (r == 2 and h == 1) else T0 + r * 10**6 + h * 1000,
+                      exit_code=None if (r == 2 and h == 1) else (1 if (r == 1 and h == 2) else 0),
+                      signal=None, reason="exited") for r in range(3)]
+        for name, rows in (("messages", msgs), ("actors", actors), ("logs", logs), ("run_ranks", ranks),
+                           ("meshes", mesh_rows if h == 0 else [])):
+            out[name].append(pa.Table.from_pylist(rows, schema=TABLES[name].schema))
+    return out
+
+
+def _one_table(sql: str, tables: dict[str, list[pa.Table]]) -> pa.Table:
+    ctx = SessionContext(SessionConfig().with_information_schema(True))
+    for spec in TABLES.values():
+        parts = tables.get(spec.name)
+        whole = pa.concat_tables(parts) if parts else pa.Table.from_pylist([], schema=spec.schema)
+        ctx.register_record_batches(spec.name, [whole.to_batches() or [pa.RecordBatch.from_pylist([], schema=spec.schema)]])
+    for v in VIEWS.values():
+        ctx.register_view(v.name, ctx.sql(v.sql))
+    return ctx.sql(sql).to_arrow_table()
+
+
+def _rows(t: pa.Table, ordered: bool) -> list:
+    rows = [tuple(r.values()) for r in t.to_pylist()]
+    return rows if ordered else sorted(rows, key=repr)
+
+
+QUERIES = [
+    ("SELECT host, count(*) AS n FROM messages WHERE status = 'failed' GROUP BY host", False),
+    ("SELECT endpoint, count(*), sum(latency_us), min(latency_us), max(latency_us), avg(latency_us) "
+     "FROM messages GROUP BY endpoint", False),
+    ("SELECT count(*) FROM messages", False),
+    ("SELECT * FROM messages WHERE latency_us > 4900 AND endpoint IN ('step', 'incr')", False),
+    ("SELECT m.endpoint, a.display_name, count(*) AS n FROM messages m JOIN actors a ON m.to_actor_id = a.id "
+     "WHERE a.display_name IS NOT NULL GROUP BY m.endpoint, a.display_name", False),
+    ("SELECT a.id, b.id FROM messages a JOIN messages b ON a.to_actor_id = b.to_actor_id AND a.id + 1 = b.id "
+     "WHERE a.latency_us > 2500 AND b.status = 'failed'", False),
+    ("SELECT host, line FROM logs WHERE rank = 2 ORDER BY time DESC, host LIMIT 7", True),
+    ("SELECT id, latency_us FROM messages ORDER BY latency_us DESC, id LIMIT 5", True),
+    ("SELECT host, count(DISTINCT to_actor_id) FROM messages GROUP BY host ORDER BY host", True),
+    ("SELECT * FROM runs ORDER BY run_id", True),
+    ("SELECT run_id, rank, host, exit_code FROM rank_exits WHERE exit_code <> 0", False),
+    ("SELECT me.given_name, count(*) FROM actors a JOIN meshes me ON a.mesh_id = me.id GROUP BY me.given_name", False),
+    ("SELECT host FROM messages WHERE to_actor_id IN (SELECT id FROM actors WHERE rank = 3) GROUP BY host", False),
+    ("SELECT endpoint, latency_us FROM messages WHERE latency_us > (SELECT avg(latency_us) FROM messages) "
+     "ORDER BY latency_us DESC, endpoint LIMIT 20", True),
+    ("SELECT host, rank() OVER (ORDER BY count(*) DESC) FROM messages GROUP BY host", False),
+]
+
+
+@pytest.mark.parametrize("sql,ordered", QUERIES)
+def test_merged_answer_equals_one_table(sql, ordered):
+    tables = _host_tables()
+    merged, limited = query_tables(sql, tables, row_limit=None)
+    assert not limited
+    expected = _one_table(sql, tables)
+    assert merged.column_names == expected.column_names
+    assert _rows(merged, ordered) == _rows(expected, ordered)
+
+
+def test_filters_and_projections_are_pushed_to_the_hosts():
+    p = plan("SELECT endpoint, avg(latency_us) FROM messages WHERE host = 'h1' AND latency_us > 5 GROUP BY endpoint")
+    sql = p.scans["messages"]
+    assert "WHERE" in sql and "'h1'" in sql and "latency_us > 5" in sql
+    assert "queue_us" not in sql and "from_actor_id" not in sql  # only the columns read
+    scanned = scan_table("messages", pa.concat_tables(_host_tables()["messages"]), sql)
+    assert set(scanned.column("host").to_pylist()) <= {"h1"}
+
+
+def test_a_limit_right_above_the_scan_goes_to_the_hosts():
+    p = plan("SELECT * FROM logs WHERE stream = 'stderr' LIMIT 3", row_limit=None)
+    assert p.scans["logs"].rstrip().endswith("LIMIT 3 OFFSET 0") or "LIMIT 3" in p.scans["logs"]
+
+
+def test_catalog_queries_need_no_host():
+    for sql in ("SHOW TABLES", "DESCRIBE logs", "SELECT column_name FROM information_schema.columns WHERE table_name = 'messages'"):
+        assert not plan(sql).needs_hosts
+    got = finish(plan("SELECT column_name FROM information_schema.columns WHERE table_name = 'messages' "
+                      "ORDER BY ordinal_position"), {})[0]
+    # Monarch's columns first, in Monarch's order.
+    assert got.column("column_name").to_pylist()[:6] == ["id", "timestamp_us", "from_actor_id", "to_actor_id",
+                                                         "endpoint", "port_index"]
+    names = finish(plan("SHOW TABLES"), {})[0].column("table_name").to_pylist()
+    assert {"messages", "logs", "runs", "rank_exits", "stacks", "procs", "hosts"} <= set(names)
+
+
+@pytest.mark.parametrize("sql,needle", [
+    ("SELEC * FROM logs", "ParserError"),
+    ("SELECT nope FROM logs", "nope"),
+    ("SELECT * FROM no_such_table", "no_such_table"),
+    ("SELECT count(* FROM logs", "Expected"),
+])
+def test_bad_sql_is_one_readable_line(sql, needle):
+    with pytest.raises(QueryError) as e:
+        plan(sql)
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO logs VALUES (1, 'h', NULL, NULL, NULL, 'stdout', 'x')",
+    "CREATE TABLE x AS SELECT 1",
+    "DROP TABLE logs",
+    "COPY logs TO '/tmp/monarch-telemetry-copy.csv'",
+    "SET datafusion.execution.batch_size = 1",
+])
+def test_nothing_can_write(sql):
+    with pytest.raises(QueryError):
+        plan(sql)
+    with pytest.raises(QueryError):
+        run_scan(lambda _: [], "logs", sql)
+
+
+def test_huge_results_are_limited_by_default():
+    big = pa.table({"time": pa.array(range(50_000), pa.int64()).cast(pa.timestamp("us", tz="UTC"))})
+    rows = [big]
+    tables = {"logs": [pa.Table.from_pydict({
+        "time": big.column("time"), "host": ["h"] * 50_000, "run_id": [None] * 50_000, "rank": [None] * 50_000,
+        "proc": [None] * 50_000, "stream": ["stdout"] * 50_000, "line": ["x"] * 50_000}, schema=TABLES["logs"].schema)]}
+    got, limited = query_tables("SELECT * FROM logs", tables, row_limit=1000)
+    assert limited and got.num_rows == 1000
+    # The limit reached the scan: the host sent at most limit + 1 rows.
+    assert "LIMIT 1001" in plan("SELECT * FROM logs", row_limit=1000).scans["logs"]
+    got, limited = query_tables("SELECT * FROM logs", tables, row_limit=None)
+    assert not limited and got.num_rows == 50_000
+    del rows
+
+
+def test_a_slow_scan_is_cancelled_at_its_deadline():
+    n = 2_000_000
+    data = pa.table({"id": pa.array(range(n), pa.int64())})
+    batches = data.to_batches(max_chunksize=8192)
+    logs = TABLES["messages"]
+    cols = {c.name: (data.column("id") if c.arrow_type == pa.int64() else pa.nulls(n, c.arrow_type)) for c in logs.columns}
+    table = pa.Table.from_pydict(cols, schema=pa.schema([pa.field(c.name, c.arrow_type) for c in logs.columns]))
+    t0 = time.monotonic()
+    with pytest.raises(QueryTimeout):
+        run_scan(lambda _: table.to_batches(max_chunksize=8192), "messages",
+                 "SELECT id FROM messages WHERE regexp_like(CAST(id AS VARCHAR), '^(1|2)+7$')",
+                 deadline=time.monotonic() + 0.05)
+    assert time.monotonic() - t0 < 5
+    del batches
