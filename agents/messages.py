@@ -313,3 +313,30 @@ class ProcStopping(Message):
     """A proc telling the owners of its actors that it is being stopped (not failing)."""
 
     addr: str
+
+
+# --- telemetry (see monarch_telemetry and agents/services/telemetry.py) -------------------------
+
+
+@message
+class TelemetryRows(Message):
+    """Rows a proc or client recorded, for its host agent's tables: {table: (rows, columns)}."""
+
+    rows: dict
+
+
+@message
+class TelemetryScan(Message):
+    """Run pushed-down scans over the host's tables; answers {table: Arrow IPC bytes or an error}."""
+
+    scans: dict
+    timeout_s: float
+    reply: PortRef
+
+
+@message
+class TakeStacks(Message):
+    """py-spy stacks of live procs and ranks (``ranks``: only those run ranks); answers Arrow IPC bytes."""
+
+    ranks: list | None
+    reply: PortRef

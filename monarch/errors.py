@@ -52,3 +52,7 @@ class WorkspaceError(MonarchError):
     """The workspace could not be synced to the hosts (unreadable path, a host died or is full)."""
 
     exit_code = 7
+
+
+class QueryError(UsageError):
+    """SQL that does not parse, names an unknown table or column, tries to write, or ran past its timeout."""

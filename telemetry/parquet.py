@@ -1,7 +1,7 @@
 """Telemetry saved as Parquet, for a post-mortem after the reservation is gone.
 
-``monarch stop --save DIR`` has every host agent write ``DIR/<table>/<host>.parquet``
-(one file per table and host, so hosts sharing a filesystem never write the same file);
+``monarch stop --save DIR`` fetches every host's rows and writes ``DIR/<table>/<host>.parquet``
+(one file per table and host);
 ``monarch query --from DIR`` reads them back, one host per partition, through the same
 engine as a live query.
 
@@ -23,16 +23,25 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 def save_host(store, directory: str, host: str) -> list[str]:
     """Write every table ``store`` holds rows of; returns the files written."""
-    written = []
+    tables = {}
     for name in TABLES:
         batches = store.batches(name)
-        if not batches:
+        if batches:
+            tables[name] = pa.Table.from_batches(batches, schema=TABLES[name].schema)
+    return write_host(directory, host, tables)
+
+
+def write_host(directory: str, host: str, tables: dict[str, pa.Table]) -> list[str]:
+    """Write one host's tables (empty ones skipped) as ``directory/<table>/<host>.parquet``."""
+    written = []
+    for name, table in tables.items():
+        if name not in TABLES or table.num_rows == 0:
             continue
         folder = os.path.join(directory, name)
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{_SAFE.sub('_', host) or 'host'}.parquet")
         tmp = f"{path}.tmp.{os.getpid()}"
-        pq.write_table(pa.Table.from_batches(batches, schema=TABLES[name].schema), tmp)
+        pq.write_table(table, tmp)
         os.replace(tmp, path)  # a reader never sees half a file
         written.append(path)
     return written

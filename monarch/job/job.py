@@ -347,6 +347,25 @@ class Job(JobTrait):
     def __repr__(self) -> str:
         return f"<{self._describe()}>"
 
+    def query(self, sql: str, *, limit: int | None = None, timeout: float = 10.0, strict: bool = False) -> Any:
+        """Run ``sql`` over the telemetry of every host of the job; returns a ``pyarrow.Table``.
+
+        Hosts that did not answer in time are listed, as JSON, in the table's schema metadata
+        under ``b"missing_hosts"`` (``strict=True`` raises instead).  ``limit`` caps the rows
+        (default: all).  ``monarch query --tables`` lists the tables and their columns.
+        """
+        import json
+
+        from monarch.job.reserve import load_live
+        from monarch.job.telemetry import query
+
+        if self.record is None or self.path is None:
+            raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
+        self.record, self.path = load_live(path=self.path)
+        result = query(self.record, sql, row_limit=limit, timeout_s=timeout, strict=strict)
+        meta = {**(result.table.schema.metadata or {}), b"missing_hosts": json.dumps(result.missing_hosts).encode()}
+        return result.table.replace_schema_metadata(meta)
+
     # Kept from monarch's first job API: the reservation's whole host mesh.
     def host_mesh(self) -> "HostMesh":
         """Every host of the reservation as one mesh (``{hosts: N}``)."""

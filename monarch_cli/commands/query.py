@@ -1,0 +1,112 @@
+"""``monarch query``: SQL over the telemetry of every host (DataFusion), or of a saved job."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from monarch_cli.commands._common import handled, name_option, opts
+from monarch_cli.output import err, escape, out, print_json
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: Rows shown unless --limit/--no-limit say otherwise.
+DEFAULT_LIMIT = 1000
+
+
+@click.command("query")
+@click.argument("sql", required=False)
+@name_option
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default=None,
+              help="Output format (default: a table; --json is the same as --format json).")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
+              help="Return at most this many rows.")
+@click.option("--no-limit", is_flag=True, help="Return every row (a query can match millions).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, envvar="MONARCH_QUERY_TIMEOUT",
+              help="Seconds hosts get to answer; a slower query is cancelled.")
+@click.option("--strict", is_flag=True, help="Fail (exit 5) if a host does not answer, instead of answering without it.")
+@click.option("--from", "from_dir", metavar="DIR", help="Query telemetry saved by `monarch stop --save DIR` instead.")
+@click.option("--tables", "list_tables", is_flag=True, help="List every table and column, with what they mean.")
+@click.pass_context
+def query(ctx: click.Context, sql: str | None, name: str | None, fmt: str | None, limit: int, no_limit: bool,
+          timeout: float, strict: bool, from_dir: str | None, list_tables: bool) -> None:
+    """Run SQL over the telemetry of every host: actors, messages, logs, runs, procs, stacks ...
+
+    `monarch query "SELECT host, count(*) FROM procs WHERE status = 'failed' GROUP BY host"`;
+    `monarch query "SHOW TABLES"`, `monarch query "DESCRIBE logs"`, `monarch query --tables` for what each column means.
+    """
+    from monarch.errors import UsageError
+
+    o = opts(ctx)
+    fmt = fmt or ("json" if o.json else "table")
+    with handled(ctx):
+        if list_tables:
+            _print_tables(fmt)
+            return
+        if not sql:
+            raise UsageError("no SQL given", 'e.g. `monarch query "SELECT * FROM runs"`; `monarch query --tables` lists the tables')
+        row_limit = None if no_limit else limit
+        if from_dir:
+            from monarch.job.telemetry import query_saved
+
+            result = query_saved(from_dir, sql, row_limit=row_limit, timeout_s=timeout)
+        else:
+            from monarch.job.reserve import load_live
+            from monarch.job.telemetry import query as run_query
+
+            record, _ = load_live(name)
+            result = run_query(record, sql, row_limit=row_limit, timeout_s=timeout, strict=strict)
+        for host in result.missing_hosts:
+            err.print(f"[yellow]warning:[/] host {escape(host)} did not answer ({escape(result.errors.get(host, ''))}); "
+                      "the answer covers the other hosts (--strict makes this an error)")
+        if result.limited:
+            err.print(f"[yellow]note:[/] showing the first {row_limit} rows; --limit N or --no-limit shows more")
+        print_result(result.table, fmt, result.missing_hosts)
+
+
+def print_result(table: "pa.Table", fmt: str, missing_hosts: list[str]) -> None:
+    """Print an Arrow table as a Rich table, CSV, or JSON ({"rows", "missing_hosts"})."""
+    if fmt == "json":
+        print_json({"rows": table.to_pylist(), "missing_hosts": missing_hosts})
+    elif fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(table.column_names)
+        for row in table.to_pylist():
+            w.writerow(["" if v is None else _text(v) for v in row.values()])
+        sys.stdout.flush()
+    else:
+        from rich.table import Table
+
+        t = Table(*table.column_names, show_lines=False)
+        for row in table.to_pylist():
+            t.add_row(*("" if v is None else escape(_text(v)) for v in row.values()))
+        out.print(t)
+        err.print(f"[dim]{table.num_rows} row{'s' if table.num_rows != 1 else ''}[/]")
+
+
+def _text(v: Any) -> str:
+    if hasattr(v, "isoformat"):
+        return v.isoformat(sep=" ")
+    return str(v)
+
+
+def _print_tables(fmt: str) -> None:
+    from monarch_telemetry.schema import all_specs
+
+    specs = all_specs()
+    if fmt == "json":
+        print_json([{"table": s.name, "kind": s.kind, "doc": s.doc,
+                     "columns": [{"name": c.name, "type": c.type, "nullable": c.nullable, "doc": c.doc} for c in s.columns]}
+                    for s in specs])
+        return
+    for s in specs:
+        out.print(f"[bold]{s.name}[/] [dim]({s.kind})[/] — {escape(s.doc)}")
+        width = max(len(c.name) for c in s.columns)
+        for c in s.columns:
+            out.print(f"  {c.name:<{width}}  [cyan]{c.type:<9}[/] {escape(c.doc)}{' [dim](nullable)[/]' if c.nullable else ''}")
+        out.print("")
