@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from monarch_agents import messages as m
 from monarch_agents.runtime import Runtime, install
-from monarch_agents.services import Child, SerialWorker, Service, killpg, procs, runs, shells, workspace
+from monarch_agents.services import Child, SerialWorker, Service, killpg, procs, runs, shells, telemetry, workspace
 from monarch_agents.transport import JobKeys, route_ip
 from monarch_agents.zygote import ZygoteClient
 
@@ -40,7 +40,8 @@ log = logging.getLogger("monarch.host_agent")
 #: The agent's services, in start order; they stop in the reverse order.  A new capability is a
 #: module in agents/services/ and one line here (see ``monarch_agents.services``).
 SERVICES: tuple[type[Service], ...] = (
-    workspace.WorkspaceAgentService,  # first, so it stops last: runs leave its mount before it unmounts
+    telemetry.TelemetryService,  # first, so it stops last: rows recorded while the others stop are kept
+    workspace.WorkspaceAgentService,  # before runs, so it stops after them: runs leave its mount before it unmounts
     procs.ProcsService,
     runs.RunsService,
     shells.ShellsService,
@@ -81,6 +82,9 @@ class HostAgent:
         #: last owner leaving); :meth:`run_until_stopped` then stops everything in order.
         self.stopping = threading.Event()
         self.stopped = threading.Event()
+        #: This host's telemetry (``monarch_telemetry.host.HostTelemetry``), set by the telemetry
+        #: service; other services tell it what happens.  None when that service is not listed.
+        self.telemetry: Any = None
         self._base_env = dict(os.environ)
         self._base_env["MONARCH_HOSTNAME"] = host
         os.makedirs(log_dir, exist_ok=True)

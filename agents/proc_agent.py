@@ -37,7 +37,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from monarch_agents import actor_logging, supervision
+from monarch_agents import actor_logging, actor_telemetry, supervision
 from monarch_agents import messages as m
 from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
 from monarch_agents.errors import ActorError, MeshFailure, SupervisionError, actor_failed_text
@@ -106,6 +106,7 @@ class ActorSlot:
         self.children: list[Any] = []
         self.tasks: set[asyncio.Task] = set()
         self.thread = threading.Thread(target=self._run, name=f"actor-{msg.name}", daemon=True)
+        actor_telemetry.created(self)
 
     @property
     def display_name(self) -> str:
@@ -143,6 +144,7 @@ class ActorSlot:
             self.info.class_name = cls.__name__
             self.info.qualname = _qualname(msg.creator, f"{cls.__module__}.{cls.__qualname__}", msg.name, msg.point, msg.extent)
             token = CURRENT.set(MessageContext(self.info, msg.point, msg.extent, self.info.rank))
+            actor_telemetry.status(self, "Initializing")
             try:
                 instance = cls.__new__(cls)
                 instance._monarch_slot = self.info
@@ -161,6 +163,7 @@ class ActorSlot:
                                                               actor=f.actor, rank=f.rank, host=f.host),
                                   ok=False, rank=self.info.rank)
             return False
+        actor_telemetry.status(self, "Idle")
         self.agent.send_reply(msg.reply, True, rank=self.info.rank)
         return True
 
@@ -231,6 +234,7 @@ class ActorSlot:
                 return False
             token = CURRENT.set(MessageContext(self.info, item.point, item.extent, item.rank))
             desc = None
+            t, ok = actor_telemetry.begin(), False
             try:
                 fn, args, kwargs, desc = self._prepare(item)
                 result = fn(*args, **kwargs)
@@ -239,13 +243,17 @@ class ActorSlot:
             except BaseException as e:
                 self._died_in_call(item, e)
             else:
+                ok = True
                 self._answer(item, result, desc)
             finally:
                 CURRENT.reset(token)
+                actor_telemetry.handled(self, item, t, ok)
             return False
         if isinstance(item, m.StopActor):
+            actor_telemetry.status(self, "Stopping")
             self._stop_children()
             self._cleanup_sync(None)
+            actor_telemetry.status(self, "Stopped")
             self.agent.send_reply(item.reply, True, rank=item.rank)
             return True
         return False
@@ -256,11 +264,13 @@ class ActorSlot:
                 return False
             token = CURRENT.set(MessageContext(self.info, item.point, item.extent, item.rank))
             desc = None
+            t, ok = actor_telemetry.begin(), False
             try:
                 fn, args, kwargs, desc = self._prepare(item)
                 result = fn(*args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
+                ok = True
             except Exception as e:
                 self._failed_call(item, e, desc)
             except asyncio.CancelledError:
@@ -284,9 +294,11 @@ class ActorSlot:
                 self._answer(item, result, desc)
             finally:
                 CURRENT.reset(token)
+                actor_telemetry.handled(self, item, t, ok)
             return False
         if isinstance(item, m.StopActor):
             # Monarch's order: the meshes it made, then its in-flight concurrent calls, then __cleanup__.
+            actor_telemetry.status(self, "Stopping")
             self._stop_children()
             await self._cancel_tasks()
             cleanup = getattr(self.instance, "__cleanup__", None)
@@ -300,6 +312,7 @@ class ActorSlot:
                     log.exception("__cleanup__ failed")
                 finally:
                     CURRENT.reset(token)
+            actor_telemetry.status(self, "Stopped")
             self.agent.send_reply(item.reply, True, rank=item.rank)
             return True
         return False
@@ -421,6 +434,7 @@ class ActorSlot:
         else:
             text = headline + "\n" + "\n".join("  " + line for line in detail.splitlines())
         self.failed = SupervisionError(text, actor=self.msg.name, rank=rank, host=host)
+        actor_telemetry.status(self, "Failed", text)
         if self.stopping:
             return  # what fails while it is being stopped is not news to its owner
         try:
@@ -555,6 +569,7 @@ class ProcAgent:
             self.actors.pop(actor_id, None)
 
     def on_call(self, msg: m.Call) -> None:
+        actor_telemetry.arrived(msg)
         slot = self.actors.get(msg.actor_id)
         if slot is None and msg.actor_id in self.lazy:
             with self.lock:
@@ -708,6 +723,8 @@ def main(config: dict) -> None:
     agent = _agent = ProcAgent(rt, config).register()
     supervision.install(rt)
     rt.start()
+    actor_telemetry.start(rt, config)
     rt.send(config["host_agent"], m.ProcReady(config["token"], rt.addr, os.getpid()))
     agent.stopped.wait()
+    actor_telemetry.stop()
     rt.close()

@@ -42,11 +42,17 @@ class _Proc(Child):
     def on_started(self, pid: int) -> None:
         if self.abandoned:
             killpg(pid, signal.SIGKILL)
+        tel = self.service.agent.telemetry
+        if tel is not None:
+            tel.proc_started(pid, self.mesh_id)
 
     def on_failed(self, error: str) -> None:
         self.service.spawn_failed(self, error)
 
     def on_exited(self, code: int | None, reason: str) -> None:
+        tel = self.service.agent.telemetry
+        if tel is not None:
+            tel.proc_ended(self.pid, code, reason)
         self.service.exited(self, code, reason)
 
 

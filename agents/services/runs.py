@@ -102,7 +102,16 @@ class _Run(CommandChild):
         self.run_dir = run_dir
         self.log_paths = {s: os.path.join(run_dir, f"{msg.rank}.{s}") for s in ("stdout", "stderr")}
 
+    def on_started(self, pid: int) -> None:
+        super().on_started(pid)
+        tel = self.service.agent.telemetry
+        if tel is not None:
+            tel.rank_pid(self.run_id, self.rank, pid)
+
     def ended(self, code: int, reason: str) -> None:
+        tel = self.service.agent.telemetry
+        if tel is not None:
+            tel.rank_ended(self.run_id, self.rank, code, reason)
         try:
             with open(os.path.join(self.run_dir, f"{self.rank}.exit"), "w") as f:
                 json.dump({"code": code, "reason": reason, "ended": time.time()}, f)
@@ -160,6 +169,8 @@ class RunsService(Service):
         err_r, err_w = os.pipe()
         with self.lock:
             self.runs[msg.run_id] = run
+        if agent.telemetry is not None:
+            agent.telemetry.rank_started(msg.run_id, msg.rank, msg.argv, msg.cwd)
         try:
             agent.start_child({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": cwd}, [out_w, err_w], run)
         finally:
@@ -174,6 +185,7 @@ class RunsService(Service):
         for fd, stream in fds.items():
             sel.register(fd, selectors.EVENT_READ, stream)
         open_fds = set(fds)
+        tel = self.agent.telemetry
         try:
             while open_fds:
                 exit_seen = run.exit is not None
@@ -189,6 +201,8 @@ class RunsService(Service):
                         continue
                     files[key.data].write(data)
                     files[key.data].flush()
+                    if tel is not None:
+                        tel.rank_output(run.run_id, run.rank, key.data, data)
                     if run.reply.addr:
                         self.agent.send(run.reply.addr, m.RunOutput(run.reply.port_id, run.run_id, run.rank, key.data, data))
         finally:

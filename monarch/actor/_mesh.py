@@ -31,6 +31,7 @@ from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
 from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import current as rt_current
+from monarch.actor import _telemetry
 from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
@@ -146,6 +147,7 @@ class HostMesh(_MeshBase):
                 raise SupervisionError(f"host {h.host} did not start {count} procs within {_SPAWN_TIMEOUT_S:.0f} s") from None
         shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
         pm = ProcMesh(procs, shape, mesh_id, mesh_name, self, owner=True)
+        _telemetry.proc_mesh(rt, self, mesh_id, mesh_name, shape)
         pm._watch(_current_ctx().actor)
         _add_child(pm)
         if bootstrap is not None:
@@ -244,6 +246,7 @@ class ProcMesh(_MeshBase):
         owner_actor = ctx.actor
         creator = owner_actor.qualname if owner_actor is not None else "<root>"
         mesh = ActorMesh(actor_id, name, cls, self._procs, shape, self, initialized)
+        _telemetry.actor_mesh(rt, self, actor_id, name, cls, shape)
         supervision.watch_actor(actor_id, lambda msg: supervision.report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
         if not (self._owner and self._owner_actor is owner_actor):

@@ -1,0 +1,111 @@
+"""What a client records: its ``<root>`` actor, the meshes it makes, the messages it casts.
+
+Rows go into the process's :class:`~monarch_telemetry.recorder.Recorder` and are pushed, a
+few times a second and once more at exit, to the host agent of the first host it spawned
+procs on, where ``monarch query`` finds them.  Ids are hashes of names, the same ones
+proc agents use (see ``monarch_agents.actor_telemetry``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+from typing import Any
+
+from monarch_agents.messages import TelemetryRows
+from monarch_telemetry.recorder import hash_id, recorder
+
+_lock = threading.Lock()
+_root: dict[str, int] = {}  # client address -> its <root> actor id
+_sink: str | None = None
+_views: dict[int, tuple[Any, str]] = {}  # id(shape) -> (shape, its JSON)
+
+
+def root_actor(rt: Any) -> int:
+    """The id of this client's ``<root>`` actor (recorded once, with its Client status)."""
+    rid = _root.get(rt.addr)
+    if rid is None:
+        with _lock:
+            rid = _root.get(rt.addr)
+            if rid is None:
+                rid = _root[rt.addr] = hash_id(rt.addr)
+                rec = recorder()
+                rec.actor(rid, rid, 0, rt.addr, "<root>")
+                rec.actor_status(rid, "Client")
+    return rid
+
+
+def push_to(rt: Any, host_addr: str) -> None:
+    """Push this client's rows to ``host_addr`` from now on (the first host it spawns procs on)."""
+    global _sink
+    rec = recorder()
+    if not rec.on or _sink is not None:
+        return
+    with _lock:
+        if _sink is not None:
+            return
+        _sink = host_addr
+
+    def send(rows: dict) -> None:
+        rt.send(host_addr, TelemetryRows(rows))
+
+    rec.start_flusher(send)
+    atexit.register(lambda: rec.flush(send))
+
+
+def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any) -> None:
+    rec = recorder()
+    if not rec.on:
+        return
+    root_actor(rt)
+    hosts = host_mesh.hosts
+    if hosts:
+        push_to(rt, hosts[0].addr)
+    hid = hash_id("hosts:" + ",".join(h.addr for h in hosts))
+    hshape = host_mesh._shape
+    rec.mesh(hid, "Host", "hosts", "hosts:" + ",".join(h.host for h in hosts), hshape.labels, hshape.sizes)
+    rec.mesh(hash_id(mesh_id), "Proc", name, mesh_id, shape.labels, shape.sizes, hid, hshape.labels, hshape.sizes)
+
+
+def actor_mesh(rt: Any, proc_mesh_: Any, actor_id: str, name: str, cls: type, shape: Any) -> None:
+    rec = recorder()
+    if rec.on:
+        root_actor(rt)
+        pshape = proc_mesh_._shape
+        rec.mesh(hash_id(actor_id), f"Python<{cls.__name__}>", name, actor_id, shape.labels, shape.sizes,
+                 hash_id(proc_mesh_._mesh_id), pshape.labels, pshape.sizes)
+
+
+def sent(rt: Any, mesh: Any, endpoint: str, shape: Any, reply: Any) -> None:
+    """One cast to (a slice of) an actor mesh (hot path: one append, JSON cached per shape)."""
+    rec = recorder()
+    if not rec.on:
+        return
+    full = mesh._shape
+    n = len(shape)
+    adverb = "broadcast" if reply is None else ("call" if n == len(full) and n != 1 else
+                                                 ("call_one" if len(full) == 1 else "choose"))
+    rec.sent(root_actor(rt), _mesh_id(mesh), _json(shape, True), _json(full, False), endpoint, adverb, n)
+
+
+def _mesh_id(mesh: Any) -> int:
+    mid = mesh.__dict__.get("_telemetry_id")
+    if mid is None:
+        mid = mesh.__dict__["_telemetry_id"] = hash_id(mesh._actor_id)
+    return mid
+
+
+def _json(shape: Any, with_ranks: bool) -> str:
+    key = id(shape) * 2 + with_ranks
+    hit = _views.get(key)
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    d = {"labels": list(shape.labels), "sizes": list(shape.sizes)}
+    if with_ranks:
+        d["ranks"] = list(shape.indices)
+    text = json.dumps(d, separators=(",", ":"))
+    if len(_views) > 10_000:
+        _views.clear()
+    _views[key] = (shape, text)
+    return text
