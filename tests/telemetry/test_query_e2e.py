@@ -84,13 +84,14 @@ def test_output_formats(job):
 def test_an_actor_program_fills_monarch_tables_and_job_query(job):
     script = job / "prog.py"
     script.write_text(
-        "from monarch.actor import Actor, endpoint, this_host\n"
+        "from monarch.actor import Actor, endpoint\n"
+        "from monarch.job import job_load\n"
         "class W(Actor):\n"
         "    @endpoint\n"
         "    def step(self, x: int) -> int:\n"
         "        print('stepping', x, flush=True)\n"
         "        return x + 1\n"
-        "procs = this_host().spawn_procs(per_host={'gpus': 2})\n"
+        "procs = job_load().state().hosts.spawn_procs(per_host={'gpus': 2})\n"
         "w = procs.spawn('workers', W)\n"
         "for i in range(3):\n"
         "    w.step.call(i).get()\n"
