@@ -57,6 +57,8 @@ WORKER = "monarch-worker"
 KEYS_DIR = "/var/run/secrets/monarch"
 DEFAULT_PORT = 26600
 _RELEASE_WAIT_S = 60.0
+#: Restarts of a pod that never answered after which the reservation is failed, not waited for.
+_CRASH_RESTARTS = 3
 
 
 def mesh_name(context: str) -> str:
@@ -305,6 +307,13 @@ class KubernetesScheduler(Scheduler):
             if _restarts(now) > restarts:
                 return Description(job_id, HostState.FAILED, native_state="Restarted", nodes=nodes,
                                    reason=f"pod {pod_name} restarted its agent ({_last_exit(now)})")
+        for p in pods:
+            # An agent that keeps dying before it ever answered will not start by waiting longer.
+            if str((p.metadata.labels or {}).get(INDEX_LABEL)) not in known and _restarts(p) >= _CRASH_RESTARTS:
+                tail = " | ".join(self._log(p.metadata.name, tail_lines=3).strip().splitlines()[-3:])
+                return Description(job_id, HostState.FAILED, native_state="CrashLoopBackOff", nodes=nodes,
+                                   reason=f"pod {p.metadata.name}'s agent keeps exiting ({_last_exit(p)})"
+                                          + (f": {tail}" if tail else ""))
         pending = [p for p in pods if not _ready(p)]
         if want is not None and len(pods) < want:
             return Description(job_id, HostState.PENDING, reason=f"pods {len(pods)}/{want} created",

@@ -235,3 +235,69 @@ def test_monarch_mesh_custom_resource_when_installed(tmp_path_factory, tmp_path)
         assert kubectl(c, "get", "pods,secrets,services,statefulsets", "-o", "name").stdout.strip() == ""
     finally:
         c.stop()
+
+
+KUBERNETES_JOB_PROGRAM = '''
+import sys
+from monarch.actor import Actor, endpoint
+from monarch.job.kubernetes import ImageSpec, KubeConfig, KubernetesJob
+
+class Where(Actor):
+    @endpoint
+    def host(self) -> str:
+        import socket
+        return socket.gethostname()
+
+job = KubernetesJob(namespace="default", kubeconfig=KubeConfig.from_path(sys.argv[1]))
+job.add_mesh("trainers", 2, image_spec=ImageSpec("monarch:test"))
+job.add_mesh("evals", 1, image_spec=ImageSpec("monarch:test"))
+state = job.state()
+print("trainers", sorted(state.trainers.spawn_procs(per_host={"procs": 1}).spawn("w", Where).host.call().get().values()))
+print("evals", sorted(state.evals.spawn_procs(per_host={"procs": 1}).spawn("w", Where).host.call().get().values()))
+'''
+
+
+def test_kubernetes_job_from_python_is_the_serve_reservation(cluster, tmp_path):
+    """Monarch's KubernetesJob: two meshes on pods made once; `monarch status` sees it, job.kill() removes it."""
+    (tmp_path / "prog.py").write_text(KUBERNETES_JOB_PROGRAM)
+    r = subprocess.run([sys.executable, "prog.py", cluster.kubeconfig], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert lines["trainers"].count("monarch-default-") == 2 and lines["evals"].count("monarch-default-") == 1
+    st = json.loads(monarch("--json", "status", cwd=str(tmp_path)).stdout)
+    assert st["scheduler"] == "kubernetes" and st["state"] == "RUNNING" and len(st["hosts"]) == 3
+    # A second program with the same job reuses the pods (no new StatefulSet).
+    pods = sorted(kubectl(cluster, "get", "pods", "-o", "name").stdout.split())
+    r = subprocess.run([sys.executable, "prog.py", cluster.kubeconfig], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert sorted(kubectl(cluster, "get", "pods", "-o", "name").stdout.split()) == pods
+    kill = subprocess.run([sys.executable, "-c", "from monarch.job import job_load; job_load().kill()"],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    assert kill.returncode == 0, kill.stderr
+    assert kubectl(cluster, "get", "pods,secrets,statefulsets", "-o", "name").stdout.strip() == ""
+
+
+def test_kubernetes_job_names_as_monarch():
+    from monarch.job.kubernetes import ImageSpec, KubernetesJob
+
+    job = KubernetesJob(namespace="default")
+    for bad, why in (("", "Empty mesh name"), ("Trainers", "lowercase"), ("1abc", "start with an alphabetic"),
+                     ("a-b", "lowercase alphanumeric")):
+        with pytest.raises(ValueError, match=why):
+            job.add_mesh(bad, 1)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        job.add_mesh("a", 1, image_spec=ImageSpec("x"), pod_template={"spec": {}})
+    with pytest.raises(ValueError, match="label_selector cannot be set when provisioning"):
+        job.add_mesh("a", 1, image_spec=ImageSpec("x"), label_selector="a=b")
+
+
+def test_agent_that_cannot_start_fails_serve_with_its_last_words(cluster, tmp_path):
+    tmpl = tmp_path / "pod.yaml"
+    # args are appended to monarch's command: the agent refuses them and exits 2, again and again
+    tmpl.write_text("spec:\n  containers:\n  - name: worker\n    args: [--no-such-flag]\n")
+    r = monarch(*serve_args(cluster, 1, "--pod-template", str(tmpl)), cwd=str(tmp_path), check=False)
+    assert r.returncode == 4, r.stderr
+    assert "keeps exiting" in r.stderr and "exit code 2" in r.stderr and "unrecognized arguments" in r.stderr, r.stderr
+    assert kubectl(cluster, "get", "pods", "-o", "name").stdout.strip() == ""  # serve gave them back

@@ -52,6 +52,7 @@ class _Running:
     restarts: int = 0
     dir: str = ""
     killing_since: float | None = None
+    backoff_until: float | None = None
     mounts: list[str] = field(default_factory=list)
 
 
@@ -194,8 +195,9 @@ class Kubelet:
                                          {"type": "Initialized", "status": "True"},
                                          {"type": "ContainersReady", "status": "False"},
                                          {"type": "Ready", "status": "False"}]
+            last = (o["status"].get("containerStatuses") or [{}])[0].get("lastState", {})
             o["status"]["containerStatuses"] = [{"name": c["name"], "ready": False, "restartCount": r.restarts,
-                                                 "image": c.get("image"), "started": True,
+                                                 "image": c.get("image"), "started": True, "lastState": last,
                                                  "imageID": f"fake-registry/{c.get('image')}@sha256:0",
                                                  "state": {"running": {"startedAt": now_iso()}}}]
         pod = self.store.update(PODS, *key, running)
@@ -223,11 +225,25 @@ class Kubelet:
     def _watch(self, key, pod: dict, r: _Running) -> None:
         code = r.proc.poll()
         if code is not None:
-            # restartPolicy Always: start it again, as a crash-looping container would.
-            r.restarts += 1
-            self.store.event(pod, "BackOff", f"container exited with code {code}; restarting", "Warning")
-            r.proc = None
-            self._start(key, pod)
+            # restartPolicy Always: CrashLoopBackOff, then start it again after a growing back-off.
+            if r.backoff_until is None:
+                r.restarts += 1
+                r.backoff_until = time.monotonic() + min(0.5 * 2 ** (r.restarts - 1), 5.0)
+                self.store.event(pod, "BackOff", "Back-off restarting failed container worker", "Warning")
+
+                def crashed(o: dict, code=code) -> None:
+                    o["status"]["conditions"] = [c if c["type"] not in ("Ready", "ContainersReady")
+                                                 else {**c, "status": "False"} for c in o["status"].get("conditions", [])]
+                    for cs in o["status"].get("containerStatuses", []):
+                        cs.update(ready=False, restartCount=r.restarts,
+                                  state={"waiting": {"reason": "CrashLoopBackOff",
+                                                     "message": "back-off restarting failed container"}},
+                                  lastState={"terminated": {"exitCode": code, "reason": "Error" if code else "Completed"}})
+                self.store.update(PODS, *key, crashed)
+            if time.monotonic() >= r.backoff_until:
+                r.backoff_until = None
+                r.proc = None
+                self._start(key, pod)
             return
         ready = self._probe(pod, r.ip)
 
