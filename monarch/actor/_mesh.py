@@ -87,6 +87,10 @@ class _MeshBase:
     def __len__(self) -> int:
         return len(self._shape)
 
+    @property
+    def _labels(self) -> tuple[str, ...]:
+        return tuple(self._shape.labels)
+
     def _rt(self) -> Runtime:
         return rt_current() or ensure_runtime()
 
@@ -110,8 +114,14 @@ class HostMesh(_MeshBase):
         return Future.completed(True)
 
     def spawn_procs(self, per_host: dict[str, int] | None = None, bootstrap: Callable[[], Any] | None = None,
-                    name: str | None = None) -> "ProcMesh":
-        """Start ``prod(per_host)`` procs on each host; their mesh has the host dims then ``per_host``'s."""
+                    name: str | None = None, proc_bind: list[dict[str, str]] | None = None) -> "ProcMesh":
+        """Start ``prod(per_host)`` procs on each host; their mesh has the host dims then ``per_host``'s.
+
+        ``proc_bind`` (one dict per proc of a host) pins each proc to CPUs: ``cpus`` or
+        ``physcpubind`` (``"0-3,8"``), or ``cpunodebind`` (the CPUs of those NUMA nodes);
+        ``membind`` is accepted and not applied (monarch does not set memory policy).
+        """
+        _hostmesh_extras.check_usable(self)
         per_host = dict(per_host or {})
         for k in per_host:
             if k in self._shape.labels:
@@ -121,6 +131,8 @@ class HostMesh(_MeshBase):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"per_host sizes must be positive integers, got {per_host}")
             count *= v
+        if proc_bind is not None:
+            _hostmesh_extras.check_proc_bind(proc_bind, count)
         rt = self._rt()
         mesh_name = name or "procs"
         mesh_id = f"{mesh_name}-{os.getpid()}-{next(_mesh_ids)}-{uuid.uuid4().hex[:6]}"
@@ -152,12 +164,46 @@ class HostMesh(_MeshBase):
         _add_child(pm)
         if bootstrap is not None:
             pm.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get()
+        if proc_bind is not None:
+            _hostmesh_extras.bind_procs(pm, proc_bind, count)
+        _hostmesh_extras.remember(self, pm)
         return pm
 
     def shutdown(self) -> Future:
-        return Future.completed(None)
+        """Stop every proc this mesh object spawned; the object is unusable afterwards.
 
-    stop = shutdown
+        The hosts themselves stay reserved (``job.kill()`` or ``monarch stop`` releases them),
+        where Monarch's ``shutdown`` ends the host processes.
+        """
+        return _hostmesh_extras.stop_spawned(self, final=True)
+
+    def stop(self) -> Future:
+        """Stop every proc this mesh object spawned; the hosts stay usable for new procs."""
+        return _hostmesh_extras.stop_spawned(self, final=False)
+
+    def with_python_executable(self, python_executable: str) -> "HostMesh":
+        """This mesh, for procs that run ``python_executable`` (see ``_hostmesh_extras``)."""
+        return _hostmesh_extras.with_python_executable(self, python_executable)
+
+    def __enter__(self) -> "HostMesh":
+        _hostmesh_extras.check_usable(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not getattr(self, "_shut_down", False):
+            self.shutdown().get()
+
+    async def __aenter__(self) -> "HostMesh":
+        _hostmesh_extras.check_usable(self)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if not getattr(self, "_shut_down", False):
+            await self.shutdown()
+
+    def __getstate__(self) -> dict:
+        # What a host mesh sent to an actor names: the hosts, not this client's proc bookkeeping.
+        return {"_hosts": self._hosts, "_shape": self._shape}
 
     def __repr__(self) -> str:
         return f"HostMesh({self.extent}, hosts={[h.host for h in self.hosts]})"
@@ -312,6 +358,11 @@ class ProcMesh(_MeshBase):
     async def __aexit__(self, *exc: Any) -> None:
         if not self._stopped:
             await self.stop()
+
+    async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,
+                             level: int = logging.INFO) -> None:
+        """Set the log level of every proc's root logger (see ``_hostmesh_extras.logging_option``)."""
+        await _hostmesh_extras.logging_option(self, stream_to_client, aggregate_window_sec, level)
 
     def __enter__(self) -> "ProcMesh":
         return self
@@ -542,3 +593,7 @@ def get_or_spawn_controller(name: str, cls: type[T], *args: Any, **kwargs: Any) 
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise ValueError(f"{cls!r} is not an Actor subclass")
     return _controllers_mesh().get_or_spawn.call_one(name, cls, args, kwargs)
+
+
+# The job API's additions to HostMesh/ProcMesh (its module imports this one's classes).
+from monarch.actor import _hostmesh_extras  # noqa: E402

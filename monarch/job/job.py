@@ -452,6 +452,9 @@ def _release_at_exit(job: JobTrait) -> None:
 
 
 def _release_uncached() -> None:
+    from monarch_agents import supervision
+
+    supervision.shutting_down = True  # the procs dying with the job now are expected, not failures
     for job in list(_exit_jobs):
         try:
             if job.active:

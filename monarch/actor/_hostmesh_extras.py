@@ -1,0 +1,185 @@
+"""What ``HostMesh`` and ``ProcMesh`` add for Monarch's job API: pinning procs to CPUs
+(``spawn_procs(proc_bind=)``), ``shutdown``/``stop`` of what a host mesh spawned,
+``with_python_executable`` and ``ProcMesh.logging_option``.
+
+Kept apart from ``_mesh.py`` (the mesh mechanics) so each stays one job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+from typing import Any
+
+from monarch_agents.future import Future
+from monarch.actor._endpoint import endpoint
+from monarch.actor._mesh import Actor, HostMesh, ProcMesh, current_rank
+
+_BIND_KEYS = ("cpus", "physcpubind", "cpunodebind", "membind")
+_STOP_WAIT_S = 30.0
+
+
+# -- shutdown / stop ----------------------------------------------------------------------------
+
+
+def check_usable(hm: HostMesh) -> None:
+    if getattr(hm, "_shut_down", False):
+        raise RuntimeError("HostMesh has already been shut down")
+
+
+def remember(hm: HostMesh, pm: ProcMesh) -> None:
+    hm.__dict__.setdefault("_spawned", []).append(pm)
+
+
+def stop_spawned(hm: HostMesh, final: bool) -> Future:
+    if final:
+        check_usable(hm)
+        hm._shut_down = True
+    meshes = hm.__dict__.pop("_spawned", [])
+    done: Future = Future()
+
+    def stop_all() -> None:
+        stops = [pm.stop("its host mesh was shut down" if final else "its host mesh was stopped") for pm in meshes]
+        for f in stops:
+            try:
+                f.get(timeout=_STOP_WAIT_S)
+            except Exception:
+                pass  # a proc already gone is as stopped as it gets
+        done.set_result(None)
+
+    if meshes:
+        threading.Thread(target=stop_all, name="hostmesh-stop", daemon=True).start()
+    else:
+        done.set_result(None)
+    return done
+
+
+# -- proc_bind ----------------------------------------------------------------------------------
+
+
+def check_proc_bind(proc_bind: Any, procs_per_host: int) -> None:
+    if not isinstance(proc_bind, list) or not all(isinstance(b, dict) for b in proc_bind):
+        raise ValueError(f"proc_bind must be a list of dicts (one per proc of a host), got {proc_bind!r}")
+    if len(proc_bind) != procs_per_host:
+        raise ValueError(f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({procs_per_host})")
+    for b in proc_bind:
+        unknown = sorted(set(b) - set(_BIND_KEYS))
+        if unknown:
+            raise ValueError(f"unknown proc_bind key(s) {unknown}; known: {', '.join(_BIND_KEYS)}")
+        for key in ("cpus", "physcpubind", "cpunodebind"):
+            if key in b:
+                parse_cpu_list(str(b[key]))  # a typo fails here, before any proc is touched
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """``"0-3,8,10-11"`` as a set of numbers (Linux's cpulist format)."""
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"bad CPU list {text!r}: use numbers and ranges, e.g. '0-3,8'") from None
+        if a < 0 or b < a:
+            raise ValueError(f"bad CPU list {text!r}: use numbers and ranges, e.g. '0-3,8'")
+        out.update(range(a, b + 1))
+    if not out:
+        raise ValueError(f"empty CPU list {text!r}")
+    return out
+
+
+def _node_cpus(nodes: set[int]) -> set[int]:
+    cpus: set[int] = set()
+    for n in sorted(nodes):
+        try:
+            with open(f"/sys/devices/system/node/node{n}/cpulist") as f:
+                cpus |= parse_cpu_list(f.read().strip())
+        except OSError:
+            raise ValueError(f"NUMA node {n} does not exist on this host") from None
+    return cpus
+
+
+class _ProcBind(Actor):
+    """Pins its proc (every thread of it) to the CPUs its entry of ``proc_bind`` names."""
+
+    def __init__(self, proc_bind: list[dict[str, str]], procs_per_host: int):
+        self.proc_bind = proc_bind
+        self.procs_per_host = procs_per_host
+
+    @endpoint
+    def apply(self) -> list[int]:
+        entry = self.proc_bind[current_rank().rank % self.procs_per_host]
+        cpus: set[int] | None = None
+        for key in ("cpus", "physcpubind"):
+            if key in entry:
+                cpus = parse_cpu_list(str(entry[key]))
+        if "cpunodebind" in entry:
+            node_cpus = _node_cpus(parse_cpu_list(str(entry["cpunodebind"])))
+            cpus = node_cpus if cpus is None else cpus & node_cpus
+        if cpus is None:
+            return sorted(os.sched_getaffinity(0))
+        # sched_setaffinity(0) pins only the calling thread: pin every thread there is now;
+        # threads started later inherit it from their creator.
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:
+                pass
+        return sorted(os.sched_getaffinity(0))
+
+
+def bind_procs(pm: ProcMesh, proc_bind: list[dict[str, str]], procs_per_host: int) -> None:
+    binder = pm.spawn("_proc_bind", _ProcBind, proc_bind, procs_per_host)
+    try:
+        binder.apply.call().get()
+    finally:
+        binder.stop().get()
+
+
+# -- python executable, logging -------------------------------------------------------------------
+
+
+def with_python_executable(hm: HostMesh, python_executable: str) -> HostMesh:
+    """The same hosts, for procs that run ``python_executable``.
+
+    monarch starts procs by forking a warm copy of the host agent's interpreter, so the only
+    interpreter it can give them is that one: naming it works (a no-op), another one raises
+    ``NotImplementedError`` saying so.
+    """
+    check_usable(hm)
+    found = shutil.which(python_executable) or python_executable
+    if os.path.realpath(found) != os.path.realpath(sys.executable):
+        raise NotImplementedError(
+            f"procs run the host agents' interpreter ({sys.executable}); monarch cannot start them under "
+            f"{python_executable}. Reserve with that interpreter instead (`{python_executable} -m monarch_cli.main "
+            "serve`, or SlurmJob(python_exe=...))")
+    return HostMesh(hm._hosts, hm._shape)
+
+
+class _LogLevel(Actor):
+    @endpoint
+    def set(self, level: int) -> None:
+        logging.getLogger().setLevel(level)
+
+
+async def logging_option(pm: ProcMesh, stream_to_client: bool, aggregate_window_sec: int | None, level: int) -> None:
+    """Set the level of the root logger in every proc of ``pm``.
+
+    Where proc output goes is the host agent's: the client's terminal for ``this_host()``, the
+    job's logs (``monarch logs``) for a reservation.  ``stream_to_client`` and
+    ``aggregate_window_sec`` are checked as Monarch checks them and otherwise not used.
+    """
+    if aggregate_window_sec is not None and not stream_to_client:
+        raise ValueError("aggregate_window_sec is set but stream_to_client is False: aggregation needs streaming")
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise ValueError(f"level must be a logging level such as logging.INFO, got {level!r}")
+    setter = pm.spawn("_log_level", _LogLevel)
+    try:
+        await setter.set.call(level)
+    finally:
+        await setter.stop()
