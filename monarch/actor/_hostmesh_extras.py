@@ -30,8 +30,31 @@ def check_usable(hm: HostMesh) -> None:
         raise RuntimeError("HostMesh has already been shut down")
 
 
+#: Every proc mesh this process spawned on a host mesh, so a job that is killed stops its procs first.
+_all_spawned: list[ProcMesh] = []
+_lock = threading.Lock()
+
+
 def remember(hm: HostMesh, pm: ProcMesh) -> None:
     hm.__dict__.setdefault("_spawned", []).append(pm)
+    with _lock:
+        _all_spawned[:] = [p for p in _all_spawned if not p._stopped]
+        _all_spawned.append(pm)
+
+
+def stop_procs_on(host_addrs: set[str], reason: str = "its job was killed") -> None:
+    """Stop (and wait for) every proc mesh this process spawned on any of these host agents.
+
+    Called before a job's hosts are released, so their procs end as stopped, not as failures.
+    """
+    with _lock:
+        victims = [p for p in _all_spawned if not p._stopped and p._host_mesh is not None
+                   and host_addrs & {h.addr for h in p._host_mesh._hosts}]
+    for f in [p.stop(reason) for p in victims]:
+        try:
+            f.get(timeout=_STOP_WAIT_S)
+        except Exception:
+            pass
 
 
 def stop_spawned(hm: HostMesh, final: bool) -> Future:

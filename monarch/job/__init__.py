@@ -31,7 +31,6 @@ _EXPORTS = {
     "ProcessJob": "monarch.job.process",
     "SlurmJob": "monarch.job.slurm",
     "JobSpec": "monarch.job.state",
-    "shell": "monarch.job.shell",
     "exec_command": "monarch.job.exec",
     "PortForwarder": "monarch.job.port_forward",
 }
@@ -46,8 +45,15 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdir: str | None = None) -> int:
+    """An interactive shell on a one-host mesh; returns its exit status (see ``monarch.job.host_shell``)."""
+    from monarch.job.host_shell import shell as run_shell
+
+    return run_shell(host_mesh_singleton, env=env, workdir=workdir)
+
+
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "shell"])

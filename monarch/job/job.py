@@ -317,6 +317,11 @@ class Job(JobTrait):
 
         if self.record is None:
             return
+        if "monarch.actor._mesh" in sys.modules:
+            # Procs this process started there end as stopped, not as failures of their owner.
+            from monarch.actor._hostmesh_extras import stop_procs_on
+
+            stop_procs_on({h.addr for h in self.record.hosts})
         path = self.path
         if path is not None:
             try:
