@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from typing import Any, Callable, NamedTuple
@@ -139,9 +140,9 @@ async def _connect(port: int, timeout: float) -> tuple[asyncio.StreamReader, asy
             if time.monotonic() >= deadline:
                 import socket
 
-                raise ConnectionRefusedError(
-                    f"nothing listens on {_LOOPBACK}:{port} on host {socket.gethostname()} "
-                    f"(waited {timeout:g} s): {e.strerror or e}") from None
+                host = os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
+                raise ConnectionRefusedError(f"nothing listens on {_LOOPBACK}:{port} on host {host} "
+                                             f"(waited {timeout:g} s): {e.strerror or e}") from None
             await asyncio.sleep(_RETRY_S)
 
 
@@ -216,13 +217,13 @@ class PortForwarder(Actor):
     @endpoint
     async def forward(self, dst_proc_mesh: ProcMesh, dst_port: int | Callable[[Point], int],
                       src_proc_mesh: ProcMesh, src_address: str | Callable[[Point], str], *,
-                      connect_timeout: float = _DEFAULT_CONNECT_TIMEOUT_S, wait: float | None = None) -> None:
+                      connect_timeout: float | None = None, wait: float | None = None) -> None:
         """Forward connections to ``src_address`` on each source proc to ``127.0.0.1:dst_port`` on the
         destination proc at the same point.
 
         The meshes must have the same shape; ``dst_port`` and ``src_address`` (``"address:port"``)
         may be functions of the point.  ``connect_timeout``: how long one connection waits for its
-        destination to accept; ``wait``: if given, first check every destination accepts within
+        destination to accept (default: ``monarch.config``'s ``port_forward_connect_timeout``, 10 s); ``wait``: if given, first check every destination accepts within
         that many seconds (``ConnectionRefusedError`` naming the port and host otherwise).
         """
         if dst_proc_mesh.extent != src_proc_mesh.extent:
@@ -232,6 +233,8 @@ class PortForwarder(Actor):
             _check_port("dst_port", dst_port)
         if not callable(src_address):
             _parse_address(src_address)
+        if connect_timeout is None:
+            connect_timeout = _DEFAULT_CONNECT_TIMEOUT_S  # monarch.config's port_forward_connect_timeout
         if not (isinstance(connect_timeout, (int, float)) and connect_timeout >= 0):
             raise ValueError(f"connect_timeout must be a number of seconds >= 0, got {connect_timeout!r}")
         suffix = uuid.uuid4().hex[:12]

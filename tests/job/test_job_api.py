@@ -291,3 +291,60 @@ def test_job_state_is_monarchs():
         state.c
     assert pickle.loads(pickle.dumps(state)).a == 2
     assert StatePaths  # the state file paths stay importable from monarch.job.state
+
+
+def test_shell_exec_command_and_port_forward_bad_input(cwd):
+    r = script(cwd, """
+        import socket, time
+        from monarch.actor import this_proc
+        from monarch.job import PortForwarder, ProcessJob, exec_command, shell
+
+        def free():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        hosts = ProcessJob({"hosts": 2}).state(cached_path=None).hosts
+        try:
+            shell(hosts)
+        except ValueError as e:
+            print("shell=" + str(e))
+        print("rc=%d" % exec_command(hosts, ["sh", "-c", "exit $MONARCH_RANK_hosts"]).get())
+        print("rc_missing=%d" % exec_command(hosts, ["no-such-command"], output_dir="out/$SUBDIR").get())
+        procs = hosts.slice(hosts=1).spawn_procs()
+        fwd = this_proc().spawn("fwd", PortForwarder)
+        dead = free()
+        t = time.monotonic()
+        try:
+            fwd.forward.call_one(procs, dead, this_proc(), f"127.0.0.1:{free()}", wait=1).get()
+        except Exception as e:
+            print("fwd_error=" + ("nothing listens on 127.0.0.1:%d on host host1 (waited 1 s)" % dead in str(e)).__str__())
+        print("bounded=%s" % (time.monotonic() - t < 10))
+        src = free()
+        fwd.forward.call_one(procs, dead, this_proc(), f"127.0.0.1:{src}", connect_timeout=1).get()
+        t = time.monotonic()
+        with socket.create_connection(("127.0.0.1", src)) as s:
+            s.settimeout(20)
+            try:
+                got = s.recv(1)
+            except ConnectionResetError:
+                got = b""
+        print("closed=%s" % (got == b"" and time.monotonic() - t < 10))
+        fwd.stop().get()
+    """)
+    v = values(r)
+    assert v["shell"] == "shell requires a singleton HostMesh; slice the mesh to one host first"
+    assert v["rc"] == "1" and v["rc_missing"] == "127"
+    assert "no-such-command: command not found" in (cwd / "out" / "hosts_1" / "stderr.txt").read_text()
+    assert v["fwd_error"] == "True" and v["bounded"] == "True" and v["closed"] == "True"
+
+
+def test_shell_on_one_host_returns_its_exit_status(cwd):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    code = ("import sys\nfrom monarch.job import ProcessJob, shell\n"
+            "hosts = ProcessJob({'hosts': 2}).state(cached_path=None).hosts\n"
+            "sys.exit(shell(hosts.slice(hosts=1), env={'GREETING': 'hi'}))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, input="echo $GREETING-$MONARCH_HOST_RANK\nexit 7\n",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 7, r.stderr
+    assert "hi-1" in r.stdout

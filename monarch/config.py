@@ -1,0 +1,173 @@
+"""monarch.config: the runtime settings of this process, as PyTorch Monarch's ``monarch.config``.
+
+    from monarch.config import configure, configured, get_global_config
+
+    configure(mesh_proc_spawn_max_idle="5m")           # procs may take 5 minutes to start
+    with configured(stop_actor_timeout="30s"):         # for this block only
+        ...
+    get_global_config()["mesh_proc_spawn_max_idle"]   # '5m'
+
+Layers, lowest first: defaults, environment variables, then what ``configure`` set (the
+"runtime" layer).  Durations take humantime strings ("30s", "5m", "1h 30m", "250ms") or seconds.
+
+The settings are the ones monarch has, under Monarch's name where one means the same thing:
+
+==============================  =========================================  =============================
+setting                         what                                       environment
+==============================  =========================================  =============================
+``mesh_proc_spawn_max_idle``    how long ``spawn_procs`` waits for a host  ``MONARCH_SPAWN_TIMEOUT`` (s)
+``stop_actor_timeout``          how long stopping a proc waits for it      -
+``port_forward_connect_timeout`` how long a forwarded connection waits      -
+                                for its destination (monarch's own)
+==============================  =========================================  =============================
+
+Another of Monarch's settings raises ``ValueError`` naming the ones there are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+
+@dataclass(frozen=True)
+class _Setting:
+    default: str
+    env: str
+    apply: Callable[[float], None]
+    doc: str
+
+
+def _set_mesh(attr: str) -> Callable[[float], None]:
+    def apply(seconds: float) -> None:
+        from monarch.actor import _mesh
+
+        setattr(_mesh, attr, seconds)
+    return apply
+
+
+def _set_port_forward(seconds: float) -> None:
+    from monarch.job import port_forward
+
+    port_forward._DEFAULT_CONNECT_TIMEOUT_S = seconds
+
+
+_SETTINGS: dict[str, _Setting] = {
+    "mesh_proc_spawn_max_idle": _Setting("120s", "MONARCH_SPAWN_TIMEOUT", _set_mesh("_SPAWN_TIMEOUT_S"),
+                                         "how long spawn_procs waits for a host to start its procs"),
+    "stop_actor_timeout": _Setting("5s", "", _set_mesh("_STOP_TIMEOUT_S"),
+                                   "how long stopping a proc mesh waits for each proc"),
+    "port_forward_connect_timeout": _Setting("10s", "", _set_port_forward,
+                                             "how long a forwarded connection waits for its destination"),
+}
+
+_runtime: dict[str, str] = {}
+_lock = threading.RLock()
+_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds in ``value``: a number, or a humantime string such as "30s", "5m", "1h 30m", "250ms"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _PART.findall(text)
+            if not parts or _PART.sub("", text).strip() or any(u not in _UNITS for _, u in parts):
+                raise ValueError(f"bad duration {value!r}: use e.g. '30s', '5m', '1h 30m' or '250ms'") from None
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    else:
+        raise ValueError(f"bad duration {value!r}: use e.g. '30s', '5m', '1h 30m' or '250ms'")
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative: {value!r}")
+    return seconds
+
+
+def _check(key: str) -> _Setting:
+    setting = _SETTINGS.get(key)
+    if setting is None:
+        raise ValueError(f"monarch has no setting {key!r}; it has: {', '.join(sorted(_SETTINGS))}")
+    return setting
+
+
+def _effective(key: str) -> str:
+    if key in _runtime:
+        return _runtime[key]
+    setting = _SETTINGS[key]
+    env = os.environ.get(setting.env) if setting.env else None
+    if env:
+        return env if not _is_number(env) else f"{env}s"
+    return setting.default
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _push(key: str) -> None:
+    _SETTINGS[key].apply(parse_duration(_effective(key)))
+
+
+def configure(**kwargs: Any) -> None:
+    """Set runtime settings for this process (see the module docstring for the names)."""
+    with _lock:
+        checked = {}
+        for key, value in kwargs.items():
+            _check(key)
+            parse_duration(value)  # a bad value changes nothing
+            checked[key] = value if isinstance(value, str) else f"{float(value):g}s"
+        _runtime.update(checked)
+        for key in checked:
+            _push(key)
+
+
+def get_global_config() -> dict[str, Any]:
+    """Every setting as it applies now: defaults, then the environment, then ``configure``."""
+    with _lock:
+        return {key: _effective(key) for key in _SETTINGS}
+
+
+def get_runtime_config() -> dict[str, Any]:
+    """Only what ``configure`` set."""
+    with _lock:
+        return dict(_runtime)
+
+
+def clear_runtime_config() -> None:
+    """Forget what ``configure`` set (the environment and defaults apply again)."""
+    with _lock:
+        keys = list(_runtime)
+        _runtime.clear()
+        for key in keys:
+            _push(key)
+
+
+@contextlib.contextmanager
+def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
+    """Apply ``overrides`` for the block and yield the merged settings; the previous runtime
+    settings come back afterwards (for the whole process: other threads see them too)."""
+    with _lock:
+        previous = get_runtime_config()
+        configure(**overrides)
+    try:
+        yield get_global_config()
+    finally:
+        with _lock:
+            clear_runtime_config()
+            configure(**previous)
+
+
+__all__ = ["clear_runtime_config", "configure", "configured", "get_global_config", "get_runtime_config",
+           "parse_duration"]
