@@ -30,6 +30,8 @@ _SCAN_WORKERS = 2
 #: Runs, ranks and exited procs remembered for the snapshot tables.
 _HISTORY = 5000
 _PARTIAL_MAX = 65536
+#: Lines this agent buffers before they become Arrow (and count against the table's bounds).
+_SEAL_ROWS = 8192
 
 
 @dataclass
@@ -120,6 +122,9 @@ class HostTelemetry:
         log = self.recorder.log_line
         for line in lines:
             log(stream, line.decode(errors="replace").rstrip("\r"), run_id=run_id, rank=rank)
+        if self.recorder.buffers["logs"].rows >= _SEAL_ROWS:
+            # Into the store, whose row and byte bounds hold (the buffer's list of lines has none).
+            self.flush()
 
     def rank_ended(self, run_id: str, rank: int, code: int, reason: str) -> None:
         for stream in ("stdout", "stderr"):
