@@ -30,8 +30,9 @@ DEFAULT_LIMIT = 1000
 @click.option("--strict", is_flag=True, help="Fail (exit 5) if a host does not answer, instead of answering without it.")
 @click.option("--from", "from_dir", metavar="DIR", help="Query telemetry saved by `monarch stop --save DIR` instead.")
 @click.option("--tables", "list_tables", is_flag=True, help="List every table and column, with what they mean.")
+@click.option("--json", "json_here", is_flag=True, help="Print JSON on stdout (as `monarch --json query`).")
 @click.pass_context
-def query(ctx: click.Context, sql: str | None, name: str | None, fmt: str | None, limit: int, no_limit: bool,
+def query(ctx: click.Context, json_here: bool, sql: str | None, name: str | None, fmt: str | None, limit: int, no_limit: bool,
           timeout: float, strict: bool, from_dir: str | None, list_tables: bool) -> None:
     """Run SQL over the telemetry of every host: actors, messages, logs, runs, procs, stacks ...
 
@@ -41,7 +42,8 @@ def query(ctx: click.Context, sql: str | None, name: str | None, fmt: str | None
     from monarch.errors import UsageError
 
     o = opts(ctx)
-    fmt = fmt or ("json" if o.json else "table")
+    json_out = o.json or json_here
+    fmt = fmt or ("json" if json_out else "table")
     with handled(ctx):
         if list_tables:
             _print_tables(fmt)

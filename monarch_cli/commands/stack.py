@@ -13,14 +13,16 @@ from monarch_cli.output import err, escape, out, print_json
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank of the running `monarch run` (repeatable).")
 @click.option("--host", "hosts", multiple=True, help="Only this host, by name or rank (repeatable).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True, help="Seconds hosts get to answer.")
+@click.option("--json", "json_here", is_flag=True, help="Print JSON on stdout (as `monarch --json stack`).")
 @click.pass_context
-def stack(ctx: click.Context, name: str | None, ranks: tuple[int, ...], hosts: tuple[str, ...], timeout: float) -> None:
+def stack(ctx: click.Context, json_here: bool, name: str | None, ranks: tuple[int, ...], hosts: tuple[str, ...], timeout: float) -> None:
     """Print where every rank and proc is right now (py-spy dump), innermost frame last."""
     from monarch.errors import UsageError
     from monarch.job.reserve import load_live
     from monarch.job.telemetry import stacks
 
     o = opts(ctx)
+    json_out = o.json or json_here
     with handled(ctx):
         record, _ = load_live(name)
         selected = None
@@ -33,7 +35,7 @@ def stack(ctx: click.Context, name: str | None, ranks: tuple[int, ...], hosts: t
             selected = list({by[h].host: by[h] for h in hosts}.values())
         result = stacks(record, hosts=selected, ranks=list(ranks) or None, timeout_s=timeout)
         rows = result.table.to_pylist()
-        if o.json:
+        if json_out:
             print_json({"rows": rows, "missing_hosts": result.missing_hosts})
             return
         for host in result.missing_hosts:

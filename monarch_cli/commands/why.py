@@ -13,12 +13,14 @@ from monarch_cli.output import err, escape, out, print_json
 @click.option("--from", "from_dir", metavar="DIR", help="Answer from telemetry saved by `monarch stop --save DIR`.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds hosts get to answer each query.")
+@click.option("--json", "json_here", is_flag=True, help="Print JSON on stdout (as `monarch --json why`).")
 @click.pass_context
-def why(ctx: click.Context, name: str | None, from_dir: str | None, timeout: float) -> None:
+def why(ctx: click.Context, json_here: bool, name: str | None, from_dir: str | None, timeout: float) -> None:
     """Say which rank (or actor) failed first in the last run, its exception and last lines, and what followed."""
     from monarch_telemetry.why import explain
 
     o = opts(ctx)
+    json_out = o.json or json_here
     with handled(ctx):
         missing: set[str] = set()
         if from_dir:
@@ -38,7 +40,7 @@ def why(ctx: click.Context, name: str | None, from_dir: str | None, timeout: flo
                 return r.table
 
         answer = explain(q)
-        if o.json:
+        if json_out:
             print_json({**answer.to_dict(), "missing_hosts": sorted(missing)})
             return
         for host in sorted(missing):

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
@@ -175,9 +174,13 @@ def test_stack_takes_live_python_stacks(job):
         kept = q(job, f"SELECT DISTINCT host FROM stacks WHERE run_id = '{run_id}' AND function = 'waiting_here' ORDER BY host")
         assert kept["rows"] == [{"host": "host0"}, {"host": "host1"}]
     finally:
-        for p in psutil.process_iter(["cmdline"]):
-            if "waiting_here" in " ".join(p.info["cmdline"] or []):
-                p.kill()
+        # The detached ranks, by the pids the procs table gives (nobody else's processes).
+        pids = q(job, f"SELECT pid FROM procs WHERE run_id = '{run_id}' AND status = 'running'")["rows"]
+        for row in pids:
+            try:
+                os.killpg(row["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_an_agent_killed_mid_query_gives_a_partial_answer_then_stop_save_and_query_from(job, tmp_path):
