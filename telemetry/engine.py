@@ -146,20 +146,46 @@ def _scan_info(node, v, parents: list) -> _ScanInfo:
     scan_sql = _unparser.plan_to_sql(node)
     chain = list(reversed(parents))  # the scan's parent first
     top, predicate = node, None
-    if chain and type(chain[0].to_variant()).__name__ == "Filter":
+    if chain and _kind(chain[0]) == "Filter":
         filter_sql = _unparser.plan_to_sql(chain[0])
         prefix = scan_sql + " WHERE "
         rest = filter_sql[len(prefix):] if filter_sql.startswith(prefix) else ""
         if rest and _pushable(rest):
             predicate, top, chain = rest, chain[0], chain[1:]
         else:
-            chain = []  # a filter kept here: no limit may be pushed below it
+            chain = []  # a filter kept here: nothing above it may be pushed below it
+    # The host must send every column the scan reads (the filter runs again here), so a projection
+    # above is not pushed; a limit or an ORDER BY ... LIMIT above it is, on the same rows.
+    if chain and _kind(chain[0]) == "Projection" and _plain_columns(_unparser.plan_to_sql(chain[0])):
+        chain = chain[1:]
     pushed = _unparser.plan_to_sql(top)
-    if chain and type(chain[0].to_variant()).__name__ == "Limit":
+    if re.search(r" LIMIT \d+$", pushed):
+        pass  # DataFusion put the limit into the scan itself
+    elif chain and _kind(chain[0]) == "Limit":
         lim = chain[0].to_variant()
-        if _as_int(lim.skip()) in (0, None) and _as_int(lim.fetch()) is not None:
-            pushed = _unparser.plan_to_sql(chain[0])
+        fetch = _as_int(lim.fetch())
+        if _as_int(lim.skip()) in (0, None) and fetch is not None:
+            pushed += f" LIMIT {fetch}"
+    elif chain and _kind(chain[0]) == "Sort" and chain[0].to_variant().get_fetch_val():
+        # ORDER BY ... LIMIT k: each host's top k holds the overall top k.
+        sort_sql = _unparser.plan_to_sql(chain[0])
+        at = sort_sql.rfind(" ORDER BY ")
+        if at > 0:
+            pushed += sort_sql[at:]
     return _ScanInfo(columns, predicate, pushed)
+
+
+def _kind(node) -> str:
+    return type(node.to_variant()).__name__
+
+
+_COLUMN = r'(?:"?\w+"?\.)?"?\w+"?'
+_PLAIN_SELECT = re.compile(rf"^SELECT {_COLUMN}(?:, {_COLUMN})* FROM ")
+
+
+def _plain_columns(sql: str) -> bool:
+    """True for a projection that only picks columns (no expression, no alias)."""
+    return bool(_PLAIN_SELECT.match(sql))
 
 
 def _as_int(value) -> int | None:

@@ -36,14 +36,6 @@ DEFAULT_BATCH_ROWS = 8192
 
 ROWS_ENV = "MONARCH_TELEMETRY_ROWS"
 BYTES_ENV = "MONARCH_TELEMETRY_BYTES"
-ENABLE_ENV = "MONARCH_TELEMETRY"
-
-
-def enabled() -> bool:
-    """Recording is on unless ``MONARCH_TELEMETRY=0`` (then tables exist but stay empty)."""
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
-
-
 def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name, "").strip()
     if not text:
@@ -268,13 +260,4 @@ def from_ipc(data: bytes | memoryview) -> pa.Table:
         return r.read_all()
 
 
-def pack(batches: dict[str, list[pa.RecordBatch]]) -> dict[str, bytes]:
-    """Batches by table as IPC bytes by table (picklable, zero-copy on the wire when large)."""
-    return {name: to_ipc(bs, bs[0].schema) for name, bs in batches.items() if bs}
-
-
-def unpack(packed: dict[str, bytes]) -> dict[str, list[pa.RecordBatch]]:
-    return {name: from_ipc(data).to_batches() for name, data in packed.items()}
-
-
-__all__ = ["Table", "Store", "to_ipc", "from_ipc", "pack", "unpack", "enabled"]
+__all__ = ["Table", "Store", "to_ipc", "from_ipc", "column_to_arrow"]

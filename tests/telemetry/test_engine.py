@@ -79,6 +79,9 @@ QUERIES = [
     ("SELECT endpoint, latency_us FROM messages WHERE latency_us > (SELECT avg(latency_us) FROM messages) "
      "ORDER BY latency_us DESC, endpoint LIMIT 20", True),
     ("SELECT host, rank() OVER (ORDER BY count(*) DESC) FROM messages GROUP BY host", False),
+    ("SELECT line, host FROM logs ORDER BY time DESC, host LIMIT 6", True),
+    ("SELECT count(*) FROM (SELECT * FROM messages WHERE latency_us > 100 LIMIT 5)", False),
+    ("SELECT upper(line) AS u FROM logs WHERE stream = 'stderr' ORDER BY u DESC LIMIT 4", True),
 ]
 
 
@@ -174,3 +177,14 @@ def test_a_slow_scan_is_cancelled_at_its_deadline():
                  deadline=time.monotonic() + 0.05)
     assert time.monotonic() - t0 < 5
     del batches
+
+
+def test_order_by_limit_sends_each_host_its_top_rows():
+    p = plan("SELECT * FROM logs WHERE rank = 7 ORDER BY time DESC LIMIT 50")
+    sql = p.scans["logs"]
+    assert "ORDER BY" in sql and "LIMIT 50" in sql and "= 7" in sql
+    p = plan("SELECT line FROM logs ORDER BY time DESC LIMIT 5")
+    assert "ORDER BY" in p.scans["logs"] and "LIMIT 5" in p.scans["logs"]
+    # Computed columns stay with the asker: the host sends plain columns.
+    p = plan("SELECT upper(line) AS u FROM logs ORDER BY u LIMIT 5")
+    assert "upper" not in p.scans["logs"].lower()
