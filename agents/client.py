@@ -11,6 +11,7 @@ import os
 import threading
 
 from monarch_agents import runtime as rt_mod
+from monarch_agents import messages as m
 from monarch_agents import supervision
 from monarch_agents.keys import JobKeys
 from monarch_agents.runtime import Runtime
@@ -40,9 +41,20 @@ def ensure_runtime(keys: JobKeys | None = None) -> Runtime:
         bind = os.environ.get("MONARCH_BIND", "127.0.0.1")
         rt = Runtime(keys, bind_host=bind, name="client")
         supervision.install(rt)
+        rt.register(m.ActorDebugWaiting, _debug_waiting)
         rt.start()
         rt_mod.install(rt)
         return rt
+
+
+def _debug_waiting(msg: m.ActorDebugWaiting) -> None:
+    """An actor of this program stopped in breakpoint(): say so once, on stderr."""
+    import sys
+
+    from monarch_agents.services.debug import waiting_line
+
+    sys.stderr.write(f"{waiting_line(msg.session)}\n")
+    sys.stderr.flush()
 
 
 rt_mod.factory = ensure_runtime

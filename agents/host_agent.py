@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from monarch_agents import messages as m
 from monarch_agents.runtime import Runtime, install
-from monarch_agents.services import Child, SerialWorker, Service, killpg, procs, runs, shells, telemetry, workspace
+from monarch_agents.services import Child, SerialWorker, Service, debug, killpg, procs, runs, shells, telemetry, workspace
 from monarch_agents.transport import JobKeys, route_ip
 from monarch_agents.zygote import ZygoteClient
 
@@ -42,6 +42,7 @@ log = logging.getLogger("monarch.host_agent")
 SERVICES: tuple[type[Service], ...] = (
     telemetry.TelemetryService,  # first, so it stops last: rows recorded while the others stop are kept
     workspace.WorkspaceAgentService,  # before runs, so it stops after them: runs leave its mount before it unmounts
+    debug.DebugService,  # stops after the ranks whose sessions it relays
     procs.ProcsService,
     runs.RunsService,
     shells.ShellsService,

@@ -331,6 +331,14 @@ class TelemetryScan(Message):
 
     scans: dict
     timeout_s: float
+
+# --- debug sessions (``monarch debug``; agents/services/debug.py) ---------------
+
+
+@message
+class DebugList(Message):
+    """Ask a host agent for its debug sessions; answers a list of dicts (see DebugService.sessions_info)."""
+
     reply: PortRef
 
 
@@ -340,3 +348,102 @@ class TakeStacks(Message):
 
     ranks: list | None
     reply: PortRef
+
+class DebugAttach(Message):
+    """Hold session ``sid``: its output streams to ``stream`` (DebugOutput, DebugSourceRequest, and
+    DebugEnded last); answers the replay."""
+
+    sid: int
+    client: str  # the attaching process's address
+    who: str  # shown to a second debugger: "user@host pid N"
+    reply: PortRef
+    stream: PortRef
+
+
+@message
+class DebugInput(Message):
+    """One command line for the session's pdb; ``eof`` is Ctrl-D."""
+
+    sid: int
+    client: str
+    data: bytes
+    eof: bool = False
+
+
+@message
+class DebugInterrupt(Message):
+    """Ctrl-C: interrupt the command the session's pdb is running."""
+
+    sid: int
+    client: str
+
+
+@message
+class DebugDetach(Message):
+    sid: int
+    client: str
+
+
+@message
+class DebugOutput(Streamed):
+    """Output of a held session; ``waiting`` is True when pdb now waits for a command."""
+
+    port_id: int
+    sid: int
+    host_rank: int
+    data: bytes
+    waiting: bool = False
+
+
+@message
+class DebugEnded(Streamed):
+    """A held session is over (the rank continued, quit or exited): the last message of its stream."""
+
+    port_id: int
+    sid: int
+    host_rank: int
+    reason: str
+
+
+@message
+class DebugSourceRequest(Streamed):
+    """The session's host lacks these source files; the holder answers with DebugSource."""
+
+    port_id: int
+    sid: int
+    host_rank: int
+    files: list
+
+
+@message
+class DebugSource(Message):
+    sid: int
+    files: dict  # name -> text, or None when the client has no such file either
+
+
+@message
+class DebugComplete(Message):
+    """Tab completion at the session's pdb prompt; answers a list of matches."""
+
+    sid: int
+    text: str
+    line: str
+    begidx: int
+    endidx: int
+    reply: PortRef
+
+
+@message
+class DebugWaiting(Streamed):
+    """On a run's stream, when one of its ranks opens a debug session."""
+
+    port_id: int
+    run_id: str
+    session: dict
+
+
+@message
+class ActorDebugWaiting(Message):
+    """To the owner of a proc, when one of its actors opens a debug session."""
+
+    session: dict

@@ -719,6 +719,9 @@ def main(config: dict) -> None:
             os.environ.pop(name, None)
     os.environ["MONARCH_HOST_AGENT"] = config["host_agent"]
     os.environ["MONARCH_HOST_RANK"] = str(config["host_rank"])
+    from monarch_agents import debug_rank
+
+    debug_rank.install()  # breakpoint() in an endpoint pauses that actor for `monarch debug`
     rt = install(Runtime(keys, bind_host=config["bind_host"], name=f"proc[{config['mesh_id']}]", host=config["host"]))
     agent = _agent = ProcAgent(rt, config).register()
     supervision.install(rt)

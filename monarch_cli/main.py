@@ -17,7 +17,7 @@ import monarch
 
 # Command modules keep their machinery (ZeroMQ, Rich, the job code) in function-local
 # imports: every `monarch run` pays for what this line imports.
-from monarch_cli.commands import context, logs, query, run, serve, shell, stack, status, stop, sync, version, why
+from monarch_cli.commands import context, debug, logs, query, run, serve, shell, stack, status, stop, sync, version, why
 
 
 @dataclass
@@ -42,7 +42,7 @@ def app(ctx: click.Context, verbose: bool, json_out: bool) -> None:
 
 
 for command in (serve.serve, run.run, sync.sync, status.status, logs.logs, shell.shell, stop.stop, version.version,
-                context.app, query.query, why.why, stack.stack):
+                context.app, query.query, why.why, stack.stack, debug.debug):
     app.add_command(command)
 
 

@@ -152,7 +152,7 @@ class RemoteRun:
 
     def __init__(self, record: JobRecord, hosts: list[HostRecord], argv: list[str], *, env: dict[str, str],
                  cwd: str | None, on_output: Callable[[int, str, bytes], None], detach: bool = False,
-                 expand: dict[str, str] | None = None):
+                 expand: dict[str, str] | None = None, on_debug: Callable[[dict], None] | None = None):
         """``expand``: when given, ``$NAME``/``${NAME}`` in ``argv`` is replaced per rank from the rank's
         environment and then from ``expand`` (TorchX macros such as ``${replica_id}``), as TorchX and a
         shell would; ``$$`` is a literal ``$``.  Without it, ``argv`` goes out untouched."""
@@ -163,6 +163,8 @@ class RemoteRun:
         self.env = env
         self.cwd = cwd
         self.on_output = on_output
+        #: Called once per debug session a rank opens (breakpoint(), --pdb), with the session's description.
+        self.on_debug = on_debug
         self.detach = detach
         self.run_id = new_run_id()
         self.rt: Runtime = ensure_runtime(record.keys)
@@ -204,6 +206,8 @@ class RemoteRun:
             self.on_output(msg.rank, msg.stream, msg.data)
         elif type(msg) is m.RunExited:
             self._finish(msg.rank, msg.exit_code, msg.reason)
+        elif type(msg) is m.DebugWaiting and self.on_debug is not None:
+            self.on_debug(msg.session)
 
     def _agent_lost(self, addr: str, err: SupervisionError) -> None:
         for rank, h in enumerate(self.hosts):

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 @click.option("--env", "-e", multiple=True, help="K=V added to the environment (repeatable).")
 @click.option("--workdir", "-w", help="Working directory on the hosts (default: this one).")
 @click.option("--detach", "-d", is_flag=True, help="Start and return; read output with `monarch logs`.")
+@click.option("--pdb", "post_mortem", is_flag=True,
+              help="A rank that dies of an uncaught Python exception waits in a post-mortem pdb for `monarch debug`.")
 @click.option("--warn-before", type=float, envvar="MONARCH_WARN_BEFORE", metavar="MINUTES",
               help="Warn when the reservation is this close to its time limit (Slurm; default 5).")
 @click.pass_context
 def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: str | None, env: tuple[str, ...],
-        workdir: str | None, detach: bool, warn_before: float | None) -> None:
+        workdir: str | None, detach: bool, post_mortem: bool, warn_before: float | None) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
     from monarch.job.reserve import load_live, time_warning_s
     from monarch.job.run import LinePrinter, RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
@@ -46,6 +48,8 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
             if not sep or not k:
                 raise UsageError(f"--env expects K=V, got {kv!r}")
             extra[k] = v
+        if post_mortem:
+            extra.setdefault("MONARCH_DEBUG_POST_MORTEM", "1")
         warn_s = time_warning_s(warn_before)
         record, path = load_live(name, progress=lambda *a: None)
         if record.workspace:
@@ -68,7 +72,8 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         printer = LinePrinter(selected, sys.stdout.isatty() and not o.json)
         with RunLock(record):
             rr = RemoteRun(record, selected, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write,
-                           detach=detach)
+                           detach=detach,
+                           on_debug=_say_debug_waiting)
             record_run(record, rr.run_id, argv, selected, detach)
             if detach:
                 rr.start()
@@ -114,6 +119,13 @@ def _push_workspace(record, verbose: bool) -> None:
     results = ReservationSync(record).sync()
     if verbose or any(r.changed for r in results):
         err.print(f"[dim]{escape(describe(results, len(record.hosts)))}[/]")
+
+
+def _say_debug_waiting(session: dict) -> None:
+    """Once per debug session a rank opens: which rank waits, and the command that attaches."""
+    from monarch_agents.services.debug import waiting_line
+
+    err.print(f"[yellow]{escape(waiting_line(session))}[/]")
 
 
 #: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).

@@ -1,0 +1,128 @@
+"""The host agent's debug service, message by message: a rank's session, the relay, and who may connect."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import time
+import uuid
+
+import pytest
+
+from monarch_agents import debug_rank as proto
+from monarch_agents import messages as m
+from tests.helpers import start_host_agent, wait_gone
+
+pytestmark = pytest.mark.timeout(60)
+
+T = 30
+
+
+class Inbox:
+    def __init__(self, rt):
+        self.q: queue.Queue = queue.Queue()
+        for t in (m.RunOutput, m.RunExited, m.DebugOutput, m.DebugEnded, m.DebugWaiting):
+            rt.register(t, self.q.put)
+
+    def next(self, kind: type, timeout: float = T):
+        while True:
+            msg = self.q.get(timeout=timeout)
+            if isinstance(msg, kind):
+                return msg
+
+
+@pytest.fixture
+def agent(client, tmp_path):
+    a = start_host_agent(client.keys, tmp_path, hostname="dbghost")
+    yield a
+    a.stop()
+    assert wait_gone([a.pid] + a.children()) == []
+
+
+def _run(client, agent, argv, env=None) -> str:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    client.send(agent.addr, m.RunCommand(run_id, argv, env or {}, None, m.PortRef(client.addr, 0), 0, client.addr))
+    return run_id
+
+
+def _output(inbox) -> str:
+    return inbox.next(m.RunOutput).data.decode()
+
+
+def test_a_session_relayed_through_the_agent(client, agent):
+    inbox = Inbox(client)
+    run_id = _run(client, agent, [sys.executable, "-c", "x = 5\nbreakpoint()\nprint('after', x * 2)"])
+    waiting = inbox.next(m.DebugWaiting)
+    assert waiting.run_id == run_id and waiting.session["rank"] == 0 and waiting.session["host"] == "dbghost"
+    deadline = time.monotonic() + T
+    while True:  # registered first, then pdb asks for its first command
+        [s] = client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T)
+        if s["waiting"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert s["waiting"] and s["function"] == "<module>" and s["held_by"] == "" and s["run_id"] == run_id
+    r = client.request(agent.addr, lambda port: m.DebugAttach(s["sid"], client.addr, "tester", port)).get(timeout=T)
+    assert r["waiting"] and r["replay"].endswith(b"(Pdb) ")
+    client.send(agent.addr, m.DebugInput(s["sid"], client.addr, b"p x * 7\n"))
+    out = b""
+    while True:
+        msg = inbox.next(m.DebugOutput)
+        out += msg.data
+        if msg.waiting:
+            break
+    assert out == b"35\n(Pdb) "
+    [s] = client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T)
+    assert s["held_by"] == "tester"
+    client.send(agent.addr, m.DebugInput(s["sid"], client.addr, b"c\n"))
+    assert inbox.next(m.DebugEnded).reason == "rank 0 continued"
+    assert _output(inbox) == "after 10\n"
+    assert inbox.next(m.RunExited).exit_code == 0
+    assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
+
+
+def test_only_the_agents_children_may_open_a_session(client, agent):
+    inbox = Inbox(client)
+    _run(client, agent, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
+    name, hook = _output(inbox).split()
+    assert hook == "monarch_breakpoint.set_trace"
+    # Someone who knows the socket's name but not the agent's secret gets nothing.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(T)
+        s.connect("\0" + name)
+        proto.send_frame(s, proto.HELLO, {"token": "0" * 32, "rank": 0, "pid": os.getpid()})
+        try:
+            assert proto.recv_frame(s) is None  # closed without a WELCOME
+        except ConnectionResetError:
+            pass
+    # Garbage instead of a hello: closed too, and the agent lives on.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(T)
+        s.connect("\0" + name)
+        s.sendall(b"\xff" * 64)
+        try:
+            assert proto.recv_frame(s) is None
+        except ConnectionResetError:  # closed with our garbage unread
+            pass
+    assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
+    # The user's own PYTHONBREAKPOINT for a run wins.
+    _run(client, agent, ["sh", "-c", 'echo "$PYTHONBREAKPOINT"'], env={"PYTHONBREAKPOINT": "0"})
+    assert _output(inbox) == "0\n"
+
+
+def test_attaching_to_an_unknown_session_is_an_error(client, agent):
+    fut = client.request(agent.addr, lambda port: m.DebugAttach(42, client.addr, "tester", port))
+    with pytest.raises(RuntimeError, match="debug session dbghost/42 has ended"):
+        fut.get(timeout=T)
+
+
+def test_the_hook_without_an_agent_says_why_and_goes_on(tmp_path):
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_DEBUG")}
+    env["PYTHONBREAKPOINT"] = "monarch_agents.debug_rank.set_trace"
+    r = subprocess.run([sys.executable, "-c", "breakpoint(); print('went on')"], capture_output=True, text=True,
+                       env=env, timeout=T)
+    assert r.returncode == 0 and r.stdout == "went on\n"
+    assert "breakpoint() ignored: no debug session" in r.stderr
