@@ -21,10 +21,11 @@ T = 30
 
 
 class Inbox:
+    """One stream port for a run's messages (RunOutput, DebugWaiting, RunExited) and a debug session's."""
+
     def __init__(self, rt):
         self.q: queue.Queue = queue.Queue()
-        for t in (m.RunOutput, m.RunExited, m.DebugOutput, m.DebugEnded, m.DebugWaiting):
-            rt.register(t, self.q.put)
+        self.port = rt.open_stream(self.q.put)
 
     def next(self, kind: type, timeout: float = T):
         while True:
@@ -41,9 +42,9 @@ def agent(client, tmp_path):
     assert wait_gone([a.pid] + a.children()) == []
 
 
-def _run(client, agent, argv, env=None) -> str:
+def _run(client, agent, inbox, argv, env=None) -> str:
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    client.send(agent.addr, m.RunCommand(run_id, argv, env or {}, None, m.PortRef(client.addr, 0), 0, client.addr))
+    client.send(agent.addr, m.RunCommand(run_id, argv, env or {}, None, inbox.port.ref, 0, client.addr))
     return run_id
 
 
@@ -53,7 +54,7 @@ def _output(inbox) -> str:
 
 def test_a_session_relayed_through_the_agent(client, agent):
     inbox = Inbox(client)
-    run_id = _run(client, agent, [sys.executable, "-c", "x = 5\nbreakpoint()\nprint('after', x * 2)"])
+    run_id = _run(client, agent, inbox, [sys.executable, "-c", "x = 5\nbreakpoint()\nprint('after', x * 2)"])
     waiting = inbox.next(m.DebugWaiting)
     assert waiting.run_id == run_id and waiting.session["rank"] == 0 and waiting.session["host"] == "dbghost"
     deadline = time.monotonic() + T
@@ -63,7 +64,7 @@ def test_a_session_relayed_through_the_agent(client, agent):
             break
         time.sleep(0.02)
     assert s["waiting"] and s["function"] == "<module>" and s["held_by"] == "" and s["run_id"] == run_id
-    r = client.request(agent.addr, lambda port: m.DebugAttach(s["sid"], client.addr, "tester", port)).get(timeout=T)
+    r = client.request(agent.addr, lambda port: m.DebugAttach(s["sid"], client.addr, "tester", port, inbox.port.ref)).get(timeout=T)
     assert r["waiting"] and r["replay"].endswith(b"(Pdb) ")
     client.send(agent.addr, m.DebugInput(s["sid"], client.addr, b"p x * 7\n"))
     out = b""
@@ -84,7 +85,7 @@ def test_a_session_relayed_through_the_agent(client, agent):
 
 def test_only_the_agents_children_may_open_a_session(client, agent):
     inbox = Inbox(client)
-    _run(client, agent, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
+    _run(client, agent, inbox, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
     name, hook = _output(inbox).split()
     assert hook == "monarch_breakpoint.set_trace"
     # Someone who knows the socket's name but not the agent's secret gets nothing.
@@ -107,12 +108,12 @@ def test_only_the_agents_children_may_open_a_session(client, agent):
             pass
     assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
     # The user's own PYTHONBREAKPOINT for a run wins.
-    _run(client, agent, ["sh", "-c", 'echo "$PYTHONBREAKPOINT"'], env={"PYTHONBREAKPOINT": "0"})
+    _run(client, agent, inbox, ["sh", "-c", 'echo "$PYTHONBREAKPOINT"'], env={"PYTHONBREAKPOINT": "0"})
     assert _output(inbox) == "0\n"
 
 
 def test_attaching_to_an_unknown_session_is_an_error(client, agent):
-    fut = client.request(agent.addr, lambda port: m.DebugAttach(42, client.addr, "tester", port))
+    fut = client.request(agent.addr, lambda port: m.DebugAttach(42, client.addr, "tester", port, m.PortRef(client.addr, 0)))
     with pytest.raises(RuntimeError, match="debug session dbghost/42 has ended"):
         fut.get(timeout=T)
 

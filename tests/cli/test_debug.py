@@ -156,7 +156,8 @@ def test_torchrun_workers(workdir, runs):
 
 
 ACTORS = """\
-    from monarch.actor import Actor, current_rank, endpoint, this_host
+    from monarch.actor import Actor, current_rank, endpoint
+    from monarch.job import job_load
 
     class Trainer(Actor):
         def __init__(self):
@@ -172,7 +173,7 @@ ACTORS = """\
             return loss
 
     if __name__ == "__main__":
-        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 2})
         trainers = procs.spawn("trainers", Trainer)
         print("losses", sorted(trainers.step.call(0.5).get().values()), flush=True)
         procs.stop().get()
@@ -187,7 +188,7 @@ def test_actor_endpoint(workdir, runs):
     listed = sessions(workdir)
     assert sorted((s["actor"], s["rank"], s["host"], s["coords"]["gpus"]) for s in listed) == \
         [("trainers", 1, "host0", 1), ("trainers", 2, "host1", 0)]
-    r = debug(workdir, "attach trainers 2", "p loss", "detach", "cast trainers ranks(gpus=(0,1)) p loss",
+    r = debug(workdir, "attach trainers 2", "p loss", "detach", "cast trainers ranks(hosts=(0,1)) p loss",
               "continue", "quit")
     assert r.returncode == 0, r.stderr
     assert "(Pdb) 2.0" in r.stdout
