@@ -331,6 +331,16 @@ class TelemetryScan(Message):
 
     scans: dict
     timeout_s: float
+    reply: PortRef
+
+
+@message
+class TakeStacks(Message):
+    """py-spy stacks of live procs and ranks (``ranks``: only those run ranks); answers Arrow IPC bytes."""
+
+    ranks: list | None
+    reply: PortRef
+
 
 # --- debug sessions (``monarch debug``; agents/services/debug.py) ---------------
 
@@ -343,12 +353,6 @@ class DebugList(Message):
 
 
 @message
-class TakeStacks(Message):
-    """py-spy stacks of live procs and ranks (``ranks``: only those run ranks); answers Arrow IPC bytes."""
-
-    ranks: list | None
-    reply: PortRef
-
 class DebugAttach(Message):
     """Hold session ``sid``: its output streams to ``stream`` (DebugOutput, DebugSourceRequest, and
     DebugEnded last); answers the replay."""
