@@ -495,7 +495,7 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
     """The job saved at ``filename`` (default: the current reservation, as for ``monarch status``).
 
     A reservation made by ``monarch serve`` comes back as a running ``ProcessJob({"hosts": N})``
-    (local) or ``SlurmJob(meshes={"hosts": N}, ...)``; one made by ``monarch.job.spmd.serve`` as
+    (local), ``SlurmJob(meshes={"hosts": N}, ...)`` or ``KubernetesJob`` (one mesh ``hosts``); one made by ``monarch.job.spmd.serve`` as
     an ``SPMDJob``.  Raises ``FileNotFoundError`` if there is no file, and
     ``monarch.errors.StateError`` (one line, with the fix) for a file of another version or program.
     """
@@ -544,6 +544,10 @@ def job_for_record(record: "JobRecord", path: str | None) -> Job:
         from monarch.job.slurm import SlurmJob
 
         return SlurmJob._attached({"hosts": record.spec.hosts}, record, path)
+    if record.spec.scheduler == "kubernetes":
+        from monarch.job.kubernetes import KubernetesJob
+
+        return KubernetesJob._attached({"hosts": record.spec.hosts}, record, path)
     if record.spec.scheduler == "kubernetes":
         from monarch.job.kubernetes import KubernetesJob
 
