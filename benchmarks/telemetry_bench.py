@@ -35,8 +35,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
+#: The issue's example (p99 by endpoint), and a plain grouped aggregate.
 QUERY = ("SELECT endpoint, count(*) AS n, avg(latency_us) AS mean_us, "
          "approx_percentile_cont(latency_us, 0.99) AS p99_us FROM messages GROUP BY endpoint ORDER BY endpoint")
+QUERY_SIMPLE = ("SELECT endpoint, count(*) AS n, avg(latency_us) AS mean_us, max(latency_us) AS max_us "
+                "FROM messages GROUP BY endpoint ORDER BY endpoint")
 ENDPOINTS = ["step", "forward", "backward", "load", "save", "ping", "gather", "reduce"]
 
 
@@ -97,24 +100,25 @@ def bench_query(rows: int, repeat: int, workdir: str) -> dict:
                 break
             time.sleep(0.5)
         held = r.table.column("n")[0].as_py()
-        times, answer = [], None
-        for _ in range(repeat):
-            t = time.perf_counter()
-            answer = query(record, QUERY, timeout_s=120)
-            times.append(time.perf_counter() - t)
         ctx = SessionContext()
         ctx.register_record_batches("messages", [whole])
-        base = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            expected = ctx.sql(QUERY).to_arrow_table()
-            base.append(time.perf_counter() - t)
-        same_counts = answer.table.column("n").to_pylist() == expected.column("n").to_pylist()
-        return {"hosts": len(record.hosts), "rows_per_host": rows, "rows_held": held,
-                "query_p50_ms": statistics.median(times) * 1e3, "query_max_ms": max(times) * 1e3,
-                "one_table_p50_ms": statistics.median(base) * 1e3,
-                "ratio_vs_one_table": statistics.median(times) / statistics.median(base),
-                "same_answer": bool(same_counts and answer.missing_hosts == [])}
+        out = {"hosts": len(record.hosts), "rows_per_host": rows, "rows_held": held}
+        for key, sql in (("p99", QUERY), ("simple", QUERY_SIMPLE)):
+            times, answer = [], None
+            for _ in range(repeat):
+                t = time.perf_counter()
+                answer = query(record, sql, timeout_s=120)
+                times.append(time.perf_counter() - t)
+            base = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                expected = ctx.sql(sql).to_arrow_table()
+                base.append(time.perf_counter() - t)
+            same = answer.table.column("n").to_pylist() == expected.column("n").to_pylist() and not answer.missing_hosts
+            out[key] = {"query_p50_ms": statistics.median(times) * 1e3, "query_max_ms": max(times) * 1e3,
+                        "one_table_p50_ms": statistics.median(base) * 1e3,
+                        "ratio_vs_one_table": statistics.median(times) / statistics.median(base), "same_answer": same}
+        return out
     finally:
         os.chdir(old)
         subprocess.run([sys.executable, "-m", "monarch_cli.main", "stop"], cwd=workdir, env=env, capture_output=True,
@@ -169,6 +173,49 @@ def bench_recording(rounds: int, calls: int) -> dict:
             "throughput_on": on_rate, "throughput_off": off_rate, "throughput_ratio_on_off": on_rate / off_rate}
 
 
+def bench_hot_path(n: int) -> dict:
+    """CPU the recording adds per message, in-process: the client's send row plus the proc's handled row."""
+    from monarch_agents import actor_telemetry
+    from monarch_agents.messages import Call, PortRef
+    from monarch.actor import _telemetry as client_tel
+    from monarch.actor._shape import Shape
+    from monarch_telemetry import recorder as rmod
+
+    class _Mesh:
+        def __init__(self) -> None:
+            self._actor_id = "echo-1"
+            self._shape = Shape((), (), (0,))
+
+    class _Slot:
+        class msg:
+            actor_id, name, point, extent = "echo-1", "echo", {}, {}
+        info = None
+
+    class _Rt:
+        addr = "tcp://127.0.0.1:1#1"
+
+    mesh, slot, rt = _Mesh(), _Slot(), _Rt()
+    call = Call("echo-1", "ping", None, {}, {}, PortRef(rt.addr, 5), 0, rt.addr)
+    out = {}
+    for flag in (True, False):
+        rec = rmod.install(rmod.Recorder("h", enabled=flag))
+        actor_telemetry.rec = rec
+        t = time.perf_counter()
+        for _ in range(n):
+            client_tel.sent(rt, mesh, "ping", mesh._shape, call.reply)
+            actor_telemetry.arrived(call)
+            t0 = actor_telemetry.begin()
+            actor_telemetry.handled(slot, call, t0, True)
+            if rec.buffers["sent_messages"].rows >= 50_000:
+                rec.take()
+        out["on" if flag else "off"] = (time.perf_counter() - t) / n * 1e6
+    t = time.perf_counter()
+    for _ in range(n):
+        pass
+    loop = (time.perf_counter() - t) / n * 1e6
+    return {"recording_us_per_message": out["on"] - out["off"], "empty_loop_us": loop}
+
+
 # -- memory bound -------------------------------------------------------------------------------
 
 
@@ -217,14 +264,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="telemetry-bench-") as d:
         out["query"] = bench_query(args.rows, args.repeat, d)
     out["recording"] = bench_recording(args.rounds, args.calls)
+    out["hot_path"] = bench_hot_path(200_000 if not args.quick else 20_000)
     out["memory"] = bench_memory(1_000_000 if not args.quick else 200_000, args.bound_mib)
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    q, r, m = out["query"], out["recording"], out["memory"]
-    print(f"query over {q['hosts']} hosts x {q['rows_per_host']:,} messages rows ({q['rows_held']:,} held): "
-          f"p50 {q['query_p50_ms']:.0f} ms (max {q['query_max_ms']:.0f}); one table in-process "
-          f"{q['one_table_p50_ms']:.0f} ms; ratio {q['ratio_vs_one_table']:.2f}x; same answer: {q['same_answer']}")
+    q, r, m, h = out["query"], out["recording"], out["memory"], out["hot_path"]
+    for key, what in (("p99", "count/avg/approx p99 by endpoint"), ("simple", "count/avg/max by endpoint")):
+        x = q[key]
+        print(f"query ({what}) over {q['hosts']} hosts x {q['rows_per_host']:,} messages rows ({q['rows_held']:,} held): "
+              f"p50 {x['query_p50_ms']:.0f} ms (max {x['query_max_ms']:.0f}); the same SQL over one in-process table "
+              f"{x['one_table_p50_ms']:.0f} ms; ratio {x['ratio_vs_one_table']:.2f}x; same answer: {x['same_answer']}")
+    print(f"recording CPU per message (client send row + proc handled row): {h['recording_us_per_message']:.2f} us "
+          f"(an empty Python loop iteration here: {h['empty_loop_us'] * 1000:.0f} ns)")
     print(f"call_one p50: recording on {r['call_one_p50_us_on']:.0f} us, off {r['call_one_p50_us_off']:.0f} us, "
           f"ratio {r['latency_ratio_on_off']:.3f}")
     print(f"throughput: on {r['throughput_on']:.0f}/s, off {r['throughput_off']:.0f}/s, ratio {r['throughput_ratio_on_off']:.3f}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from monarch_telemetry.recorder import Recorder, hash_id, recorder
+from monarch_telemetry.recorder import Recorder, hash_id
 from monarch_telemetry.schema import TABLES, VIEWS, Column, TableSpec, ViewSpec, all_specs, reference_markdown
 
 _LAZY = {
@@ -34,4 +34,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["TABLES", "VIEWS", "Column", "TableSpec", "ViewSpec", "all_specs", "reference_markdown",
-           "Recorder", "recorder", "hash_id", *_LAZY]
+           "Recorder", "hash_id", *_LAZY]

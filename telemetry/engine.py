@@ -96,10 +96,7 @@ def plan(sql: str, row_limit: int | None = DEFAULT_ROW_LIMIT) -> Plan:
     """Check ``sql`` and work out the scans to push to hosts; raises :class:`QueryError`."""
     if not sql.strip():
         raise QueryError("empty query")
-    ctx = _context()
-    for spec in TABLES.values():
-        ctx.register_record_batches(spec.name, _empty(spec.schema))
-    _register_views(ctx)
+    ctx = _planning_context()
     try:
         df = ctx.sql_with_options(sql, _read_only())
         lp = df.optimized_logical_plan()
@@ -115,6 +112,23 @@ def plan(sql: str, row_limit: int | None = DEFAULT_ROW_LIMIT) -> Plan:
     found: dict[str, list[_ScanInfo]] = {}
     _collect(lp, [], found)
     return Plan(sql, row_limit, {t: _combine(t, infos) for t, infos in found.items() if t in TABLES})
+
+
+_planner: SessionContext | None = None
+_planner_lock = threading.Lock()
+
+
+def _planning_context() -> SessionContext:
+    """Every table, empty, and the views: made once per process (planning only reads it)."""
+    global _planner
+    with _planner_lock:
+        if _planner is None:
+            ctx = _context()
+            for spec in TABLES.values():
+                ctx.register_record_batches(spec.name, _empty(spec.schema))
+            _register_views(ctx)
+            _planner = ctx
+        return _planner
 
 
 def _is_explain(lp) -> bool:
@@ -222,8 +236,17 @@ def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None 
 
     ``parts`` maps each scanned table to one Arrow table per host that answered.
     """
+    if not p.scans:
+        # Nothing from the hosts (SHOW TABLES, DESCRIBE, information_schema): the planning context answers.
+        result = _run(_planning_context(), p.sql, p.row_limit, deadline)
+        limited = p.row_limit is not None and result.num_rows > p.row_limit
+        return (result.slice(0, p.row_limit) if limited else result), limited
     ctx = _context()
+    words = set(re.findall(r"\w+", p.sql.lower()))
+    catalog = bool(words & {"information_schema", "show", "describe"})
     for spec in TABLES.values():
+        if spec.name not in p.scans and not catalog and spec.name not in words:
+            continue  # not in this query (registering costs a little per table)
         tables = [t for t in parts.get(spec.name, []) if t is not None]
         if spec.name in p.scans and tables:
             if spec.name in _VIEW_BASES:
@@ -234,7 +257,8 @@ def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None 
             ctx.register_record_batches(spec.name, partitions)
         else:
             ctx.register_record_batches(spec.name, _empty(spec.schema))
-    _register_views(ctx)
+    if catalog or words & set(VIEWS):
+        _register_views(ctx)
     result = _run(ctx, p.sql, p.row_limit, deadline)
     limited = p.row_limit is not None and result.num_rows > p.row_limit
     return (result.slice(0, p.row_limit) if limited else result), limited
