@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from monarch_telemetry.recorder import Recorder, now_us
 
@@ -77,6 +77,8 @@ class HostTelemetry:
         self.procs: OrderedDict[int, _ProcRow] = OrderedDict()
         self._partial: dict[tuple[str, int, str], bytes] = {}
         self._pool = ThreadPoolExecutor(_SCAN_WORKERS, thread_name_prefix="telemetry-scan")
+        #: The ``debug_sessions`` rows now (set by the host agent's debug service).
+        self.debug_rows: Callable[[], list[dict]] = lambda: []
 
     @property
     def store(self):
@@ -89,6 +91,7 @@ class HostTelemetry:
                     store.provide("hosts", self._hosts_rows)
                     store.provide("procs", self._procs_rows)
                     store.provide("run_ranks", self._rank_rows)
+                    store.provide("debug_sessions", lambda: self.debug_rows())
                     self._store = store
         return self._store
 

@@ -239,9 +239,27 @@ STACKS = TableSpec("stacks", EVENT, "Python stacks taken by `monarch stack` (py-
     _c("error", STR, "why no stack could be taken (then the frame columns are empty)", True),
 ), "host agent")
 
+DEBUG_SESSIONS = TableSpec("debug_sessions", SNAPSHOT,
+                           "Ranks and actors paused in pdb now (`breakpoint()`, `monarch run --pdb`), as `monarch debug list` shows them.", (
+    _HOST,
+    _c("sid", I64, "the session's number on its host"),
+    _c("rank", I64, "torchrun's RANK, the host's index in the run, or the actor's rank in its mesh"),
+    _c("pid", I64, "the paused process"),
+    _c("kind", STR, "'breakpoint' or 'post_mortem'"),
+    _c("actor", STR, "the actor mesh's name ('' for a command)"),
+    _c("command", STR, "the command (or actor class) that paused"),
+    _c("run_id", STR, "the run it belongs to ('' for actors)"),
+    _c("file", STR, "source file where pdb stopped"),
+    _c("line", I64, "line where pdb stopped"),
+    _c("function", STR, "function where pdb stopped"),
+    _c("waiting", BOOL, "pdb waits for a command (false while one runs)"),
+    _c("held_by", STR, "the `monarch debug` attached to it ('' for none)"),
+    _c("started", TIME, "when the session opened"),
+), "host agent")
+
 TABLES: dict[str, TableSpec] = {t.name: t for t in (
     MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
-    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS,
+    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS,
 )}
 
 # --- views (run after merging every host's rows) ---------------------------------------------

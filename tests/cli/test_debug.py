@@ -115,6 +115,11 @@ def test_plain_command_on_two_hosts(workdir, runs):
     assert sorted((s["rank"], s["host"], s["function"], s["waiting"]) for s in listed) == \
         [(0, "host0", "step", True), (1, "host1", "step", True)]
     assert all(s["where"] == "train.py:9" for s in listed)
+    # The same sessions through telemetry, for other tools.
+    r = monarch("query", "--format", "json", "select rank, host, function, waiting from debug_sessions order by rank",
+                cwd=workdir, check=True)
+    assert [(x["rank"], x["host"], x["function"], x["waiting"]) for x in json.loads(r.stdout)["rows"]] == \
+        [(0, "host0", "step", True), (1, "host1", "step", True)]
     r = debug(workdir, "list", "attach 1", "p loss", "detach", "cast ranks(0,1) p loss * 10", "continue", "quit")
     assert r.returncode == 0, r.stderr
     out = r.stdout
