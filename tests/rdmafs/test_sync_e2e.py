@@ -187,3 +187,32 @@ def test_stopping_the_agent_leaves_no_mount_and_no_store(client, tmp_path, fuse)
     started[0].stop()
     assert wait_gone([started[0].pid]) == []
     assert not is_mounted(r.mounts[0]["mountpoint"]) and not os.path.exists(root)
+
+
+def test_remotemount_open_refresh_close_with_subdir(client, agents, tmp_path):
+    from monarch.actor import HostMesh
+    from monarch.actor._client import HostRef
+    from monarch.remotemount import remotemount
+
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "model.py").write_text("LAYERS = 1\n")
+    mesh = HostMesh([HostRef(a.addr, a.info["host"], i) for i, a in enumerate(agents)])
+    with pytest.raises(ValueError, match="would hide the source folder"):
+        remotemount(mesh, str(ws)).open()
+    handle = remotemount(mesh, str(ws), str(tmp_path / "mnt" / "$SUBDIR"))
+    with pytest.raises(RuntimeError, match="call open"):
+        handle.refresh()
+    handle.open()
+    places = [tmp_path / "mnt" / f"hosts_{i}" for i in range(4)]
+    try:
+        for p in places:
+            assert (p / "model.py").read_text() == "LAYERS = 1\n" and is_mounted(str(p))
+        (ws / "model.py").write_text("LAYERS = 2\n")
+        handle.refresh()
+        for p in places:
+            assert (p / "model.py").read_text() == "LAYERS = 2\n"
+    finally:
+        handle.close()
+        handle.close()
+    assert not any(is_mounted(str(p)) for p in places)
