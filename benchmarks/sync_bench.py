@@ -1,0 +1,222 @@
+"""Workspace sync, in one run: monarch's rdmafs against ``rsync -a``, on 4 local hosts.
+
+    .venv/bin/python benchmarks/sync_bench.py [--size 1G] [--files 10000] [--hosts 4] [--json]
+
+Generates a workspace (``--files`` small files of 1-8 KiB in nested folders, and
+four large files making up the rest of ``--size``), serves ``--hosts`` local
+hosts, and measures:
+
+1. initial sync to every host (pack + send once down the fan-out tree + mount)
+   against ``rsync -a`` to as many folders, run in parallel;
+2. a one-file edit until it is visible on every host: ``monarch sync`` (one
+   process each time, as a user runs it), ``monarch sync --watch`` (a watcher
+   already running), and ``rsync -a`` of the tree to every folder again;
+3. reading the large files through a host's mount (first read, then again from
+   the page cache that ``keep_cache`` keeps) against reading them from local disk.
+
+Prints each figure and monarch/baseline ratios (below 1 is monarch faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SCRIPT = os.path.join(os.path.dirname(sys.executable), "monarch")
+MONARCH = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "monarch_cli.main"]
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def generate(root: str, files: int, size: int, seed: int = 0) -> int:
+    """The workspace: ``files`` small files in nested folders plus four large files; returns its bytes."""
+    rng = random.Random(seed)
+    total = 0
+    for i in range(files):
+        d = os.path.join(root, "src", f"pkg{i % 50}", f"mod{i % 7}")
+        os.makedirs(d, exist_ok=True)
+        n = rng.randint(1024, 8192)
+        with open(os.path.join(d, f"file{i}.py"), "wb") as f:
+            f.write(rng.randbytes(n))
+        total += n
+    big = max(0, size - total) // 4
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    for i in range(4):
+        with open(os.path.join(root, "data", f"shard{i}.bin"), "wb") as f:
+            left = big
+            while left:
+                n = min(left, 16 << 20)
+                f.write(os.urandom(n))
+                left -= n
+        total += big
+    with open(os.path.join(root, "train.py"), "w") as f:
+        f.write("print('v0')\n")
+    return total
+
+
+def rsync_all(src: str, dests: list[str]) -> float:
+    """``rsync -a`` of ``src`` to every folder in ``dests`` at once; wall seconds."""
+    t = time.perf_counter()
+    with ThreadPoolExecutor(len(dests)) as ex:
+        for r in ex.map(lambda d: subprocess.run(["rsync", "-a", src + "/", d + "/"], capture_output=True), dests):
+            if r.returncode != 0:
+                raise RuntimeError(f"rsync failed: {r.stderr.decode()}")
+    return time.perf_counter() - t
+
+
+def wait_visible(paths: list[str], text: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(_read(p) == text for p in paths):
+            return
+        time.sleep(0.001)
+    raise TimeoutError(f"{text!r} never showed at every host")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def read_throughput(paths: list[str]) -> float:
+    """Bytes per second reading every file of ``paths`` once, 1 MiB at a time."""
+    n = 0
+    t = time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                n += len(b)
+    return n / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1G", help="Workspace size (e.g. 1G, 64M).")
+    ap.add_argument("--files", type=int, default=10_000, help="How many small files.")
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--edits", type=int, default=5, help="One-file edits timed for each method.")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if shutil.which("rsync") is None:
+        sys.exit("sync_bench needs rsync (apt-get install rsync)")
+    tmp = tempfile.mkdtemp(prefix="monarch-sync-bench-")
+    env = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
+    results: dict = {}
+    served = False
+    watcher = None
+    try:
+        ws = os.path.join(tmp, "ws")
+        os.makedirs(ws)
+        t = time.perf_counter()
+        total = generate(ws, args.files, parse_size(args.size))
+        results["workspace"] = {"files": args.files + 5, "bytes": total, "generate_s": round(time.perf_counter() - t, 2)}
+        subprocess.run([*MONARCH, "serve", "--hosts", str(args.hosts)], cwd=ws, env=env, check=True,
+                       capture_output=True)
+        served = True
+        sys.path.insert(0, ROOT)
+        from monarch.job.reserve import load_live
+        from monarch.job.workspace import ReservationSync, set_workspace
+
+        os.chdir(ws)
+        record, path = load_live()
+        set_workspace(record, path, source=ws)
+
+        # 1. initial sync
+        rs = ReservationSync(record)
+        t = time.perf_counter()
+        (first,) = rs.sync()
+        ours = time.perf_counter() - t
+        mounts = [m["mountpoint"] for m in first.mounts]
+        dests = [os.path.join(tmp, f"rsync{i}") for i in range(args.hosts)]
+        base = rsync_all(ws, dests)
+        results["initial_sync"] = {"monarch_s": round(ours, 3), "rsync_s": round(base, 3), "ratio": round(ours / base, 2),
+                                   "sent_bytes": first.sent_bytes, "mode": first.mounts[0]["mode"],
+                                   "transport": first.transport}
+
+        # 2. one-file edit until visible everywhere
+        target = "train.py"
+        cli, watched, rsynced = [], [], []
+        for i in range(args.edits):
+            text = f"print('cli {i}')\n"
+            with open(os.path.join(ws, target), "w") as f:
+                f.write(text)
+            t = time.perf_counter()
+            subprocess.run([*MONARCH, "sync"], cwd=ws, env=env, check=True, capture_output=True)
+            wait_visible([os.path.join(m, target) for m in mounts], text)
+            cli.append(time.perf_counter() - t)
+        watcher = subprocess.Popen([*MONARCH, "sync", "--watch"], cwd=ws, env=env, stderr=subprocess.PIPE, text=True,
+                                   stdout=subprocess.DEVNULL)
+        while "watching" not in (watcher.stderr.readline() or "watching"):
+            pass
+        for i in range(args.edits):
+            text = f"print('watch {i}')\n"
+            t = time.perf_counter()
+            with open(os.path.join(ws, target), "w") as f:
+                f.write(text)
+            wait_visible([os.path.join(m, target) for m in mounts], text)
+            watched.append(time.perf_counter() - t)
+            time.sleep(0.2)
+        for i in range(args.edits):
+            text = f"print('rsync {i}')\n"
+            with open(os.path.join(ws, target), "w") as f:
+                f.write(text)
+            rsynced.append(rsync_all(ws, dests))
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        results["edit_visible"] = {
+            "monarch_sync_s": round(med(cli), 4), "monarch_watch_s": round(med(watched), 4),
+            "rsync_s": round(med(rsynced), 4), "ratio_sync": round(med(cli) / med(rsynced), 2),
+            "ratio_watch": round(med(watched) / med(rsynced), 2)}
+
+        # 3. read throughput through a mount vs local disk (large files)
+        shards = [os.path.join("data", f"shard{i}.bin") for i in range(4)]
+        local = read_throughput([os.path.join(ws, s) for s in shards])
+        cold = read_throughput([os.path.join(mounts[0], s) for s in shards])
+        warm = read_throughput([os.path.join(mounts[0], s) for s in shards])
+        results["read_MBps"] = {"local_disk": round(local / 1e6), "mount_first": round(cold / 1e6),
+                                "mount_again": round(warm / 1e6), "ratio_first": round(cold / local, 2),
+                                "ratio_again": round(warm / local, 2)}
+    finally:
+        if watcher is not None:
+            watcher.terminate()
+            watcher.wait()
+        if served:
+            subprocess.run([*MONARCH, "stop"], cwd=ws, env=env, capture_output=True)
+        os.chdir("/")
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    w = results["workspace"]
+    print(f"workspace: {w['files']:,} files, {w['bytes'] / (1 << 20):.0f} MiB; {args.hosts} local hosts")
+    s = results["initial_sync"]
+    print(f"initial sync    monarch {s['monarch_s']:.2f} s ({s['mode']}, {s['transport']}, sent {s['sent_bytes'] / (1 << 20):.0f} MiB once)"
+          f"   rsync -a x{args.hosts} {s['rsync_s']:.2f} s   ratio {s['ratio']}")
+    e = results["edit_visible"]
+    print(f"edit->visible   monarch sync {e['monarch_sync_s'] * 1000:.0f} ms   sync --watch {e['monarch_watch_s'] * 1000:.0f} ms"
+          f"   rsync -a x{args.hosts} {e['rsync_s'] * 1000:.0f} ms   ratios {e['ratio_sync']} / {e['ratio_watch']}")
+    r = results["read_MBps"]
+    print(f"read MB/s       local disk {r['local_disk']}   mount first {r['mount_first']} ({r['ratio_first']}x)"
+          f"   mount again {r['mount_again']} ({r['ratio_again']}x)")
+
+
+if __name__ == "__main__":
+    main()
