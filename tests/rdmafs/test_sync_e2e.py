@@ -216,3 +216,31 @@ def test_remotemount_open_refresh_close_with_subdir(client, agents, tmp_path):
         handle.close()
         handle.close()
     assert not any(is_mounted(str(p)) for p in places)
+
+
+def test_gather_mount_shows_every_hosts_folder_read_only(client, agents, tmp_path):
+    from monarch.actor import HostMesh
+    from monarch.actor._client import HostRef
+    from monarch.gather_mount import gather_mount
+
+    for i in range(4):
+        d = tmp_path / "hostdata" / f"hosts_{i}"
+        (d / "sub").mkdir(parents=True)
+        (d / "train.log").write_text(f"host {i} step 1\n")
+        (d / "sub" / "x.bin").write_bytes(bytes([i]) * 300_000)
+    mesh = HostMesh([HostRef(a.addr, a.info["host"], i) for i, a in enumerate(agents)])
+    local = tmp_path / "gathered"
+    with gather_mount(mesh, str(tmp_path / "hostdata" / "$SUBDIR"), str(local)) as m:
+        assert is_mounted(str(local))
+        assert sorted(os.listdir(local)) == [f"hosts_{i}" for i in range(4)]
+        for i in range(4):
+            assert (local / f"hosts_{i}" / "train.log").read_text() == f"host {i} step 1\n"
+            assert (local / f"hosts_{i}" / "sub" / "x.bin").read_bytes() == bytes([i]) * 300_000
+        with pytest.raises(OSError) as e:
+            open(local / "hosts_0" / "train.log", "w")
+        assert e.value.errno == 30  # EROFS
+        assert not (local / "hosts_9").exists() and not (local / "hosts_0" / "nope").exists()
+        (tmp_path / "hostdata" / "hosts_2" / "train.log").write_text("host 2 step 2\n")
+        assert (local / "hosts_2" / "train.log").read_text() == "host 2 step 2\n", "bytes are read fresh"
+    m.close()
+    assert not is_mounted(str(local))

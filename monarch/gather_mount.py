@@ -1,0 +1,198 @@
+"""Every host's folder visible here, read-only, one sub-folder per host, as in PyTorch Monarch's ``gather_mount``.
+
+    from monarch.gather_mount import gather_mount
+
+    with gather_mount(host_mesh, "/tmp/run/$SUBDIR/logs", "/tmp/all_logs") as m:
+        print(os.listdir("/tmp/all_logs"))          # ['hosts_0', 'hosts_1', ...]
+
+The mount is live on return.  ``$SUBDIR`` in the remote path becomes each
+host's mesh coordinates (``hosts_0``); a one-host mesh with no dimensions is
+mounted at the root, with no sub-folder.  Reads go to the host's agent over the
+job's authenticated connection; a small process here serves the FUSE mount and
+unmounts when closed, when its owner exits or dies.
+
+What it does not do: writes, or push change notices (attributes are at most a
+second old; file bytes are read fresh at each open).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+__all__ = ["GatherMount", "gather_mount"]
+
+_READY_TIMEOUT_S = 30.0
+_CALL_TIMEOUT_S = 30.0
+
+
+class GatherMount:
+    """A live gather mount; ``close()`` (or leaving the ``with`` block) unmounts it."""
+
+    def __init__(self, host_mesh: Any, remote_mount_point: str, local_mount_point: str):
+        from monarch.remotemount import point_key
+        from monarch_agents.client import ensure_runtime
+        from monarch_rdmafs.mount import fuse_unavailable_reason, prepare_mount_point
+
+        why = fuse_unavailable_reason()
+        if why:
+            raise RuntimeError(f"gather_mount needs FUSE here: {why}")
+        rt = ensure_runtime()
+        hosts = []
+        for i, h in enumerate(host_mesh.hosts):
+            key = point_key(host_mesh, i)
+            hosts.append([h.addr, key, remote_mount_point.replace("$SUBDIR", key)])
+        if len(hosts) > 1 and any(not k for _, k, _ in hosts):
+            raise ValueError("a mesh of several hosts needs named dimensions for gather_mount")
+        self._local_mount_point = os.path.abspath(local_mount_point)
+        prepare_mount_point(self._local_mount_point)
+        config = {"keys": rt.keys.as_dict(), "hosts": hosts, "mountpoint": self._local_mount_point}
+        self._proc = subprocess.Popen([sys.executable, "-m", "monarch.gather_mount"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, start_new_session=True)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        # Keys go through a pipe, never the command line (where `ps` would show them).
+        self._proc.stdin.write((json.dumps(config) + "\n").encode())
+        self._proc.stdin.flush()
+        line: list[bytes] = []
+        t = threading.Thread(target=lambda: line.append(self._proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(_READY_TIMEOUT_S)
+        if not line or line[0].strip() != b"ready":
+            self.close()
+            raise RuntimeError(f"gather_mount at {self._local_mount_point} failed to start: "
+                               f"{line[0].decode().strip() if line and line[0] else 'no answer'}")
+
+    def close(self) -> None:
+        """Unmount (safe to call twice)."""
+        from monarch_rdmafs.mount import is_mounted, unmount
+
+        p = self._proc
+        if p.poll() is None:
+            try:
+                p.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+        if is_mounted(self._local_mount_point):
+            unmount(self._local_mount_point)
+
+    def __enter__(self) -> "GatherMount":
+        return self
+
+    def __exit__(self, *_: object) -> bool:
+        self.close()
+        return False
+
+
+def gather_mount(host_mesh: Any, remote_mount_point: str, local_mount_point: str) -> GatherMount:
+    """Mount ``remote_mount_point`` of every host of ``host_mesh`` under ``local_mount_point``, read-only."""
+    return GatherMount(host_mesh, remote_mount_point, local_mount_point)
+
+
+# -- the mount process --------------------------------------------------------------
+
+
+class _Hosts:
+    """gather_fs's Remote: each call is one request to the host's workspace service."""
+
+    def __init__(self, rt: Any, hosts: list):
+        self.rt = rt
+        self.by_key = {key: (addr, root) for addr, key, root in hosts}
+        self.keys = [key for _, key, _ in hosts]
+
+    def _ask(self, key: str, make: Any) -> Any:
+        import errno
+
+        addr, _ = self.by_key[key]
+        try:
+            return self.rt.request(addr, make).get(timeout=_CALL_TIMEOUT_S)
+        except Exception:
+            return errno.EIO  # the host is gone or did not answer: an I/O error, not a crash
+
+    def _abs(self, key: str, rel: str) -> str:
+        root = self.by_key[key][1]
+        return os.path.join(root, rel) if rel else root
+
+    def stat(self, key: str, rel: str):
+        from monarch_rdmafs.messages import WsStat
+
+        return self._ask(key, lambda port: WsStat(self._abs(key, rel), port))
+
+    def listdir(self, key: str, rel: str):
+        from monarch_rdmafs.messages import WsListDir
+
+        return self._ask(key, lambda port: WsListDir(self._abs(key, rel), port))
+
+    def read(self, key: str, rel: str, offset: int, size: int):
+        from monarch_rdmafs.messages import WsRead
+
+        return self._ask(key, lambda port: WsRead(self._abs(key, rel), offset, size, port))
+
+
+def _main() -> None:
+    import pyfuse3
+    import trio
+
+    from monarch_agents.keys import JobKeys
+    from monarch_agents.client import ensure_runtime
+    from monarch_rdmafs.gather_fs import GatherFS
+    from monarch_rdmafs.mount import _die_with_parent, unmount
+
+    _die_with_parent()
+    config = json.loads(sys.stdin.buffer.readline())
+    rt = ensure_runtime(JobKeys(**config["keys"]))
+    ops = GatherFS(_Hosts(rt, config["hosts"]))
+    mnt = config["mountpoint"]
+    options = set(pyfuse3.default_options) | {"fsname=monarch-gather", "ro"}
+    options.discard("default_permissions")
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+
+    async def until_stdin_closes() -> None:
+        stream = trio.lowlevel.FdStream(os.dup(0))
+        while await stream.receive_some(4096):
+            pass
+        pyfuse3.terminate()
+
+    async def signals() -> None:
+        import signal
+
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+            async for _ in received:
+                pyfuse3.terminate()
+                return
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(until_stdin_closes)
+            nursery.start_soon(signals)
+            out.write("ready\n")
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    try:
+        pyfuse3.init(ops, mnt, options)
+    except Exception as e:
+        out.write(f"mount failed: {e}\n")
+        raise SystemExit(1)
+    try:
+        trio.run(run)
+    except BaseException:
+        pyfuse3.close(unmount=False)
+        unmount(mnt)
+        raise
+    pyfuse3.close(unmount=True)
+    rt.close()
+
+
+if __name__ == "__main__":
+    _main()
