@@ -98,6 +98,7 @@ class JobTrait(abc.ABC):
     def __init__(self) -> None:
         self._status: str | _CachedRunning = "not_running"
         self._apply_id: str | None = None
+        self._mount_specs: list[tuple] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -129,12 +130,66 @@ class JobTrait(abc.ABC):
         return self._running is not None
 
     def state(self, cached_path: str | None = DEFAULT_JOB_PATH) -> JobState:
-        """The job's host meshes, applying the job first if need be.
+        """The job's host meshes, applying the job first if need be, with its mounts applied.
 
         If this job is not running and ``cached_path`` names a cached job that is running and
         ``can_run`` this specification, that job is used.  A cached job that cannot is killed and
         its cache removed; then this job is applied and, unless ``cached_path`` is None, cached there.
+        Mounts declared with :meth:`remote_mount` and :meth:`gather_mount` are opened (or refreshed).
         """
+        state = self._applied_state(cached_path)
+        if getattr(self, "_mount_specs", None):
+            self._apply_mounts(state)
+        return state
+
+    # -- mounts ----------------------------------------------------------------------------
+
+    def remote_mount(self, source: str, mntpoint: str | None = None, meshes: list[str] | None = None,
+                     python_exe: str | None = ".venv/bin/python", **kwargs: Any) -> None:
+        """Declare a local folder to mount read-only on the hosts (see ``monarch.remotemount``).
+
+        Nothing happens now: the mount is opened at the next :meth:`state`, and refreshed (only
+        changes travel) at every later one.  ``meshes`` limits it to those meshes (default: all).
+        ``python_exe`` is accepted for Monarch compatibility (the hosts' interpreter is not changed).
+        """
+        self._mount_specs = [*getattr(self, "_mount_specs", []), ("remote", source, mntpoint, meshes)]
+
+    def gather_mount(self, remote_mount_point: str, local_mount_point: str, meshes: list[str] | None = None) -> None:
+        """Declare a folder of every host to show here read-only (see ``monarch.gather_mount``), at the next :meth:`state`.
+
+        With several meshes, each mesh's hosts appear under ``local_mount_point/<mesh name>``.
+        """
+        self._mount_specs = [*getattr(self, "_mount_specs", []),
+                             ("gather", remote_mount_point, local_mount_point, meshes)]
+
+    def _apply_mounts(self, state: JobState) -> None:
+        from monarch.gather_mount import gather_mount
+        from monarch.remotemount import remotemount
+
+        handles = self.__dict__.setdefault("_mount_handles", {})
+        meshes = state._hosts
+        for spec in self._mount_specs:
+            kind, a, b, names = spec
+            chosen = [n for n in meshes if names is None or n in names]
+            for n in chosen:
+                key = (spec, n)
+                h = handles.get(key)
+                if kind == "remote":
+                    if h is None:
+                        h = handles[key] = remotemount(meshes[n], a, b)
+                        h.open()
+                    else:
+                        h.refresh()
+                elif h is None:
+                    local = b if len(chosen) == 1 else os.path.join(b, n)
+                    handles[key] = gather_mount(meshes[n], a, local)
+
+    def close_mounts(self) -> None:
+        """Close the mounts this process opened (remote mounts are unmounted on the hosts)."""
+        for h in self.__dict__.pop("_mount_handles", {}).values():
+            h.close()
+
+    def _applied_state(self, cached_path: str | None) -> JobState:
         running = self._running
         if running is not None:
             return running._state()
@@ -198,6 +253,7 @@ class JobTrait(abc.ABC):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_cache_target", None)
+        state.pop("_mount_handles", None)  # live mounts belong to the process that opened them
         return state
 
     def _describe(self) -> str:

@@ -348,3 +348,30 @@ def test_shell_on_one_host_returns_its_exit_status(cwd):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 7, r.stderr
     assert "hi-1" in r.stdout
+
+
+def test_remote_mount_and_gather_mount_are_applied_at_every_state(cwd):
+    from monarch_rdmafs.mount import fuse_unavailable_reason
+
+    why = fuse_unavailable_reason()
+    if why:
+        pytest.skip(f"FUSE cannot be used here: {why}")
+    (cwd / "project").mkdir()
+    (cwd / "project" / "model.py").write_text("V = 1\n")
+    r = script(cwd, """
+        import os
+        from monarch.job import ProcessJob
+        job = ProcessJob({"trainers": 2})
+        job.remote_mount("project", mntpoint=os.path.abspath("mnt/$SUBDIR"))
+        job.gather_mount(os.path.abspath("mnt/$SUBDIR"), os.path.abspath("seen"))
+        job.state(cached_path=None)
+        print("first=" + ",".join(open(f"seen/hosts_{i}/model.py").read().strip() for i in range(2)))
+        open("project/model.py", "w").write("V = 2\\n")
+        job.state(cached_path=None)
+        print("second=" + ",".join(open(f"mnt/hosts_{i}/model.py").read().strip() for i in range(2)))
+        job.close_mounts()
+        print("mounted=" + str(any(os.path.ismount(p) for p in ("seen", "mnt/hosts_0", "mnt/hosts_1"))))
+    """)
+    v = values(r)
+    assert v["first"] == "V = 1,V = 1" and v["second"] == "V = 2,V = 2" and v["mounted"] == "False"
+    assert wait_gone(agent_pids(cwd), 5) == []
