@@ -140,13 +140,15 @@ class _Hosts:
 
 
 def _main() -> None:
+    import signal
+
     import pyfuse3
     import trio
 
     from monarch_agents.keys import JobKeys
     from monarch_agents.client import ensure_runtime
     from monarch_rdmafs.gather_fs import GatherFS
-    from monarch_rdmafs.mount import _die_with_parent, unmount
+    from monarch_rdmafs.mount import _STOP_SIGNALS, _die_with_parent, stop_on_signals, unmount
 
     _die_with_parent()
     config = json.loads(sys.stdin.buffer.readline())
@@ -157,28 +159,23 @@ def _main() -> None:
     options.discard("default_permissions")
     out = os.fdopen(os.dup(1), "w", buffering=1)
 
-    async def until_stdin_closes() -> None:
+    async def until_stdin_closes(scope) -> None:
         stream = trio.lowlevel.FdStream(os.dup(0))
         while await stream.receive_some(4096):
             pass
-        pyfuse3.terminate()
-
-    async def signals() -> None:
-        import signal
-
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-            async for _ in received:
-                pyfuse3.terminate()
-                return
+        scope.cancel()
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(until_stdin_closes)
-            nursery.start_soon(signals)
+            await nursery.start(stop_on_signals, nursery.cancel_scope)
+            nursery.start_soon(until_stdin_closes, nursery.cancel_scope)
             out.write("ready\n")
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
+    for sig in _STOP_SIGNALS:  # a stop while unmounting is ignored, not fatal
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # until stop_on_signals listens
     try:
         pyfuse3.init(ops, mnt, options)
     except Exception as e:

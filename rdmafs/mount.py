@@ -326,22 +326,21 @@ def main(argv: list[str] | None = None) -> None:
                     out.write(f"ok {arg}\n")
                 except Exception as e:  # told to the agent, which reports it
                     out.write(f"err {type(e).__name__}: {e}\n")
-        pyfuse3.terminate()
-
-    async def signals() -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-            async for _ in received:
-                pyfuse3.terminate()
-                return
+        nursery.cancel_scope.cancel()
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+            await nursery.start(stop_on_signals, nursery.cancel_scope)  # before "ready": a stop from then on unmounts
             nursery.start_soon(control, nursery)
-            nursery.start_soon(signals)
             out.write("ready\n")
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
+    # A stop signal between mounting and listening for it would leave the mount: held until then;
+    # and one after the listener is gone (while unmounting) is ignored, not fatal.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         pyfuse3.init(ops, args.mountpoint, options)
     except Exception as e:
@@ -350,12 +349,34 @@ def main(argv: list[str] | None = None) -> None:
     try:
         trio.run(run)
     except BaseException:
+        log.exception("the mount loop failed; unmounting %s", args.mountpoint)
         pyfuse3.close(unmount=False)
         unmount(args.mountpoint)
         raise
     finally:
         ops.close_files()
+    log.debug("unmounting %s", args.mountpoint)
     pyfuse3.close(unmount=True)
+    log.debug("unmounted %s", args.mountpoint)
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+async def stop_on_signals(scope, task_status) -> None:
+    """Cancel ``scope`` (ending ``pyfuse3.main``, so the mount is closed) on SIGTERM, SIGINT or SIGHUP.
+
+    Started once it listens.  Cancelling rather than ``pyfuse3.terminate()``: a signal may come
+    before ``pyfuse3.main`` runs, when there is no main loop to terminate yet.
+    """
+    import trio
+
+    with trio.open_signal_receiver(*_STOP_SIGNALS) as received:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        task_status.started()
+        async for _ in received:
+            scope.cancel()
+            return
 
 
 def _invalidate(stale: list[tuple[int, bytes]]) -> None:

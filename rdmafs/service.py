@@ -39,6 +39,8 @@ log = logging.getLogger("monarch.rdmafs.service")
 #: Chunks no kept generation uses are removed once they are this old (a sync in flight may still need newer ones).
 _GC_AGE_S = 600.0
 _WATCH_MOUNTS_S = 0.5
+#: At most one garbage collection of the store this often (it lists every chunk).
+_GC_EVERY_S = 60.0
 _READ_MAX = 32 << 20
 
 
@@ -79,6 +81,7 @@ class WorkspaceService:
         self.transport = choose_transport()
         self.mounts: dict[str, _Mount] = {}
         self.bytes_received = 0
+        self._last_gc = time.monotonic()
         self.chunks_received = 0
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
@@ -173,6 +176,9 @@ class WorkspaceService:
     def _commit(self, msg: wm.WsCommit) -> None:
         try:
             self._reply(msg.reply, self.commit(msg.name, msg.manifest_id, msg.mountpoint, msg.source), True)
+            if time.monotonic() - self._last_gc > _GC_EVERY_S:
+                self._last_gc = time.monotonic()
+                self._gc()  # after the answer: the sync does not wait for it
         except SyncError as e:
             self._reply(msg.reply, RuntimeError(f"{self.host}: {e.message}" + (f" ({e.hint})" if e.hint else "")), False)
         except Exception as e:
@@ -207,7 +213,6 @@ class WorkspaceService:
         else:
             mount.synced_at = time.time()
         mount.source = source
-        self._gc()
         return self._mount_status(mount)
 
     def _unmount(self, msg: wm.WsUnmount) -> None:

@@ -29,6 +29,8 @@ class ChunkStore:
         self._tmp = os.path.join(self.root, "tmp")
         os.makedirs(self._chunks, exist_ok=True)
         os.makedirs(self._tmp, exist_ok=True)
+        # Chunks seen on disk: a chunk leaves only through gc, so a commit of 10,000 files does not stat them all.
+        self._seen: set[str] = set()
 
     def clean(self) -> None:
         """Remove what a killed writer left in ``tmp/`` (only the store's one writer calls this, at start)."""
@@ -39,7 +41,12 @@ class ChunkStore:
         return os.path.join(self._chunks, cid[:2], cid)
 
     def has(self, cid: str) -> bool:
-        return os.path.exists(self.path(cid))
+        if cid in self._seen:
+            return True
+        if os.path.exists(self.path(cid)):
+            self._seen.add(cid)
+            return True
+        return False
 
     def missing(self, ids) -> list[str]:
         """The ids of ``ids`` this store does not have, in order, without repeats."""
@@ -67,6 +74,7 @@ class ChunkStore:
             finally:
                 os.close(fd)
             os.replace(tmp, final)
+            self._seen.add(cid)
         except OSError as e:
             _unlink(tmp)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -94,6 +102,7 @@ class ChunkStore:
                 except OSError:
                     continue
                 _unlink(p)
+                self._seen.discard(name)
                 removed += 1
         return removed
 

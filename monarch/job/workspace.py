@@ -80,6 +80,8 @@ class WorkspacePusher:
         self.fanout = fanout
         self.packer = Packer(self.source, honour_ignores=honour_ignores, unreadable=unreadable)
         self.committed = ""
+        #: Chunk ids every host had at the last commit: not asked about again.
+        self.present: set[str] = set()
         #: Test hook: (batch number, payload) -> payload as it goes on the wire.
         self._tamper: Callable[[int, bytes], bytes] | None = None
 
@@ -107,8 +109,21 @@ class WorkspacePusher:
                     raise WorkspaceError(e.message, "sync again once the files are written") from None
         manifest = packed.manifest
         changed = manifest.id != self.committed
-        mounts = self._commit(manifest.id)
+        try:
+            mounts = self._commit(manifest.id)
+        except WorkspaceError as e:
+            if "never arrived" not in e.message or not self.present:
+                raise
+            # A host no longer has a chunk we took it to have (its store was cleaned): ask them all.
+            self.present = set()
+            try:
+                more_chunks, more_bytes = self._send(packed)
+            except SourceChanged as sc:
+                raise WorkspaceError(sc.message, "sync again once the files are written") from None
+            sent_chunks, sent_bytes = sent_chunks + more_chunks, sent_bytes + more_bytes
+            mounts = self._commit(manifest.id)
         self.committed = manifest.id
+        self.present = {*packed.sources, manifest.id}
         return SyncResult(manifest.id, manifest.files, manifest.total_bytes, sent_chunks, sent_bytes,
                           time.monotonic() - t0, changed, packed.skipped, mounts, choice.kind, choice.reason)
 
@@ -127,7 +142,9 @@ class WorkspacePusher:
 
     def _send(self, packed: PackResult) -> tuple[int, int]:
         manifest = packed.manifest
-        ids = [*packed.sources, manifest.id]
+        ids = [c for c in (*packed.sources, manifest.id) if c not in self.present]
+        if not ids:
+            return 0, 0
         futures = [self.rt.request(t.addr, lambda port: wm.WsMissing(ids, port)) for t in self.targets]
         missing: dict[str, None] = {}
         for f, t in zip(futures, self.targets):
@@ -352,6 +369,7 @@ class ReservationSync:
             if isinstance(known, dict):
                 p.packer._known = known
             p.committed = saved.get("committed", {}).get(p.name, "")
+            p.present = set(saved.get("present", {}).get(p.name, ()))
 
     def _save_index(self) -> None:
         import pickle
@@ -360,7 +378,8 @@ class ReservationSync:
 
         data = {"hosts": [t.addr for t in self.pushers[0].targets],
                 "known": {p.name: p.packer._known for p in self.pushers},
-                "committed": {p.name: p.committed for p in self.pushers}}
+                "committed": {p.name: p.committed for p in self.pushers},
+                "present": {p.name: sorted(p.present) for p in self.pushers}}
         try:
             write_atomic(self._index_path, pickle.dumps(data, protocol=5))
         except OSError:

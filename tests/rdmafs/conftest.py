@@ -16,22 +16,28 @@ def _every_test_cleans_up(no_leaked_processes):
 
 
 @pytest.fixture
-def fuse():
-    """Skips the test (with why) where FUSE cannot be used; after it, no monarch-rdmafs mount of it is left."""
+def fuse(tmp_path):
+    """Skips the test (with why) where FUSE cannot be used; after it, no monarch-rdmafs mount of it is left.
+
+    A mount is the test's if it or its store is under the test's folder (another test session on
+    the machine may be mounting at the same time): tests keep their agents' stores there.
+    """
     why = fuse_unavailable_reason()
     if why:
         pytest.skip(f"FUSE cannot be used here: {why}")
     before = set(_rdmafs_mounts())
     yield
-    left = [p for p in _rdmafs_mounts() if p not in before]
+    left = [mnt for fsname, mnt in _rdmafs_mounts() if (fsname, mnt) not in before
+            and (mnt.startswith(str(tmp_path)) or fsname.startswith(str(tmp_path)))]
     for p in left:
         unmount(p)
     assert not left, f"test left mounts behind: {left}"
 
 
-def _rdmafs_mounts() -> list[str]:
+def _rdmafs_mounts() -> list[tuple[str, str]]:
+    """(fsname, mount point) of every monarch-rdmafs mount."""
     with open("/proc/self/mounts") as f:
-        return [line.split()[1] for line in f if line.split()[2] == f"fuse.{SUBTYPE}"]
+        return [(line.split()[0], line.split()[1]) for line in f if line.split()[2] == f"fuse.{SUBTYPE}"]
 
 
 @pytest.fixture

@@ -26,19 +26,24 @@ def client():
     stop_client()
 
 
-def start_agents(client, tmp_path, n: int, env: dict | None = None) -> list:
-    old = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
+def start_agent(client, tmp_path, i: int, env: dict | None = None):
+    """Host agent ``h<i>``, its workspace store under the test's folder (unless ``env`` puts it elsewhere)."""
+    env = {"MONARCH_WORKSPACE_DIR": str(tmp_path / f"h{i}" / "ws"), **(env or {})}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        for i in range(n):
-            (tmp_path / f"h{i}").mkdir(exist_ok=True)
-        return [start_host_agent(client.keys, tmp_path / f"h{i}", hostname=f"h{i}") for i in range(n)]
+        (tmp_path / f"h{i}").mkdir(exist_ok=True)
+        return start_host_agent(client.keys, tmp_path / f"h{i}", hostname=f"h{i}")
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def start_agents(client, tmp_path, n: int, env: dict | None = None) -> list:
+    return [start_agent(client, tmp_path, i, env) for i in range(n)]
 
 
 @pytest.fixture
@@ -144,7 +149,7 @@ def test_an_agent_killed_during_a_transfer_fails_the_sync_and_the_next_one_compl
             time.sleep(0.05)
         assert not is_mounted(mnt1)
         # The host comes back (a new agent over the same host folder): the next sync completes.
-        started[1] = start_host_agent(client.keys, tmp_path / "h1", hostname="h1")
+        started[1] = start_agent(client, tmp_path, 1)
         p2 = WorkspacePusher(client, str(ws), targets(started))
         r = p2.sync()
         for m in r.mounts:
