@@ -188,3 +188,33 @@ def test_client_host_flag(tmp_path):
     r = monarch("serve", "--client-host", "10.1.2.3", "--dryrun", cwd=tmp_path)
     assert r.returncode == 2 and "--scheduler slurm" in r.stderr
     assert not (tmp_path / ".monarch").exists()
+
+
+def test_workspace_synced_to_four_nodes_and_gone_after_stop(workdir):
+    from monarch_rdmafs.mount import SUBTYPE, fuse_unavailable_reason
+
+    why = fuse_unavailable_reason()
+    if why:
+        pytest.skip(f"FUSE cannot be used here: {why}")
+    (workdir / "pkg").mkdir()
+    (workdir / "pkg" / "__init__.py").write_text("WHERE = 'synced'\n")
+    served = _serve(workdir, "--hosts", "4", "--time", "10:00", "--workspace", ".")
+    job_dir = str(workdir / ".monarch" / "jobs" / "default")
+    mounts = served["workspace"]["mounts"]
+    try:
+        assert sorted(mounts) == ["n1", "n2", "n3", "n4"] and len(set(mounts.values())) == 4
+        r = monarch("run", "--", sys.executable, "-c", "import os, pkg; print(pkg.WHERE, os.getcwd())",
+                    cwd=workdir, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for node, mnt in mounts.items():
+            assert f"[{node}] synced {mnt}" in r.stdout
+        (workdir / "pkg" / "__init__.py").write_text("WHERE = 'edited'\n")
+        r = monarch("run", "--", sys.executable, "-c", "import pkg; print(pkg.WHERE)", cwd=workdir, timeout=120)
+        assert r.returncode == 0 and r.stdout.count("edited") == 4, r.stdout + r.stderr
+        monarch("stop", cwd=workdir, check=True)
+        assert_released(served["job_id"], job_dir)
+        with open("/proc/self/mounts") as f:
+            left = [line.split()[1] for line in f if line.split()[2] == f"fuse.{SUBTYPE}"]
+        assert not set(left) & set(mounts.values())
+    finally:
+        _stop(workdir)
