@@ -203,3 +203,15 @@ with open({str(f)!r}, 'ab') as out:
     f.write_bytes(b"z" * (CHUNK_SIZE + 10))
     with pytest.raises(SourceChanged):
         p.read_chunk(cid, src)
+
+
+def test_public_names():
+    import monarch_rdmafs
+
+    assert monarch_rdmafs.__all__ == sorted([
+        "CHUNK_SIZE", "ChunkSource", "ChunkStore", "CorruptChunk", "Entry", "FuseMount", "Manifest",
+        "MaterializedMount", "PackResult", "Packer", "SourceChanged", "StoreFull", "SyncError", "TransportChoice",
+        "WorkspaceService", "WorkspaceUnreadable", "choose_transport", "chunk_id", "fuse_unavailable_reason",
+        "unmount_stale"])
+    for name in monarch_rdmafs.__all__:
+        assert getattr(monarch_rdmafs, name) is not None

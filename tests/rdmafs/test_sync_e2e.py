@@ -249,3 +249,23 @@ def test_gather_mount_shows_every_hosts_folder_read_only(client, agents, tmp_pat
         assert (local / "hosts_2" / "train.log").read_text() == "host 2 step 2\n", "bytes are read fresh"
     m.close()
     assert not is_mounted(str(local))
+
+
+def test_a_file_changing_during_a_sync_is_never_served_torn(client, agents, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big.bin").write_bytes(b"a" * (9 << 20))
+    p = WorkspacePusher(client, str(ws), targets(agents))
+    read = p.packer.read_chunk
+    calls = []
+
+    def racing(cid, src):
+        if not calls:  # packed as all 'a'; rewritten as all 'b' before its chunks are read to be sent
+            (ws / "big.bin").write_bytes(b"b" * (9 << 20))
+        calls.append(cid)
+        return read(cid, src)
+
+    p.packer.read_chunk = racing
+    r = p.sync()
+    for m in r.mounts:
+        assert open(os.path.join(m["mountpoint"], "big.bin"), "rb").read() == b"b" * (9 << 20)
