@@ -319,7 +319,11 @@ class _Input:
             except queue.Empty:
                 continue
         if line is None:
-            raise LinkClosed("the host agent closed the debug session")
+            # The host agent is gone (the reservation was released): nothing can ever answer, so
+            # the rank goes on as if continued, instead of dying of a debugger error.
+            if p is not None:
+                p.clear_all_breaks()
+            return "continue\n"
         if p is not None and line:
             p.fetch_missing_sources()
         return line.decode("utf-8", "replace")
@@ -361,7 +365,7 @@ def _pdb_class() -> type:
 
         def end(self, reason: str) -> None:
             self.link.close(reason)
-            _sessions.pop(threading.get_ident(), None)
+            _sessions.pop((os.getpid(), threading.get_ident()), None)
 
         def fetch_missing_sources(self) -> None:
             """Source lines for files this host lacks come from the client's copy."""
@@ -389,18 +393,18 @@ def _pdb_class() -> type:
     return RemotePdb
 
 
-_sessions: dict[int, Any] = {}  # thread ident -> its RemotePdb while a session is open
+_sessions: dict[tuple[int, int], Any] = {}  # (pid, thread ident) -> its RemotePdb while a session is open
 _lock = threading.Lock()
 
 
 def _session(kind: str, frame: Any) -> Any:
-    ident = threading.get_ident()
-    p = _sessions.get(ident)
+    key = (os.getpid(), threading.get_ident())  # a forked child must not reuse its parent's connection
+    p = _sessions.get(key)
     if p is not None and not p.link.closed.is_set():
         return p
     link = _Link.open(kind, frame)
     p = _pdb_class()(link)
-    _sessions[ident] = p
+    _sessions[key] = p
     return p
 
 
