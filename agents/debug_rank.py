@@ -55,11 +55,15 @@ _CLOSE_WAIT_S = 2.0
 _CONNECT_TIMEOUT_S = 5.0
 
 
-def send_frame(sock: socket.socket, kind: int, payload: bytes | dict) -> None:
-    """Write one frame (a dict goes as JSON)."""
+def _frame(kind: int, payload: bytes | dict) -> bytes:
     if isinstance(payload, dict):
         payload = json.dumps(payload).encode()
-    sock.sendall(HEAD.pack(kind, len(payload)) + payload)
+    return HEAD.pack(kind, len(payload)) + payload
+
+
+def send_frame(sock: socket.socket, kind: int, payload: bytes | dict) -> None:
+    """Write one frame (a dict goes as JSON)."""
+    sock.sendall(_frame(kind, payload))
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -180,14 +184,21 @@ class _Link:
 
     def _write_loop(self) -> None:
         while True:
-            item = self.out.get()
-            if item is None:
-                break
+            items = [self.out.get()]
+            # Whatever else is queued goes in the same write (pdb's answer, its prompt, READ).
+            while items[-1] is not None:
+                try:
+                    items.append(self.out.get_nowait())
+                except queue.Empty:
+                    break
+            last = items[-1]
             try:
-                send_frame(self.sock, *item)
+                self.sock.sendall(b"".join(_frame(*item) for item in items if item is not None))
             except OSError:
                 self._closed()
                 return
+            if last is None:
+                break
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

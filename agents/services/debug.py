@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -52,6 +53,7 @@ class DebugSession:
     holder: str = ""
     holder_who: str = ""
     stream: m.PortRef | None = None  # the holder's port for this session's output
+    unsent: bytearray = field(default_factory=bytearray)  # output read but not yet sent to the holder
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def send(self, kind: int, payload: bytes | dict) -> bool:
@@ -194,9 +196,12 @@ class DebugService(Service):
                     break
                 kind, body = got
                 if kind == proto.END:
+                    self._flush(session, False)
                     reason = _ended(session, json.loads(body).get("reason", ""))
                     break
                 self._from_rank(session, kind, body)
+                if kind == proto.OUT and not select.select([conn], [], [], 0)[0]:
+                    self._flush(session, False)  # nothing more right now: show what there is
         except (OSError, ValueError) as e:
             log.debug("debug session: %s", e)
         finally:
@@ -233,22 +238,21 @@ class DebugService(Service):
 
     def _from_rank(self, s: DebugSession, kind: int, body: bytes) -> None:
         if kind == proto.OUT:
+            # Output and the prompt that follows it usually arrive together: they leave as one message.
             with self.lock:  # with on_attach's snapshot: each byte is replayed or streamed, not both
                 s.replay += body
                 if len(s.replay) > _REPLAY_MAX:
                     del s.replay[:len(s.replay) - _REPLAY_MAX]
-                stream = s.stream if s.holder else None
-            if stream is not None:
-                self._send(stream.addr, m.DebugOutput(stream.port_id, s.sid, self.host_rank, body, False))
-        elif kind == proto.READ:
+                if s.holder:
+                    s.unsent += body
+            return
+        self._flush(s, kind == proto.READ)
+        if kind == proto.READ:
             where = json.loads(body)
             with self.lock:
                 if where.get("file"):
                     s.info.update(where)
                 s.waiting = True
-                stream = s.stream if s.holder else None
-            if stream is not None:
-                self._send(stream.addr, m.DebugOutput(stream.port_id, s.sid, self.host_rank, b"", True))
         elif kind == proto.SRC_REQ:
             files = json.loads(body).get("files", [])
             stream = s.stream if s.holder else None
@@ -262,6 +266,16 @@ class DebugService(Service):
                 port = self.completions.pop(str(msg.get("id")), None)
             if port is not None:
                 self._reply(port, msg.get("matches", []))
+
+    def _flush(self, s: DebugSession, waiting: bool) -> None:
+        """Send the holder the output not sent yet (``waiting``: and that pdb now waits)."""
+        with self.lock:
+            stream = s.stream if s.holder else None
+            data, s.unsent = bytes(s.unsent), bytearray()
+            if waiting:
+                s.waiting = True
+        if stream is not None and (data or waiting):
+            self._send(stream.addr, m.DebugOutput(stream.port_id, s.sid, self.host_rank, data, waiting))
 
     def _end(self, s: DebugSession, reason: str) -> None:
         reason = reason or f"rank {s.info.get('rank', '?')} exited (pid {s.info.get('pid', '?')} on {self.host})"
@@ -288,6 +302,7 @@ class DebugService(Service):
                 err = ""
                 s.holder, s.holder_who, s.stream = msg.client, msg.who, msg.stream
                 replay, waiting = bytes(s.replay), s.waiting
+                s.unsent.clear()  # in the replay
         if err:
             self._reply(msg.reply, RuntimeError(err), ok=False)
             return
