@@ -163,8 +163,9 @@ class RemoteRun:
         self.env = env
         self.cwd = cwd
         self.on_output = on_output
-        #: Called once per debug session a rank opens (breakpoint(), --pdb), with the session's description.
-        self.on_debug = on_debug
+        #: Called once per debug session a rank opens (breakpoint(), --pdb), with the session's description
+        #: (default: one line on stderr, as `monarch run` says it).
+        self.on_debug = on_debug or _say_debug_waiting
         self.detach = detach
         self.run_id = new_run_id()
         self.rt: Runtime = ensure_runtime(record.keys)
@@ -206,7 +207,7 @@ class RemoteRun:
             self.on_output(msg.rank, msg.stream, msg.data)
         elif type(msg) is m.RunExited:
             self._finish(msg.rank, msg.exit_code, msg.reason)
-        elif type(msg) is m.DebugWaiting and self.on_debug is not None:
+        elif type(msg) is m.DebugWaiting:
             self.on_debug(msg.session)
 
     def _agent_lost(self, addr: str, err: SupervisionError) -> None:
@@ -250,6 +251,13 @@ class RemoteRun:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
+
+
+def _say_debug_waiting(session: dict) -> None:
+    from monarch_agents.services.debug import waiting_line
+
+    sys.stderr.write(waiting_line(session) + "\n")
+    sys.stderr.flush()
 
 
 def watch_time_limit(record: JobRecord, done: threading.Event, warn_s: float,

@@ -352,3 +352,31 @@ def test_interactive_in_a_real_terminal(workdir, runs):
         subprocess.run([*tmux, "kill-server"], capture_output=True)
     assert run.wait() == 0, run.stderr()
     assert "finished 0" in run.stdout()
+
+
+def test_run_spmd_torchrun_ranks(workdir):
+    """monarch.job.spmd's run_spmd(): a torchrun worker on the second host stops; `monarch debug` continues it."""
+    write(workdir / "tr.py", TORCHRUN)
+    (workdir / "driver.py").write_text(textwrap.dedent(f"""
+        from monarch.job.spmd import serve
+        job = serve([{sys.executable!r}, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "tr.py"],
+                    scheduler="local_cwd")
+        print("EXIT", job.run_spmd().exit_codes, flush=True)
+    """))
+    err_path = workdir / "driver.err"
+    with open(err_path, "w") as err:
+        driver = subprocess.Popen([sys.executable, "driver.py"], cwd=workdir, stdout=subprocess.PIPE, stderr=err,
+                                  text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        end = time.monotonic() + 120
+        while f"rank 1 {WAITING}" not in err_path.read_text():
+            assert time.monotonic() < end and driver.poll() is None, err_path.read_text()
+            time.sleep(0.1)
+        r = debug(workdir, "cast ranks(1) p loss", "continue", "quit")
+        assert "[rank 1] 0.25" in r.stdout and "rank 1 continued" in r.stdout
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 0 and "EXIT {0: 0, 1: 0}" in out, out + err_path.read_text()
