@@ -223,7 +223,7 @@ class ActorSlot:
         args, kwargs = call.payload.load()
         fn = desc._fn.__get__(self.instance)
         if desc._explicit_response_port:
-            port = Port(call.reply, call.rank) if call.reply is not None else _NullPort()
+            port = Port(call.reply, call.rank) if call.reply is not None else _NullPort(self, call.method)
             args = (port, *args)
         return fn, args, kwargs, desc
 
@@ -516,11 +516,20 @@ def _qualname(creator: str, class_name: str, name: str, point: dict, extent: dic
 
 
 class _NullPort:
+    """The port of a call nobody answers (a ``broadcast``): values go nowhere, and an
+    exception sent to it fails the actor, as Monarch's DroppingPort does."""
+
+    def __init__(self, slot: ActorSlot, method: str):
+        self._slot = slot
+        self._method = method
+
     def send(self, value: Any) -> None:
         pass
 
     def exception(self, exc: BaseException) -> None:
-        pass
+        slot = self._slot
+        slot._fail(_failure_reason(f"Actor call {slot.msg.name}.{self._method} failed.", exc,
+                                   f"endpoint {self._method} sent an exception to a port nobody reads"))
 
 
 def _linear(point: dict, extent: dict) -> int:

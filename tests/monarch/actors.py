@@ -366,6 +366,10 @@ class Mortal(Actor):
     def ranked(self, port, value):
         port.send(value)
 
+    @endpoint(explicit_response_port=True)
+    def answer_with_exception(self, port, message: str):
+        port.exception(ValueError(message))
+
     def plain(self, x: int) -> int:
         """Not an endpoint: only ``as_endpoint(mesh.plain)`` calls it."""
         return x * 10

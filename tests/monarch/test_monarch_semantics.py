@@ -153,6 +153,18 @@ def test_exception_in_an_explicit_port_endpoint_kills_the_actor(procs, faults):
     mortal.stop().get(timeout=T)
 
 
+def test_an_exception_sent_to_the_port_of_a_broadcast_fails_the_actor(procs, faults):
+    mortal = procs.spawn("dropping", Mortal)
+    with pytest.raises(ValueError, match="answered so"):  # with a caller, it is the caller's
+        mortal.slice(gpus=0).answer_with_exception.call_one("answered so").get(timeout=T)
+    mortal.slice(gpus=1).answer_with_exception.broadcast("nobody reads this")
+    failure = faults.get(timeout=T)
+    assert failure.rank == 1 and "nobody reads this" in failure.report()
+    _no_more(faults)
+    assert mortal.slice(gpus=0).ok.call_one().get(timeout=T) == "ok"
+    mortal.stop().get(timeout=T)
+
+
 def test_abort_fails_the_actor(procs, faults):
     mortal = procs.spawn("aborter", Mortal)
     with pytest.raises(SupervisionError, match="aborted: enough"):
