@@ -28,3 +28,33 @@ def test_every_column_has_a_meaning():
 def test_public_names():
     for name in monarch_telemetry.__all__:
         assert getattr(monarch_telemetry, name) is not None
+
+
+def test_telemetry_imports_nothing_above_it():
+    """agents -> telemetry, never back: telemetry/ imports no monarch, monarch_cli, agents or schedulers."""
+    import ast
+
+    folder = os.path.join(ROOT, "telemetry")
+    for name in os.listdir(folder):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for mod in mods:
+                top = mod.split(".")[0]
+                assert top not in {"monarch", "monarch_cli", "monarch_agents", "monarch_schedulers"}, f"{name} imports {mod}"
+
+
+def test_recording_needs_no_pyarrow():
+    """A proc or client that only records never pays for importing pyarrow or DataFusion."""
+    import subprocess
+    import sys
+
+    code = ("import sys, monarch_telemetry, monarch_telemetry.recorder as r, monarch_agents.actor_telemetry\n"
+            "rec = r.Recorder('h'); rec.message(rec.new_id(), 1, 2, 3, 4, 5, 'e', None, True); rec.take()\n"
+            "print('pyarrow' in sys.modules, 'datafusion' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False False", out.stderr
