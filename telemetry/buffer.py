@@ -52,6 +52,27 @@ class RowBuffer:
                 add(v)
             self.rows += 1
 
+    def appender(self):
+        """A function ``add(v0, v1, ...)`` equal to :meth:`append`, unrolled for this table's columns.
+
+        The hot path calls it once per message: no argument tuple walked, no loop (about half
+        the cost of :meth:`append`).
+        """
+        n = len(self.spec.columns)
+        args = ", ".join(f"v{i}" for i in range(n))
+        calls = "\n".join(f"            adds[{i}](v{i})" for i in range(n))
+        src = (f"def add({args}):\n"
+               f"    with lock:\n"
+               f"        if buf.rows >= buf.limit:\n"
+               f"            buf.dropped += 1\n"
+               f"        else:\n"
+               f"            adds = buf._adds\n"
+               f"{calls}\n"
+               f"            buf.rows += 1\n")
+        scope: dict = {"lock": self._lock, "buf": self}
+        exec(compile(src, f"<RowBuffer {self.spec.name}>", "exec"), scope)  # our own text: column indices only
+        return scope["add"]
+
     def take(self) -> tuple[int, list] | None:
         """(rows, columns) of everything pending, leaving the buffer empty; None when empty."""
         with self._lock:

@@ -69,9 +69,9 @@ class Recorder:
         self._meshes = self.buffers["meshes"].append
         self._actors = self.buffers["actors"].append
         self._status = self.buffers["actor_status_events"].append
-        self._sent = self.buffers["sent_messages"].append
-        self._logs = self.buffers["logs"].append
-        self._msgs = self.buffers[MESSAGE_LOG.name].append
+        self._sent = self.buffers["sent_messages"].appender()
+        self._logs = self.buffers["logs"].appender()
+        self._msgs = self.buffers[MESSAGE_LOG.name].appender()
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
 

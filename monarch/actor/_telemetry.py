@@ -77,16 +77,27 @@ def actor_mesh(rt: Any, proc_mesh_: Any, actor_id: str, name: str, cls: type, sh
                  hash_id(proc_mesh_._mesh_id), pshape.labels, pshape.sizes)
 
 
+_casts: dict[tuple, tuple] = {}  # (id(mesh), id(shape), broadcast) -> (mesh, shape, row values)
+
+
 def sent(rt: Any, mesh: Any, endpoint: str, shape: Any, reply: Any) -> None:
-    """One cast to (a slice of) an actor mesh (hot path: one append, JSON cached per shape)."""
+    """One cast to (a slice of) an actor mesh (hot path: one dict lookup and one append)."""
     rec = recorder()
     if not rec.on:
         return
-    full = mesh._shape
-    n = len(shape)
-    adverb = "broadcast" if reply is None else ("call" if n == len(full) and n != 1 else
-                                                 ("call_one" if len(full) == 1 else "choose"))
-    rec.sent(root_actor(rt), _mesh_id(mesh), _json(shape, True), _json(full, False), endpoint, adverb, n)
+    key = (id(mesh), id(shape), reply is None)
+    hit = _casts.get(key)
+    if hit is None or hit[0] is not mesh or hit[1] is not shape:
+        full = mesh._shape
+        n = len(shape)
+        adverb = "broadcast" if reply is None else ("call" if n == len(full) and n != 1 else
+                                                     ("call_one" if len(full) == 1 else "choose"))
+        if len(_casts) > 10_000:
+            _casts.clear()
+        hit = _casts[key] = (mesh, shape, (root_actor(rt), _mesh_id(mesh), _json(shape, True), _json(full, False),
+                                           adverb, n))
+    sender, mesh_id, view, full_json, adverb, n = hit[2]
+    rec.sent(sender, mesh_id, view, full_json, endpoint, adverb, n)
 
 
 def _mesh_id(mesh: Any) -> int:
