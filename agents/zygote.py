@@ -83,12 +83,18 @@ class Zygote:
                 self._handle(json.loads(data), fds)
 
     def _handle(self, req: dict, fds: list[int]) -> None:
-        try:
-            pid = os.fork()
-        except OSError as e:
+        cwd = req.get("cwd")
+        problem = f"working directory {cwd} does not exist on this host" if cwd and not os.path.isdir(cwd) else ""
+        pid = -1
+        if not problem:
+            try:
+                pid = os.fork()
+            except OSError as e:
+                problem = str(e)
+        if problem:
             for fd in fds:
                 os.close(fd)
-            self._send({"op": "error", "id": req["id"], "error": str(e)})
+            self._send({"op": "error", "id": req["id"], "error": problem})
             return
         if pid == 0:
             _child(req, fds, self.sock)  # never returns
@@ -177,7 +183,11 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
             os.environ.clear()
             os.environ.update(env)
         if req.get("cwd"):
-            os.chdir(req["cwd"])
+            try:
+                os.chdir(req["cwd"])
+            except OSError as e:
+                os.write(2, f"monarch: cannot enter working directory {req['cwd']}: {e.strerror}\n".encode())
+                os._exit(126)
         if req["kind"] == "exec":
             argv = req["argv"]
             try:

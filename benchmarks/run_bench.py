@@ -1,6 +1,10 @@
 """`monarch run` overhead, in one run: monarch vs the bare command vs torchrun cold start.
 
-    .venv/bin/python benchmarks/run_bench.py [--n 15] [--json]
+    .venv/bin/python benchmarks/run_bench.py [--n 15] [--json] [--baseline GIT-REF]
+
+With --baseline, the `monarch` of that commit (its tree unpacked from git into a temp folder)
+is timed in the same rounds as this one, against the same agents, and the ratio printed:
+before/after a change measured side by side, under the same load.
 
 Serves a 2-host local reservation in a temp dir, then times (p50/p90 wall):
 `python -c pass` bare; `monarch run -- python -c pass` on both hosts;
@@ -34,7 +38,7 @@ def compile_sources() -> None:
         compileall.compile_dir(os.path.join(ROOT, pkg), quiet=1)
 
 
-def timed(cmds: dict[str, list[str]], cwd: str, n: int) -> dict[str, list[float]]:
+def timed(cmds: dict[str, list[str]], cwd: str, n: int, envs: dict[str, dict] | None = None) -> dict[str, list[float]]:
     """Wall times of each command, ``n`` rounds; a round runs every command once, so that a change
     in the machine's load during the run weighs on all of them alike."""
     env = {**os.environ, "PYTHONPATH": ROOT}
@@ -42,9 +46,28 @@ def timed(cmds: dict[str, list[str]], cwd: str, n: int) -> dict[str, list[float]
     for _ in range(n):
         for name, cmd in cmds.items():
             t = time.perf_counter()
-            subprocess.run(cmd, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(cmd, cwd=cwd, env={**env, **(envs or {}).get(name, {})}, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             out[name].append(time.perf_counter() - t)
     return out
+
+
+def baseline_command(ref: str, workdir: str) -> tuple[list[str], dict[str, str]]:
+    """`python -m monarch_cli.main` of commit ``ref``: its tree, with its agents/ and schedulers/
+    under their installed names, first on PYTHONPATH."""
+    tree = os.path.join(workdir, "baseline")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    links = os.path.join(workdir, "baseline-links")
+    os.makedirs(links)
+    for pkg in ("agents", "schedulers", "rdmafs", "telemetry"):
+        if os.path.isdir(os.path.join(tree, pkg)):
+            os.symlink(os.path.join(tree, pkg), os.path.join(links, f"monarch_{pkg}"))
+    import compileall
+
+    compileall.compile_dir(tree, quiet=1)
+    return [sys.executable, "-m", "monarch_cli.main"], {"PYTHONPATH": os.pathsep.join([links, tree])}
 
 
 def summary(xs: list[float]) -> dict:
@@ -52,21 +75,34 @@ def summary(xs: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(xs) * 1000, 1), "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1000, 1)}
 
 
+_THIS = "this tree: python -m monarch_cli.main run"
+_BASE = "baseline: python -m monarch_cli.main run"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=15)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--baseline", metavar="GIT-REF", help="also time the monarch of this commit, side by side")
     a = ap.parse_args()
     compile_sources()
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "PYTHONPATH": ROOT}
         subprocess.run([*MONARCH, "serve", "--hosts", "2"], cwd=d, env=env, check=True, stderr=subprocess.DEVNULL)
         try:
-            times = timed({
+            cmds = {
                 "bare python -c pass": [sys.executable, "-c", "pass"],
                 "monarch run -- python -c pass (2 hosts)": [*MONARCH, "run", "--", sys.executable, "-c", "pass"],
                 "monarch status": [*MONARCH, "status"],
-            }, d, a.n)
+            }
+            envs = {}
+            if a.baseline:
+                # Both as `python -m monarch_cli.main`, so that only the code differs.
+                base, base_env = baseline_command(a.baseline, os.path.join(d, "_bench"))
+                cmds[_THIS] = [sys.executable, "-m", "monarch_cli.main", "run", "--", sys.executable, "-c", "pass"]
+                cmds[_BASE] = [*base, "run", "--", sys.executable, "-c", "pass"]
+                envs[_BASE] = base_env
+            times = timed(cmds, d, a.n, envs)
             times.update(timed({"torchrun --standalone cold start": [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--no-python", "true"]},
                 d, max(3, a.n // 3)))
@@ -78,6 +114,10 @@ def main() -> None:
     tr = res["torchrun --standalone cold start"]["p50_ms"]
     ratios = {"monarch overhead over bare (ms, p50)": round(mon - bare, 1),
               "monarch run / torchrun cold start": round(mon / tr, 3)}
+    if a.baseline:
+        this, base = res[_THIS]["p50_ms"], res[_BASE]["p50_ms"]
+        ratios[f"overhead this / {a.baseline} (p50, over bare)"] = round((this - bare) / max(base - bare, 1e-9), 3)
+        ratios[f"monarch run this - {a.baseline} (ms, p50)"] = round(this - base, 1)
     if a.json:
         print(json.dumps({"results": res, "ratios": ratios}, indent=2))
         return

@@ -6,11 +6,48 @@ the hint, and an exit code.
 
 from __future__ import annotations
 
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The exit codes of ``monarch``: the one table, honoured by every command.
+
+    A run that started passes its first failed rank's own exit code through instead (as ssh
+    does); with ``--json`` the document says which it was.
+    """
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    STATE = 3
+    SCHEDULER = 4
+    AGENT = 5
+    RUN = 6
+    WORKSPACE = 7
+    INTERRUPTED = 130
+
+    @property
+    def meaning(self) -> str:
+        return _MEANINGS[self]
+
+
+_MEANINGS = {
+    ExitCode.OK: "success",
+    ExitCode.FAILED: "the command run failed (its own exit code is passed through), or an internal error",
+    ExitCode.USAGE: "bad usage",
+    ExitCode.STATE: "no reservation, an unusable state file, or the allocation is gone",
+    ExitCode.SCHEDULER: "the scheduler refused or failed",
+    ExitCode.AGENT: "a host agent does not answer or died",
+    ExitCode.RUN: "a run could not start",
+    ExitCode.WORKSPACE: "the workspace could not be synced to the hosts",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C): every rank was stopped",
+}
+
 
 class MonarchError(Exception):
     """Base: ``message`` is one line; ``hint`` is the command or step that fixes it."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
     def __init__(self, message: str, hint: str = ""):
         self.message = message
@@ -21,37 +58,37 @@ class MonarchError(Exception):
 class StateError(MonarchError):
     """No reservation, or a state file that is corrupt, of another version, or dead."""
 
-    exit_code = 3
+    exit_code = ExitCode.STATE
 
 
 class SchedulerError(MonarchError):
     """The scheduler refused or failed a request."""
 
-    exit_code = 4
+    exit_code = ExitCode.SCHEDULER
 
 
 class AgentError(MonarchError):
     """A host agent could not be reached or died."""
 
-    exit_code = 5
+    exit_code = ExitCode.AGENT
 
 
 class RunError(MonarchError):
     """A command could not be run (another run going on, bad arguments)."""
 
-    exit_code = 6
+    exit_code = ExitCode.RUN
 
 
 class UsageError(MonarchError):
     """The command line asked for something impossible."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class WorkspaceError(MonarchError):
     """The workspace could not be synced to the hosts (unreadable path, a host died or is full)."""
 
-    exit_code = 7
+    exit_code = ExitCode.WORKSPACE
 
 
 class QueryError(UsageError):

@@ -1,16 +1,9 @@
 """The one place errors become what the user sees: one red line, the hint, an exit code.
 
-Exit codes (each has a test in tests/cli/test_errors.py):
-
-    0  success
-    1  a run's command failed (its own exit code is passed through when possible)
-    2  bad usage (UsageError, or Click's own usage errors)
-    3  no reservation / unusable state file (StateError)
-    4  the scheduler refused or failed (SchedulerError)
-    5  a host agent is unreachable (AgentError)
-    6  a run could not start (RunError)
-  7  the workspace could not be synced (WorkspaceError)
-  130  interrupted (Ctrl-C)
+The exit codes are one table, ``monarch.errors.ExitCode`` (listed by ``monarch --help``), and
+each has an end-to-end test in tests/cli/test_exit_codes.py.  With ``--json`` an error is the
+one JSON document on stdout, ``{"error": ..., "hint": ..., "exit_code": ...}``, and the red
+line still goes to stderr for the person watching.
 """
 
 from __future__ import annotations
@@ -20,40 +13,49 @@ import traceback
 
 import click
 
-from monarch.errors import MonarchError
+from monarch.errors import ExitCode, MonarchError
 from monarch_cli.output import err as err_console
 from monarch_cli.output import escape as _escape
-
-EXIT_CODES = {
-    "ok": 0,
-    "failed": 1,
-    "usage": 2,
-    "state": 3,
-    "scheduler": 4,
-    "agent": 5,
-    "run": 6,
-    "workspace": 7,
-    "interrupted": 130,
-}
+from monarch_cli.output import print_json
 
 
-def fail(e: BaseException, verbose: bool = False) -> "click.exceptions.Exit":
+def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> click.exceptions.Exit:
     """Print ``e`` as one line (plus hint) and return the Exit to raise."""
     if isinstance(e, MonarchError):
-        err_console.print(f"[bold red]error:[/] {_escape(e.message)}")
-        if e.hint:
-            err_console.print(f"  [dim]hint:[/] {_escape(e.hint)}")
-        code = e.exit_code
+        message, hint, code = e.message, e.hint, ExitCode(e.exit_code)
     elif isinstance(e, KeyboardInterrupt):
-        err_console.print("[yellow]interrupted[/]")
-        code = EXIT_CODES["interrupted"]
+        message, hint, code = "interrupted", "", ExitCode.INTERRUPTED
     else:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        err_console.print(f"[bold red]error:[/] {type(e).__name__}{': ' + _escape(first) if first else ''}")
-        if not verbose:
-            err_console.print("  [dim]hint:[/] run again with --verbose for details")
-        code = EXIT_CODES["failed"]
-    if verbose:
+        message = f"{type(e).__name__}{': ' + first if first else ''}"
+        hint = "" if verbose else "run again with --verbose for details"
+        code = ExitCode.FAILED
+    _report(message, hint, code, as_json)
+    if verbose and not isinstance(e, KeyboardInterrupt):
         # No local variables: keys live in locals.
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-    return click.exceptions.Exit(code)
+    return click.exceptions.Exit(int(code))
+
+
+def report_click_error(e: click.ClickException, as_json: bool) -> int:
+    """A usage error Click found (unknown option, missing argument): Click's words, our table."""
+    code = ExitCode.USAGE if isinstance(e, click.UsageError) else ExitCode.FAILED
+    if as_json:
+        hint = ""
+        ctx = getattr(e, "ctx", None)
+        if ctx is not None:
+            hint = f"`{ctx.command_path} --help` lists what it takes"
+        print_json({"error": e.format_message(), "hint": hint, "exit_code": int(code)})
+    e.show()
+    return int(code)
+
+
+def _report(message: str, hint: str, code: ExitCode, as_json: bool) -> None:
+    if as_json:
+        print_json({"error": message, "hint": hint, "exit_code": int(code)})
+    if code == ExitCode.INTERRUPTED:
+        err_console.print(f"[yellow]{_escape(message)}[/]")
+    else:
+        err_console.print(f"[bold red]error:[/] {_escape(message)}")
+    if hint:
+        err_console.print(f"  [dim]hint:[/] {_escape(hint)}")

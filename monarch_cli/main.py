@@ -1,53 +1,137 @@
-"""The ``monarch`` command: composes the subcommands in monarch_cli/commands/.
+"""The ``monarch`` command: a lazy group over the subcommands in monarch_cli/commands/.
 
-Built on Click directly: ``monarch run`` starts a Python process every time, and
-Typer (Click plus type-hint parsing) adds ~50 ms of imports and command building
-to each start, a third of the overhead budget of a run.
+Built on Click directly, not Typer: ``monarch run`` starts a Python process every time, and
+Typer's imports and per-start command building cost ~50 ms of each.  A subcommand's module is
+imported only when that subcommand runs (or when help lists it), and Rich only when there is
+something to draw: ``monarch run`` pays for neither the other commands nor the help.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import sys
 
 import click
 
 import monarch
+from monarch.errors import ExitCode
+from monarch_cli.help import RichContext
+from monarch_cli.options import Options
 
-# Command modules keep their machinery (ZeroMQ, Rich, the job code) in function-local
-# imports: every `monarch run` pays for what this line imports.
-from monarch_cli.commands import context, debug, logs, query, run, serve, shell, stack, status, stop, sync, version, why
+#: name -> "module:attribute", in the order help lists them.
+COMMANDS = {
+    "serve": "monarch_cli.commands.serve:serve",
+    "run": "monarch_cli.commands.run:run",
+    "sync": "monarch_cli.commands.sync:sync",
+    "status": "monarch_cli.commands.status:status",
+    "logs": "monarch_cli.commands.logs:logs",
+    "shell": "monarch_cli.commands.shell:shell",
+    "stop": "monarch_cli.commands.stop:stop",
+    "context": "monarch_cli.commands.context:app",
+    "version": "monarch_cli.commands.version:version",
+    "query": "monarch_cli.commands.query:query",
+    "why": "monarch_cli.commands.why:why",
+    "stack": "monarch_cli.commands.stack:stack",
+    "debug": "monarch_cli.commands.debug:debug",
+}
 
 
-@dataclass
-class Options:
-    verbose: bool = False
-    json: bool = False
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(monarch.__version__, "--version", "-V", prog_name="monarch", message="%(prog)s %(version)s")
-@click.option("--verbose", "-v", is_flag=True, help="Show details and tracebacks on errors.")
-@click.option("--json", "json_out", is_flag=True, help="Print machine-readable JSON on stdout.")
-@click.pass_context
-def app(ctx: click.Context, verbose: bool, json_out: bool) -> None:
-    """Reserve hosts once, run many times: distributed PyTorch jobs on local, Slurm or Kubernetes hosts.
-
-    `monarch serve` reserves hosts and starts an agent on each; `monarch run` runs on them, again and again.
-    """
-    ctx.obj = Options(verbose=verbose, json=json_out)
-    if verbose:
+def _global_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    o = ctx.find_object(Options)
+    if o is None:
+        return
+    setattr(o, param.name, True)
+    if param.name == "verbose":
         logging.basicConfig(level=os.environ.get("MONARCH_LOG", "INFO"))
 
 
-for command in (serve.serve, run.run, sync.sync, status.status, logs.logs, shell.shell, stop.stop, version.version,
-                context.app, query.query, why.why, stack.stack, debug.debug):
-    app.add_command(command)
+def _global_params() -> list[click.Option]:
+    return [
+        click.Option(["--verbose", "-v"], is_flag=True, expose_value=False, callback=_global_flag,
+                     help="Show details and tracebacks on errors."),
+        click.Option(["--json"], "json", is_flag=True, expose_value=False, callback=_global_flag,
+                     help="Print one JSON document on stdout (errors too)."),
+    ]
 
 
-def main() -> None:
-    app(prog_name="monarch")
+def _adopt(cmd: click.Command) -> click.Command:
+    """Give a loaded command (and a group's subcommands) the global flags and the Rich help."""
+    cmd.context_class = RichContext
+    names = {n for p in cmd.params for n in getattr(p, "opts", [])}
+    cmd.params.extend(p for p in _global_params() if not names & set(p.opts))
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _adopt(sub)
+    return cmd
+
+
+class LazyGroup(click.Group):
+    """Click's lazy group: a subcommand's module is imported when it is asked for."""
+
+    context_class = RichContext
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        import importlib
+
+        module, attr = target.split(":")
+        return _adopt(getattr(importlib.import_module(module), attr))
+
+
+def _exit_code_epilog() -> str:
+    rows = "\n".join(f"  {int(c):>3}  {c.meaning}" for c in ExitCode)
+    return f"\b\nExit codes:\n{rows}"
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
+@click.version_option(monarch.__version__, "--version", "-V", prog_name="monarch", message="%(prog)s %(version)s")
+@click.option("--verbose", "-v", is_flag=True, expose_value=False, callback=_global_flag,
+              help="Show details and tracebacks on errors.")
+@click.option("--json", "json", is_flag=True, expose_value=False, callback=_global_flag,
+              help="Print one JSON document on stdout (errors too).")
+def app() -> None:
+    """Reserve hosts once, run many times: distributed PyTorch jobs on this machine or Slurm hosts.
+
+    `monarch serve` reserves hosts and starts an agent on each; `monarch run` runs on them, again and
+    again. --json and --verbose go before or after the subcommand.
+    """
+
+
+def _json_requested(argv: list[str]) -> bool:
+    """--json among monarch's own arguments (not after `--`, where the run's command begins)."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in own
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: every way out goes through one exit-code table."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    import warnings
+
+    warnings.showwarning = _one_line_warning
+    try:
+        code = app.main(args=argv, prog_name="monarch", standalone_mode=False, obj=Options())
+    except click.ClickException as e:  # usage errors Click found before any command ran
+        from monarch_cli.errors import report_click_error
+
+        code = report_click_error(e, as_json=_json_requested(argv))
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        from monarch_cli.errors import fail
+
+        code = fail(KeyboardInterrupt(), as_json=_json_requested(argv)).exit_code
+    sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 
 if __name__ == "__main__":

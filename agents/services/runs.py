@@ -3,7 +3,9 @@
 Each ``RunCommand`` is one rank of a run: its stdout and stderr go, live, to the
 run's reply port as ``RunOutput`` and into ``<log_dir>/runs/<run id>/<rank>.stdout``
 (``.stderr``) for ``monarch logs``; then one ``RunExited`` says how it ended and a
-``<rank>.exit`` file marks the log complete.
+``<rank>.exit`` file marks the log complete.  ``<rank>.order`` says in which order the two
+streams' bytes came: one record per chunk, the stream (``o`` or ``e``) and the chunk's length
+(``<cI``), so a reader can interleave them as a terminal showed them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import struct
 import threading
 import time
 from typing import Any, Callable
@@ -24,6 +27,8 @@ _EXIT_DRAIN_S = 1.0
 _KILL_GRACE_S = 1.0
 #: The most bytes one ReadLog answers with.
 _READ_LOG_MAX = 4 << 20
+#: One record of ``<rank>.order``: b"o" (stdout) or b"e" (stderr), then the chunk's length.
+ORDER_RECORD = struct.Struct("<cI")
 
 
 class CommandChild(Child):
@@ -100,7 +105,7 @@ class _Run(CommandChild):
     def __init__(self, service: "RunsService", msg: m.RunCommand, run_dir: str):
         super().__init__("run", service, msg.run_id, msg.rank, msg.reply, list(msg.argv), msg.owner)
         self.run_dir = run_dir
-        self.log_paths = {s: os.path.join(run_dir, f"{msg.rank}.{s}") for s in ("stdout", "stderr")}
+        self.log_paths = {s: os.path.join(run_dir, f"{msg.rank}.{s}") for s in ("stdout", "stderr", "order")}
 
     def on_started(self, pid: int) -> None:
         super().on_started(pid)
@@ -181,7 +186,7 @@ class RunsService(Service):
 
     def _pump(self, run: _Run, fds: dict[int, str]) -> None:
         sel = selectors.DefaultSelector()
-        files = {s: open(run.log_paths[s], "ab") for s in ("stdout", "stderr")}
+        files = {s: open(run.log_paths[s], "ab") for s in ("stdout", "stderr", "order")}
         for fd, stream in fds.items():
             sel.register(fd, selectors.EVENT_READ, stream)
         open_fds = set(fds)
@@ -203,6 +208,8 @@ class RunsService(Service):
                     files[key.data].flush()
                     if tel is not None:
                         tel.rank_output(run.run_id, run.rank, key.data, data)
+                    files["order"].write(ORDER_RECORD.pack(b"o" if key.data == "stdout" else b"e", len(data)))
+                    files["order"].flush()
                     if run.reply.addr:
                         self.agent.send(run.reply.addr, m.RunOutput(run.reply.port_id, run.run_id, run.rank, key.data, data))
         finally:
@@ -227,10 +234,12 @@ class RunsService(Service):
                 rank_s, _, kind = name.partition(".")
                 if kind != msg.stream or not rank_s.isdigit():
                     continue
+                # Done is looked at before reading: the exit file is written after the last byte,
+                # so "done" with the bytes read means nothing is left beyond them.
+                done = os.path.exists(os.path.join(run_dir, f"{rank_s}.exit"))
                 with open(os.path.join(run_dir, name), "rb") as f:
                     f.seek(msg.offset)
                     data = f.read(_READ_LOG_MAX)
-                done = os.path.exists(os.path.join(run_dir, f"{rank_s}.exit"))
                 result[int(rank_s)] = (data, done)
         except FileNotFoundError:
             pass

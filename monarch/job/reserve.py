@@ -233,6 +233,60 @@ def release(record: JobRecord, path: str | None) -> None:
             remove_state(path)
 
 
+def release_without_state(job_dir: str) -> list[str]:
+    """Stop what a reservation left running when its state file cannot be read; says what it did.
+
+    The job folder still names the allocation (``<scheduler>.json`` with its job id, written at
+    submission), which its scheduler releases; and a local host agent carries the job folder's
+    keys file in its arguments, so one the record missed is found among this machine's processes.
+    """
+    from monarch_schedulers import names
+
+    done: list[str] = []
+    for sched in names():
+        try:
+            with open(os.path.join(job_dir, f"{sched}.json")) as f:
+                job_id = str(json.load(f)["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        create_scheduler(sched).release(job_id, job_dir=job_dir)
+        done.append(f"released {sched} job {job_id}")
+    keys_file = os.path.join(os.path.abspath(job_dir), "keys.json")
+    for pid in _local_agents_using(keys_file):
+        _terminate(pid)
+        done.append(f"stopped host agent pid {pid}")
+    return done
+
+
+def _local_agents_using(keys_file: str) -> list[int]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if p.info["uids"] and p.info["uids"].real != os.getuid():
+                continue
+        except psutil.Error:
+            continue
+        if "monarch_agents.host_agent" in cmd and keys_file in cmd:
+            found.append(p.info["pid"])
+    return found
+
+
+def _terminate(pid: int, grace_s: float = 2.0) -> None:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        p.terminate()
+        p.wait(grace_s)
+    except psutil.TimeoutExpired:
+        p.kill()
+    except psutil.Error:
+        pass
+
+
 def _name_flag(name: str) -> str:
     return "" if name == "default" else f" --name {name}"
 

@@ -26,7 +26,7 @@ from monarch_agents import messages as m
 from monarch_agents.errors import SupervisionError
 from monarch_agents.runtime import Runtime, StreamPort
 from monarch_agents.client import ensure_runtime
-from monarch.errors import MonarchError, RunError
+from monarch.errors import ExitCode, MonarchError, RunError
 from monarch.job.state import HostRecord, JobRecord
 
 _STOP_GRACE_S = 1.5
@@ -36,12 +36,22 @@ _TIME_RECHECK_S = 60.0
 _ENDING_WAIT_S = 3.0
 
 
+#: How a host agent's reason begins when a rank never started (no fork, a missing working directory).
+NOT_STARTED = "could not start"
+
+
 @dataclass
 class RankResult:
     rank: int
     host: str
     exit_code: int | None = None
     reason: str = ""
+    #: The rank's host agent stopped answering (died, froze, or its host is unreachable).
+    agent_lost: bool = False
+
+    @property
+    def started(self) -> bool:
+        return not self.reason.startswith(NOT_STARTED)
 
 
 @dataclass
@@ -57,11 +67,17 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
+        """ExitCode's table: 130 interrupted, 5 a host agent lost, 6 a rank that could not start;
+        else the first failed rank's own code (128+N for a signal N), as a shell gives it."""
         if self.interrupted:
-            return 130
+            return ExitCode.INTERRUPTED
         f = self.first_failure
         if f is None:
-            return 0
+            return ExitCode.OK
+        if f.agent_lost:
+            return ExitCode.AGENT
+        if not f.started:
+            return ExitCode.RUN
         return f.exit_code if f.exit_code and f.exit_code > 0 else 128 + abs(f.exit_code or 1)
 
 
@@ -131,20 +147,45 @@ class RunLock:
             self.fd = -1
 
 
-def record_run(record: JobRecord, run_id: str, argv: list[str], hosts: list[HostRecord], detached: bool) -> None:
-    """Append the run to the job's history, for ``monarch logs``."""
-    path = os.path.join(record.job_dir, "runs.jsonl")
-    with open(path, "a") as f:
-        f.write(json.dumps({"run_id": run_id, "argv": argv, "hosts": [h.host_rank for h in hosts],
-                            "started": time.time(), "detached": detached}) + "\n")
+def record_run(record: JobRecord, run_id: str, argv: list[str], hosts: list[HostRecord], detached: bool,
+               kind: str = "command") -> None:
+    """Append the run to the job's history, for ``monarch logs``.
+
+    ``kind``: "command" (ranks on the host agents, logs there) or "program" (an actor program
+    run here by ``monarch run prog.py``, its output kept in the job folder).
+    """
+    _append_history(record, {"run_id": run_id, "argv": argv, "hosts": [h.host_rank for h in hosts],
+                             "started": time.time(), "detached": detached, "kind": kind})
+
+
+def record_run_end(record: JobRecord, run_id: str, exit_code: int, ended: float | None = None) -> None:
+    """Note how a run ended (``monarch logs --list`` shows it without asking the agents)."""
+    _append_history(record, {"run_id": run_id, "ended": ended or time.time(), "exit_code": exit_code})
+
+
+def _append_history(record: JobRecord, entry: dict) -> None:
+    # One short line per write, opened O_APPEND: lines of runs ending together do not mix.
+    fd = os.open(os.path.join(record.job_dir, "runs.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (json.dumps(entry) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def run_history(record: JobRecord) -> list[dict]:
+    """The reservation's runs, oldest first; an ended run has ``ended`` and ``exit_code``."""
+    runs: dict[str, dict] = {}
     try:
         with open(os.path.join(record.job_dir, "runs.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except OSError:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
         return []
+    for entry in lines:
+        if "argv" in entry:
+            runs[entry["run_id"]] = {"kind": "command", **entry}
+        elif entry.get("run_id") in runs:
+            runs[entry["run_id"]].update(ended=entry["ended"], exit_code=entry["exit_code"])
+    return list(runs.values())
 
 
 class RemoteRun:
@@ -213,14 +254,15 @@ class RemoteRun:
     def _agent_lost(self, addr: str, err: SupervisionError) -> None:
         for rank, h in enumerate(self.hosts):
             if h.addr == addr:
-                self._finish(rank, 255, f"host agent on {h.host} died during the run ({err})")
+                self._finish(rank, ExitCode.AGENT, f"host agent on {h.host} stopped answering during the run ({err})",
+                             agent_lost=True)
 
-    def _finish(self, rank: int, code: int, reason: str) -> None:
+    def _finish(self, rank: int, code: int, reason: str, agent_lost: bool = False) -> None:
         with self.lock:
             r = self.outcome.results[rank]
             if r.exit_code is not None:
                 return
-            r.exit_code, r.reason = code, reason
+            r.exit_code, r.reason, r.agent_lost = code, reason, agent_lost
             self.left -= 1
             first_failure = code != 0 and self.outcome.first_failed is None
             if first_failure:
@@ -338,11 +380,13 @@ class LinePrinter:
     Partial lines are kept until they end, so ranks never interleave inside a line.
     """
 
-    def __init__(self, hosts, color: bool):
+    def __init__(self, hosts, color: bool, all_to_stderr: bool = False):
+        """``all_to_stderr``: stdout lines too go to stderr (``--json`` keeps stdout for its document)."""
         self.names = {i: h.host for i, h in enumerate(hosts)}
         self.partial: dict[tuple[int, str], bytes] = {}
         self.lock = threading.Lock()
         self.color = color
+        self.all_to_stderr = all_to_stderr
 
     def write(self, rank: int, stream: str, data: bytes) -> None:
         with self.lock:
@@ -358,7 +402,7 @@ class LinePrinter:
         prefix = f"[{self.names.get(rank, rank)}] "
         if self.color:
             prefix = f"\x1b[{36 + rank % 2}m{prefix}\x1b[0m"
-        target = sys.stderr if stream == "stderr" else sys.stdout
+        target = sys.stderr if stream == "stderr" or self.all_to_stderr else sys.stdout
         target.write(prefix + text + "\n")
         target.flush()
 

@@ -250,9 +250,10 @@ def load_payload(path: str) -> dict:
     """The checked top level of a state file: ``state`` (a reservation) and/or ``job`` (a pickled job)."""
     try:
         with open(path, "rb") as f:
+            _check_private(path, os.fstat(f.fileno()))
             raw = f.read()
     except FileNotFoundError:
-        raise StateError(f"no reservation at {_rel(path)}", "run `monarch serve` first") from None
+        raise missing_state(path) from None
     except OSError as e:
         raise StateError(f"cannot read {_rel(path)}: {e.strerror}", "check its permissions") from None
     return parse_payload(raw, _rel(path))
@@ -280,6 +281,49 @@ def parse_payload(raw: bytes, where: str) -> dict:
 def _missing(e: Exception) -> str:
     name = getattr(e, "name", None)
     return f"module {name!r}" if isinstance(e, ModuleNotFoundError) and name else str(e)
+
+
+class StateFileWarning(UserWarning):
+    """A state file was readable by others; it has been made private."""
+
+
+def _check_private(path: str, st: os.stat_result) -> None:
+    """A state file holds the job's keys: another user's is refused, a loose mode is fixed (with a warning)."""
+    import stat
+    import warnings
+
+    if st.st_uid != os.getuid():
+        raise StateError(f"{_rel(path)} belongs to another user (uid {st.st_uid})",
+                         "use your own reservation: `monarch serve` in a folder of yours")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        try:
+            os.chmod(path, 0o600)
+        except OSError as e:
+            raise StateError(f"{_rel(path)} is readable by others (mode {mode:o}) and cannot be made private: {e.strerror}",
+                             f"`chmod 600 {_rel(path)}`") from None
+        warnings.warn(f"{_rel(path)} was readable by others (mode {mode:o}; it holds the job's keys): made it 0600",
+                      StateFileWarning, stacklevel=3)
+
+
+def context_of(path: str) -> str:
+    """The context name a state file belongs to (``job_state.pkl`` is the default one)."""
+    base = os.path.basename(path)
+    return DEFAULT_CONTEXT if base == "job_state.pkl" else base[: -len(".job_state.pkl")]
+
+
+def missing_state(path: str) -> StateError:
+    """No reservation at ``path``: the error names the reservations that are there, and how to switch."""
+    name = context_of(path)
+    others = [n for n in StatePaths(os.path.dirname(os.path.dirname(path))).contexts() if n != name] \
+        if os.path.basename(os.path.dirname(path)) == ".monarch" else []
+    flag = "" if name == DEFAULT_CONTEXT else f" --name {name}"
+    if not others:
+        return StateError(f"no reservation {name!r} here ({_rel(path)})", f"run `monarch serve{flag}` first")
+    listed = ", ".join(repr(o) for o in others)
+    return StateError(f"no reservation {name!r} here; reservations here: {listed}",
+                      f"`monarch context use {others[0]}` switches to {others[0]!r} (or `--name {others[0]}`); "
+                      f"`monarch serve{flag}` makes {name!r}")
 
 
 def remove_state(path: str) -> None:

@@ -8,14 +8,15 @@ from typing import Iterator
 import click
 
 from monarch_cli.errors import fail
+from monarch_cli.options import Options
 
 name_option = click.option("--name", "-n", help="Which reservation (context); default: the current one. MONARCH_JOB=path overrides.")
 
 
 def opts(ctx: click.Context):
-    from monarch_cli.main import Options
-
-    return ctx.obj if ctx.obj is not None else Options()
+    """The global flags (--json, --verbose), wherever on the command line they were given."""
+    o = ctx.find_object(Options)
+    return o if o is not None else Options()
 
 
 @contextmanager
@@ -26,4 +27,5 @@ def handled(ctx: click.Context) -> Iterator[None]:
     except click.exceptions.Exit:
         raise
     except (Exception, KeyboardInterrupt) as e:
-        raise fail(e, opts(ctx).verbose) from None
+        o = opts(ctx)
+        raise fail(e, o.verbose, o.json) from None

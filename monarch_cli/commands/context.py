@@ -31,7 +31,7 @@ def ls(ctx: click.Context) -> None:
                 rows.append({"name": n, "current": n == cur, "job_id": r.job_id, "shape": r.spec.summary()})
             except StateError as e:
                 rows.append({"name": n, "current": n == cur, "job_id": "", "shape": f"unreadable: {e.message}"})
-        if opts(ctx.parent or ctx).json:
+        if opts(ctx).json:
             print_json(rows)
             return
         t = Table("", "name", "job", "shape")

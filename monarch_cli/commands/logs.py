@@ -1,17 +1,19 @@
-"""``monarch logs``: output of the last (or a given) run, per rank, optionally followed."""
+"""``monarch logs``: a run's output, whole and byte for byte, optionally followed live."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
 import click
 
 from monarch.errors import UsageError
-from monarch_cli.commands._common import name_option, handled, opts
+from monarch_cli.commands._common import handled, name_option, opts
 from monarch_cli.output import print_json
 
 _POLL_S = 0.25
+_READ_TIMEOUT_S = 10.0
 
 
 @click.command("logs")
@@ -20,20 +22,24 @@ _POLL_S = 0.25
 @click.option("--rank", type=int, help="Only this rank (host index of the run).")
 @click.option("--host", help="Only this host (name).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the run ends.")
-@click.option("--stderr", "stderr_only", is_flag=True, help="Show stderr instead of stdout.")
-@click.option("--list", "list_runs", is_flag=True, help="List past runs.")
+@click.option("--stdout", "only_stdout", is_flag=True, help="Only stdout (default: stdout and stderr as they came).")
+@click.option("--stderr", "only_stderr", is_flag=True, help="Only stderr.")
+@click.option("--prefix/--no-prefix", default=None,
+              help="Start each line with [host] (default: when more than one rank is shown; without it, "
+                   "the bytes are exactly the rank's).")
+@click.option("--list", "list_runs", is_flag=True, help="List past runs with their exit codes and durations.")
 @click.option("--scheduler", "scheduler_logs", is_flag=True, help="Show the scheduler/agent start-up logs.")
 @click.pass_context
 def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | None, host: str | None, follow: bool,
-         stderr_only: bool, list_runs: bool, scheduler_logs: bool) -> None:
-    """Print a run's output, prefixed by host; -f follows it live."""
-    from monarch_agents.messages import ReadLog
-    from monarch_agents.client import ensure_runtime
+         only_stdout: bool, only_stderr: bool, prefix: bool | None, list_runs: bool, scheduler_logs: bool) -> None:
+    """Print a run's output: stdout and stderr as they came, every byte; -f follows it live."""
     from monarch.job.reserve import load_live, scheduler_for
     from monarch.job.run import run_history
     from monarch.job.state import StatePaths, load_state
     o = opts(ctx)
     with handled(ctx):
+        if only_stdout and only_stderr:
+            raise UsageError("--stdout and --stderr together are the default", "give one of them, or neither")
         if scheduler_logs:
             record = load_state(StatePaths().resolve(name))
             sys.stdout.write(scheduler_for(record).logs(record.job_id, job_dir=record.job_dir) + "\n")
@@ -41,45 +47,141 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
         record, _ = load_live(name)
         history = run_history(record)
         if list_runs:
-            if o.json:
-                print_json(history)
-            else:
-                for r in history:
-                    sys.stdout.write(f"{r['run_id']}  {time.strftime('%H:%M:%S', time.localtime(r['started']))}  {' '.join(r['argv'])}\n")
+            _list(record, history, o.json)
             return
         if not history:
             raise UsageError("no runs yet on this reservation", "`monarch run -- CMD` starts one")
         entry = history[-1] if run_id is None else next((r for r in history if r["run_id"] == run_id), None)
         if entry is None:
             raise UsageError(f"no run {run_id!r}", "`monarch logs --list` shows the runs")
-        by_rank = {h.host_rank: h for h in record.hosts}
-        targets = [(i, by_rank[hr]) for i, hr in enumerate(entry["hosts"]) if hr in by_rank]
+        targets = _targets(record, entry)
         if rank is not None:
-            targets = [t for t in targets if t[0] == rank]
+            targets = {i: h for i, h in targets.items() if i == rank}
         if host is not None:
-            targets = [t for t in targets if t[1].host == host]
+            targets = {i: h for i, h in targets.items() if h == host}
         if not targets:
-            raise UsageError("no such rank or host in that run", f"the run used hosts {entry['hosts']}")
-        rt = ensure_runtime(record.keys)
-        stream = "stderr" if stderr_only else "stdout"
-        offsets = {i: 0 for i, _ in targets}
-        collected: dict[int, bytes] = {i: b"" for i, _ in targets}
-        while True:
-            all_done = True
-            for i, h in targets:
-                res = rt.request(h.addr, lambda port: ReadLog(entry["run_id"], stream, offsets[i], port)).get(timeout=5)
-                data, done = res.get(i, (b"", False))
-                offsets[i] += len(data)
-                all_done &= done
-                if o.json:
-                    collected[i] += data
-                elif data:
-                    for line in data.decode(errors="replace").splitlines():
-                        sys.stdout.write(f"[{h.host}] {line}\n")
-                    sys.stdout.flush()
-            if not follow or all_done:
-                break
-            time.sleep(_POLL_S)
+            raise UsageError("no such rank or host in that run", f"the run has ranks {sorted(_targets(record, entry))}")
+        from monarch.job.logs import STREAMS, LogReader
+
+        streams = ("stdout",) if only_stdout else ("stderr",) if only_stderr else STREAMS
+        reader = LogReader(_fetcher(record, entry), sorted(targets), streams)
+        show_prefix = len(targets) > 1 if prefix is None else prefix
         if o.json:
-            print_json({"run_id": entry["run_id"], "stream": stream,
-                        "ranks": {str(i): collected[i].decode(errors="replace") for i in collected}})
+            collected: dict[int, dict[str, bytearray]] = {i: {"stdout": bytearray(), "stderr": bytearray(),
+                                                               "output": bytearray()} for i in targets}
+            for c in (reader.follow(_POLL_S) if follow else reader.poll()):
+                collected[c.rank][c.stream] += c.data
+                collected[c.rank]["output"] += c.data
+            print_json({"run_id": entry["run_id"], "argv": entry["argv"], "streams": list(streams),
+                        "ranks": [{"rank": i, "host": targets[i], "complete": reader.ranks[i].done,
+                                   **{k: v.decode(errors="replace") for k, v in collected[i].items()}}
+                                  for i in sorted(targets)]})
+            return
+        out = _Printer(targets, show_prefix)
+        for c in (reader.follow(_POLL_S) if follow else reader.poll()):
+            out.write(c.rank, c.stream, c.data)
+        out.flush()
+
+
+def _targets(record, entry: dict) -> dict[int, str]:
+    """rank (index in the run) -> host name."""
+    if entry.get("kind") == "program":
+        return {0: "program"}
+    by_rank = {h.host_rank: h for h in record.hosts}
+    return {i: by_rank[hr].host for i, hr in enumerate(entry["hosts"]) if hr in by_rank}
+
+
+def _fetcher(record, entry: dict):
+    from monarch.job.logs import local_fetch, program_run_dir
+
+    if entry.get("kind") == "program":
+        return local_fetch(program_run_dir(record, entry["run_id"]))
+    from monarch_agents.client import ensure_runtime
+    from monarch_agents.messages import ReadLog
+    from monarch.job.reserve import agent_unreachable
+
+    rt = ensure_runtime(record.keys)
+    by_rank = {h.host_rank: h for h in record.hosts}
+    hosts = {i: by_rank[hr] for i, hr in enumerate(entry["hosts"]) if hr in by_rank}
+
+    def fetch(rank: int, kind: str, offset: int) -> tuple[bytes, bool]:
+        h = hosts[rank]
+        try:
+            res = rt.request(h.addr, lambda port: ReadLog(entry["run_id"], kind, offset, port)).get(timeout=_READ_TIMEOUT_S)
+        except Exception:
+            raise agent_unreachable(record, h) from None
+        return res.get(rank, (b"", False))
+
+    return fetch
+
+
+class _Printer:
+    """Chunks to stdout: raw bytes, or whole lines behind a [host] prefix."""
+
+    def __init__(self, targets: dict[int, str], prefix: bool):
+        self.names = targets
+        self.prefix = prefix
+        self.partial: dict[tuple[int, str], bytes] = {}
+        self.out = sys.stdout.buffer
+
+    def write(self, rank: int, stream: str, data: bytes) -> None:
+        if not self.prefix:
+            self.out.write(data)
+            self.out.flush()
+            return
+        buf = self.partial.pop((rank, stream), b"") + data
+        *lines, rest = buf.split(b"\n")
+        if rest:
+            self.partial[(rank, stream)] = rest
+        for line in lines:
+            self.out.write(f"[{self.names[rank]}] ".encode() + line + b"\n")
+        self.out.flush()
+
+    def flush(self) -> None:
+        for (rank, _), rest in self.partial.items():
+            self.out.write(f"[{self.names[rank]}] ".encode() + rest + b"\n")
+        self.partial.clear()
+        self.out.flush()
+
+
+def _list(record, history: list[dict], as_json: bool) -> None:
+    rows = []
+    for r in history:
+        if "exit_code" not in r:
+            _ask_agents_how_it_ended(record, r)
+        ended = r.get("ended")
+        rows.append({"run_id": r["run_id"], "kind": r.get("kind", "command"), "argv": r["argv"],
+                     "started": r["started"], "ended": ended, "exit_code": r.get("exit_code"),
+                     "duration_s": round(ended - r["started"], 3) if ended else None,
+                     "running": ended is None})
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        code = "running" if r["running"] else f"exit {r['exit_code']}" if r["exit_code"] is not None else "exit ?"
+        took = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
+        when = time.strftime("%H:%M:%S", time.localtime(r["started"]))
+        sys.stdout.write(f"{r['run_id']}  {when}  {code:>8}  {took:>8}  {' '.join(r['argv'])}\n")
+
+
+def _ask_agents_how_it_ended(record, run: dict) -> None:
+    """A run this command did not see end (detached, or its `monarch run` was killed): its ranks'
+    exit files say; noted in the history so the next --list need not ask."""
+    from monarch.job.run import record_run_end
+
+    fetch = _fetcher(record, run)
+    exits = []
+    for rank in _targets(record, run):
+        try:
+            data, _ = fetch(rank, "exit", 0)
+            exits.append(json.loads(data))
+        except Exception:
+            return  # still running, or its agent is gone: unknown for now
+    if not exits:
+        return
+    failed = sorted((e for e in exits if e["code"] != 0), key=lambda e: e["ended"])
+    code = failed[0]["code"] if failed else 0
+    code = code if code >= 0 else 128 - code
+    ended = max(e["ended"] for e in exits)
+    run.update(exit_code=code, ended=ended)
+    record_run_end(record, run["run_id"], code, ended)

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from monarch.job.run import RemoteRun
 
 
-@click.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@click.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                     "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @name_option
 @click.option("--hosts", help="Only these host ranks, e.g. 0,2.")
@@ -36,7 +37,8 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         workdir: str | None, detach: bool, post_mortem: bool, warn_before: float | None) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
     from monarch.job.reserve import load_live, time_warning_s
-    from monarch.job.run import LinePrinter, RemoteRun, RunLock, record_run, reservation_end, watch_time_limit
+    from monarch.job.run import (LinePrinter, RemoteRun, RunLock, record_run, record_run_end, reservation_end,
+                                  watch_time_limit)
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):
@@ -55,7 +57,7 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         if record.workspace:
             _push_workspace(record, o.verbose)
         if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
-            raise click.exceptions.Exit(_run_controller(argv, path, extra))
+            raise click.exceptions.Exit(_run_program(record, path, argv, extra, o.json))
         selected = record.hosts
         if hosts:
             try:
@@ -69,7 +71,8 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
             selected = [by_rank[w] for w in wanted]
         else:
             selected = sorted(record.hosts, key=lambda h: h.host_rank)
-        printer = LinePrinter(selected, sys.stdout.isatty() and not o.json)
+        # --json: stdout holds the one document; the ranks' output goes to stderr.
+        printer = LinePrinter(selected, sys.stdout.isatty() and not o.json, all_to_stderr=o.json)
         with RunLock(record):
             rr = RemoteRun(record, selected, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write,
                            detach=detach,
@@ -89,26 +92,41 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
                 while not rr.wait(0.2):
                     pass
             code = rr.outcome.exit_code
+            record_run_end(record, rr.run_id, code)
         printer.flush()
         watch.join(_WATCH_JOIN_S)
         outcome = rr.outcome
-        if o.json:
-            print_json({"run_id": rr.run_id, "exit_code": code,
-                        "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason} for r in outcome.results]})
-        elif outcome.interrupted:
-            err.print("[yellow]interrupted: stopped every rank[/]")
+        message, hint = "", ""
+        if outcome.interrupted:
+            message = "interrupted: stopped every rank"
         elif outcome.first_failure is not None:
             f = outcome.first_failure
             ended = reservation_end(record)
             if ended:
                 # The ranks died with the allocation: say that, not only the signal they got.
-                err.print(f"[bold red]error:[/] the reservation ended during the run "
-                          f"({record.spec.scheduler} job {record.job_id}: {escape(ended)})")
-                err.print("  [dim]hint:[/] `monarch serve` reserves again (`monarch status` shows why it ended)")
-                if o.verbose:
-                    err.print(f"  first failure: rank {f.rank} on {f.host} {escape(f.reason)}")
+                message = (f"the reservation ended during the run ({record.spec.scheduler} job {record.job_id}: {ended})")
+                hint = "`monarch serve` reserves again (`monarch status` shows why it ended)"
+            elif f.agent_lost:
+                message, hint = _agent_lost_message(record, f)
             else:
-                err.print(f"[bold red]error:[/] rank {f.rank} on {f.host} {f.reason}")
+                message = f"rank {f.rank} on {f.host} {f.reason}"
+                if not f.started and "working directory" in f.reason:
+                    hint = "-w must name a folder that exists on every host (default: this one)"
+        if o.json:
+            doc = {"run_id": rr.run_id, "exit_code": code,
+                   "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason}
+                             for r in outcome.results]}
+            if message:
+                doc.update(error=message, hint=hint)
+            print_json(doc)
+        if outcome.interrupted:
+            err.print(f"[yellow]{escape(message)}[/]")
+        elif message:
+            err.print(f"[bold red]error:[/] {escape(message)}")
+            if hint:
+                err.print(f"  [dim]hint:[/] {escape(hint)}")
+            if o.verbose and outcome.first_failure is not None:
+                err.print(f"  first failure: rank {f.rank} on {f.host} {escape(f.reason)}")
         raise click.exceptions.Exit(code)
 
 
@@ -126,6 +144,23 @@ def _say_debug_waiting(session: dict) -> None:
     from monarch_agents.services.debug import waiting_line
 
     err.print(f"[yellow]{escape(waiting_line(session))}[/]")
+
+
+def _agent_lost_message(record, f) -> tuple[str, str]:
+    """Dead or frozen: the scheduler still counting the agent's process as alive means it froze
+    (stopped, or hung), not that it died."""
+    from monarch.job.reserve import describe
+
+    try:
+        d = describe(record)
+    except Exception:
+        d = None
+    if d is not None and d.state.alive:
+        return (f"host agent on {f.host} stopped answering during the run (its process is still there: "
+                "stopped or hung?)", "`monarch status` shows which agents answer; `monarch serve --replace` starts new ones")
+    why = f": {d.reason}" if d is not None and d.reason else ""
+    return (f"host agent on {f.host} died during the run{why}",
+            "`monarch serve --replace` makes a new reservation (`monarch status` shows what is left)")
 
 
 #: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).
@@ -155,19 +190,65 @@ def _signals_stop(rr: RemoteRun) -> Iterator[None]:
         signal.signal(signal.SIGTERM, old_term)
 
 
-def _run_controller(argv: list[str], state_path: str, extra: dict) -> int:
-    """Run a single-controller actor program here, its this_host() being the reservation."""
+def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json: bool) -> int:
+    """Run a single-controller actor program here, recorded for `monarch logs` like any run.
+
+    Its output goes to this terminal (stderr only, with --json) and into the job folder.  A Ctrl-C
+    reaches the program itself (same process group): it ends with 130, no traceback.
+    """
+    import selectors
+
+    from monarch.errors import ExitCode
+    from monarch.job.logs import ProgramLog
+    from monarch.job.run import new_run_id, record_run, record_run_end
+
+    run_id = new_run_id()
     # MONARCH_JOB: `job_load()` in the program loads this reservation; MONARCH_RUN_JOB: the
     # program talks with its keys.
-    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path, "MONARCH_JOB": state_path}
-    proc = subprocess.Popen([sys.executable, *argv], env=env)
+    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path, "MONARCH_JOB": state_path,
+           "MONARCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    record_run(record, run_id, argv, [], False, kind="program")
+    log = ProgramLog(record, run_id)
+    interrupted = []
+
+    def on_signal(signum, frame):
+        interrupted.append(signum)
+        if signum == signal.SIGTERM:  # Ctrl-C reaches the program from the terminal; SIGTERM does not
+            proc.send_signal(signal.SIGTERM)
+
+    proc = subprocess.Popen([sys.executable, "-m", "monarch.job.program", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    sinks = {"stdout": sys.stderr.buffer if as_json else sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        # The program got the same Ctrl-C (same process group); give it a moment to stop.
-        try:
-            return proc.wait(timeout=5)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            proc.kill()
-            proc.wait()
-            return 130
+        while sel.get_map():
+            for key, _ in sel.select():
+                data = os.read(key.fileobj.fileno(), 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                log.write(key.data, data)
+                sinks[key.data].write(data)
+                sinks[key.data].flush()
+        rc = proc.wait()
+    finally:
+        sel.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    code = 128 - rc if rc < 0 else rc
+    if interrupted or code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        code = ExitCode.INTERRUPTED
+    log.close(code, "interrupted" if code == ExitCode.INTERRUPTED else f"exited with code {code}")
+    record_run_end(record, run_id, int(code))
+    if as_json:
+        doc = {"run_id": run_id, "kind": "program", "exit_code": int(code)}
+        if code:
+            doc.update(error="interrupted" if code == ExitCode.INTERRUPTED else f"the program exited with code {code}",
+                       hint=f"`monarch logs --run {run_id}` has its output")
+        print_json(doc)
+    if code == ExitCode.INTERRUPTED:
+        err.print("[yellow]interrupted[/]")
+    return int(code)

@@ -16,7 +16,8 @@ from monarch.errors import UsageError
 from monarch_cli.commands._common import name_option, handled
 
 
-@click.command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@click.command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                     "allow_interspersed_args": False})
 @click.option("--host", type=int, default=0, show_default=True, help="Host rank to open the shell on.")
 @name_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

@@ -7,7 +7,7 @@ import time
 import click
 
 from monarch_cli.commands._common import name_option, handled, opts
-from monarch_cli.output import err, out, print_json
+from monarch_cli.output import err, escape, out, print_json
 
 _PING_TIMEOUT_S = 2.0
 
@@ -18,6 +18,8 @@ _PING_TIMEOUT_S = 2.0
 def status(ctx: click.Context, name: str | None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
     from rich.table import Table
+    from monarch.errors import ExitCode
+    from monarch_schedulers import HostState
     from monarch_agents.messages import HostInfo, Ping
     from monarch_agents.client import ensure_runtime
     from monarch.job.reserve import describe, time_warning_s
@@ -30,7 +32,9 @@ def status(ctx: click.Context, name: str | None) -> None:
         sched_state = d.state.value if d else "GONE"
         rt = ensure_runtime(record.keys)
         t0 = time.monotonic()
-        futures = [(h, rt.request(h.addr, lambda port: Ping(port))) for h in record.hosts] if d and d.state.alive else []
+        # A failed allocation may still have agents that answer (one local agent died): ask them all.
+        futures = [(h, rt.request(h.addr, lambda port: Ping(port))) for h in record.hosts] \
+            if d and d.state is not HostState.ENDED else []
         hosts = []
         for h, f in futures:
             entry = {"host": h.host, "rank": h.host_rank, "addr": h.addr, "pid": h.pid}
@@ -43,7 +47,7 @@ def status(ctx: click.Context, name: str | None) -> None:
                     entry["workspace"] = {"transport": ws.get("transport"), "transport_reason": ws.get("transport_reason"),
                                           "mounts": ws["mounts"]}
             except Exception as e:
-                entry.update(agent="unreachable", error=str(e).splitlines()[0], procs=0, runs=[])
+                entry.update(agent=_why_silent(h), error=str(e).splitlines()[0], procs=0, runs=[])
             hosts.append(entry)
         data = {
             "name": record.name, "job_id": record.job_id, "scheduler": record.spec.scheduler,
@@ -54,7 +58,17 @@ def status(ctx: click.Context, name: str | None) -> None:
         if d and d.details:
             data["scheduler_hosts"] = d.details
         bad = [h for h in hosts if h["agent"] != "up"]
+        code, message, hint = ExitCode.OK, "", ""
+        if not d or d.state is HostState.ENDED or (bad and len(bad) == len(hosts)):
+            code, message = ExitCode.STATE, f"the reservation {record.name!r} ({record.job_id}) is gone: {data['reason']}"
+            hint = f"`monarch serve{_flag(record.name)}` reserves again (`monarch stop{_flag(record.name)}` cleans up)"
+        elif bad:
+            code = ExitCode.AGENT
+            message = "; ".join(f"host agent on {h['host']} (pid {h['pid']}) {h['agent']}" for h in bad)
+            hint = f"`monarch serve --replace{_flag(record.name)}` makes a new reservation"
         if o.json:
+            if code:
+                data.update(error=message, hint=hint, exit_code=int(code))
             print_json(data)
         else:
             line = f"job [bold]{record.name!r}[/] {record.job_id} ({record.spec.summary()}): {sched_state}"
@@ -71,7 +85,7 @@ def status(ctx: click.Context, name: str | None) -> None:
                 t.add_row(str(h["rank"]), h["host"], f"[{style}]{h['agent']}[/]", str(h["pid"]), str(h["procs"]),
                           "; ".join(h["runs"]) or "-", h["addr"])
             if hosts:
-                out.print(t)
+                _print_table(t)
             mounted = [(h, mt) for h in hosts for mt in h.get("workspace", {}).get("mounts", [])]
             if mounted:
                 wt = Table("rank", "mount", "where", "files", "bytes", "last sync", "transport")
@@ -82,7 +96,7 @@ def status(ctx: click.Context, name: str | None) -> None:
                     wt.add_row(str(h["rank"]), mt["name"], f"{mt['mountpoint']} [dim]{how}[/]", f"{mt['files']:,}",
                                _fmt_bytes(mt["bytes"]), f"{_fmt_ago(time.time() - mt['synced_at'])} ago",
                                h["workspace"]["transport"])
-                out.print(wt)
+                _print_table(wt)
                 reason = next((h["workspace"]["transport_reason"] for h, _ in mounted), "")
                 if reason:
                     err.print(f"[dim]transport tcp: {reason}[/]")
@@ -91,11 +105,47 @@ def status(ctx: click.Context, name: str | None) -> None:
                 dt = Table(*cols)
                 for row in d.details:
                     dt.add_row(*(str(row.get(c, "")) for c in cols))
-                out.print(dt)
-        if not d or not d.state.alive:
-            raise click.exceptions.Exit(3)
-        if bad:
-            raise click.exceptions.Exit(5)
+                _print_table(dt)
+            if code:
+                err.print(f"[bold red]error:[/] {escape(message)}")
+                err.print(f"  [dim]hint:[/] {escape(hint)}")
+        raise click.exceptions.Exit(int(code))
+
+
+def _print_table(t) -> None:
+    from rich.console import Console
+
+    if out.is_terminal:
+        out.print(t)
+    else:
+        # Piped: plain columns, nothing cut (a pipe has no width to fit).
+        t.box = None
+        Console(width=_PIPE_WIDTH, highlight=False, no_color=True).print(t)
+
+
+#: Wide enough for any row: Rich sizes a table to its content, not to the console.
+_PIPE_WIDTH = 10_000
+
+
+def _flag(name: str) -> str:
+    return "" if name == "default" else f" --name {name}"
+
+
+def _why_silent(h) -> str:
+    """An agent that does not answer: on this machine its process says whether it exited or froze."""
+    import psutil
+
+    if h.ip not in ("127.0.0.1", "localhost", "::1"):
+        return "does not answer"
+    try:
+        st = psutil.Process(h.pid).status()
+    except psutil.Error:
+        return "exited"
+    if st == psutil.STATUS_ZOMBIE:
+        return "exited"
+    if st == psutil.STATUS_STOPPED:
+        return "is stopped (frozen): `kill -CONT` resumes it"
+    return "does not answer (hung?)"
 
 
 def _fmt_bytes(n: float) -> str:

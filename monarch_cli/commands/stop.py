@@ -8,36 +8,48 @@ import click
 
 from monarch.errors import StateError
 from monarch_cli.commands._common import name_option, handled, opts
-from monarch_cli.output import err, print_json
+from monarch_cli.output import err, escape, print_json
 
 
 @click.command("stop")
 @name_option
-@click.option("--force", is_flag=True, help="Remove a corrupt or unreadable state file too.")
+@click.option("--force", is_flag=True,
+              help="Also when the state file is unreadable: stop the agents its job folder names, remove the file.")
 @click.option("--save", "save_dir", metavar="DIR", envvar="MONARCH_TELEMETRY_SAVE",
               help="First write every host's telemetry as Parquet under DIR (query it later with `monarch query --from DIR`).")
 @click.pass_context
 def stop(ctx: click.Context, name: str | None, force: bool, save_dir: str | None) -> None:
     """Release the reserved hosts and remove the state file (safe to repeat)."""
-    from monarch.job.reserve import release
-    from monarch.job.state import StatePaths, load_state, remove_state
+    from monarch.job.reserve import release, release_without_state
+    from monarch.job.state import StatePaths, context_of, load_state, missing_state, remove_state
     o = opts(ctx)
     with handled(ctx):
         paths = StatePaths()
         path = paths.resolve(name)
         if not os.path.exists(path):
+            gone = missing_state(path)
             if o.json:
-                print_json({"stopped": False, "reason": "no reservation"})
+                print_json({"stopped": False, "reason": gone.message, "hint": gone.hint})
             else:
-                err.print("nothing to stop: no reservation here")
+                err.print(f"nothing to stop: {gone.message}")
+                if "context use" in gone.hint:
+                    err.print(f"  [dim]hint:[/] {escape(gone.hint)}")
             return
         try:
             record = load_state(path)
         except StateError:
             if not force:
                 raise
+            # The file is no use, but what it reserved may still run: its job folder says what.
+            job_dir = paths.job_dir(context_of(path)) if os.path.dirname(path) == paths.root else ""
+            done = release_without_state(job_dir) if job_dir else []
             remove_state(path)
-            err.print(f"removed unreadable state file {path}")
+            if o.json:
+                print_json({"stopped": bool(done), "removed": path, "actions": done})
+            else:
+                for line in done:
+                    err.print(line)
+                err.print(f"removed unreadable state file {path}" + ("" if done else " (nothing of it was running)"))
             return
         saved = None
         if save_dir:

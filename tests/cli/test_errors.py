@@ -71,3 +71,96 @@ def test_reservation_found_from_a_sub_directory(workdir):
     import json
 
     assert json.loads(r.stdout)["reused"] is True
+
+
+def _agent_pids(workdir, **kw):
+    import json
+
+    r = monarch("--json", "serve", cwd=workdir, check=True, **kw)
+    return [h["pid"] for h in json.loads(r.stdout)["hosts"]]
+
+
+def _gone(pids, deadline_s=5.0):
+    import time
+
+    import psutil
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_force_stops_agents_of_an_unreadable_state_file(workdir):
+    for lose_record in (False, True):
+        pids = _agent_pids(workdir)
+        state = workdir / ".monarch" / "job_state.pkl"
+        state.write_bytes(b"\x80\x05garbage")
+        if lose_record:  # not even the scheduler's record: the agents are found by their arguments
+            (workdir / ".monarch" / "jobs" / "default" / "local.json").unlink()
+        r = monarch("stop", cwd=workdir)
+        assert r.returncode == 3 and "corrupt" in r.stderr and not _gone(pids, 0.2)
+        r = monarch("stop", "--force", cwd=workdir)
+        assert r.returncode == 0, r.stderr
+        assert ("stopped host agent pid" if lose_record else "released local job") in r.stderr
+        assert _gone(pids), f"agents {pids} still run after stop --force"
+        assert not state.exists()
+
+
+def test_loose_state_file_mode_is_fixed_with_a_warning(workdir):
+    _agent_pids(workdir)
+    state = workdir / ".monarch" / "job_state.pkl"
+    os.chmod(state, 0o644)
+    r = monarch("status", cwd=workdir)
+    assert r.returncode == 0
+    assert "warning:" in r.stderr and "readable by others" in r.stderr
+    assert oct(os.stat(state).st_mode & 0o777) == "0o600"
+    assert "warning" not in monarch("status", cwd=workdir).stderr  # once fixed, quiet
+
+
+def test_messages_name_the_other_reservations_and_the_switch(workdir):
+    _agent_pids(workdir)
+    monarch("serve", "--name", "other", cwd=workdir, check=True)
+    monarch("stop", cwd=workdir, check=True)  # stops 'other', the current one
+    for args in (["status"], ["run", "--", "true"]):
+        r = monarch(*args, cwd=workdir)
+        assert r.returncode == 3
+        assert "'default'" in r.stderr and "monarch context use default" in r.stderr
+    r = monarch("stop", cwd=workdir)
+    assert r.returncode == 0 and "nothing to stop" in r.stderr and "monarch context use default" in r.stderr
+    monarch("context", "use", "default", cwd=workdir, check=True)
+    assert monarch("status", cwd=workdir).returncode == 0
+
+
+def test_piped_status_keeps_whole_addresses(workdir):
+    import json
+
+    r = monarch("--json", "serve", "--hosts", "2", cwd=workdir, check=True)
+    addrs = [h["addr"] for h in json.loads(r.stdout)["hosts"]]
+    r = monarch("status", cwd=workdir, check=True)  # stdout is a pipe here
+    for a in addrs:
+        assert a in r.stdout
+    assert "┃" not in r.stdout  # plain columns for grep and awk
+
+
+def test_run_imports_only_what_it_uses(workdir):
+    # Lazy command loading and lazy Rich: `monarch run` loads its own module, not the others', and
+    # no Rich when it has nothing to draw.
+    import subprocess
+    import sys
+
+    from tests.cli.conftest import ROOT
+
+    _agent_pids(workdir)
+    code = ("import sys\nfrom monarch_cli.main import main\n"
+            "try:\n    main(['run', '--', 'true'])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "mods = sorted(m for m in sys.modules if m.startswith(('rich', 'monarch_cli.commands.')))\n"
+            "print(rc, mods, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.stderr.strip().splitlines()[-1] == "0 ['monarch_cli.commands._common', 'monarch_cli.commands.run']"
+    r = subprocess.run([sys.executable, "-c", code.replace("'run', '--', 'true'", "'run', '--help'")], cwd=workdir,
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert "'rich'" in r.stderr.splitlines()[-1] and "Usage: monarch run" in r.stdout

@@ -1,0 +1,99 @@
+"""`monarch logs`: whole, byte for byte, streams in the order they came, -f without a lost line,
+actor programs recorded, --list with exit codes and durations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from tests.cli.conftest import MONARCH, ROOT, monarch
+
+# 6 MiB of bytes that are not text (every byte value, NULs and lone CRs included), more than one
+# read of the agent's log holds; the same bytes every time.
+_BINARY = ("import hashlib, sys\n"
+           "out = b''.join(hashlib.sha256(i.to_bytes(4, 'big')).digest() for i in range(6 * 2**20 // 32))\n"
+           "sys.stdout.buffer.write(out); sys.stdout.flush()\n")
+
+
+def _expected_binary() -> bytes:
+    return b"".join(hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(6 * 2**20 // 32))
+
+
+def _raw(*args, cwd) -> subprocess.CompletedProcess:
+    """The real command with stdout as bytes."""
+    return subprocess.run([*MONARCH, *args], cwd=cwd, capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
+
+
+def test_large_binary_output_comes_back_byte_for_byte(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    (workdir / "emit.py").write_text(_BINARY)
+    r = monarch("run", "--json", "--", sys.executable, "emit.py", cwd=workdir, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = _expected_binary()
+    for rank in ("0", "1"):
+        got = _raw("logs", "--rank", rank, "--stdout", cwd=workdir)
+        assert got.returncode == 0
+        assert len(got.stdout) == len(want) and got.stdout == want
+        got = _raw("logs", "--rank", rank, cwd=workdir)  # both streams: stderr was empty
+        assert got.stdout == want
+
+
+def test_streams_interleaved_as_they_came_and_filtered(workdir):
+    monarch("serve", cwd=workdir, check=True)
+    script = "import sys, time\n" + "".join(
+        f"sys.{s}.write('{s}-{i}\\n'); sys.{s}.flush(); time.sleep(0.02)\n"
+        for i, s in enumerate(["stdout", "stderr", "stdout", "stderr", "stdout"]))
+    (workdir / "mix.py").write_text(script)
+    r = monarch("run", "--", sys.executable, "mix.py", cwd=workdir)
+    assert r.returncode == 0
+    r = monarch("logs", cwd=workdir, check=True)  # one rank: its bytes as they came, no prefix
+    assert r.stdout == "stdout-0\nstderr-1\nstdout-2\nstderr-3\nstdout-4\n"
+    assert monarch("logs", "--stderr", cwd=workdir).stdout == "stderr-1\nstderr-3\n"
+    assert monarch("logs", "--stdout", "--prefix", cwd=workdir).stdout == "[host0] stdout-0\n[host0] stdout-2\n[host0] stdout-4\n"
+    doc = json.loads(monarch("logs", "--json", cwd=workdir).stdout)
+    assert doc["ranks"][0]["stderr"] == "stderr-1\nstderr-3\n" and doc["ranks"][0]["complete"] is True
+
+
+def test_follow_loses_no_line(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    # Many lines, some long, written over time while `logs -f` reads.
+    script = ("import sys, time\n"
+              "for i in range(3000):\n"
+              "    sys.stdout.write(f'line {i} ' + 'x' * (i % 700) + '\\n')\n"
+              "    if i % 500 == 0: sys.stdout.flush(); time.sleep(0.1)\n")
+    (workdir / "many.py").write_text(script)
+    r = monarch("--json", "run", "--detach", "--", sys.executable, "many.py", cwd=workdir, check=True)
+    run_id = json.loads(r.stdout)["run_id"]
+    r = monarch("logs", "--run", run_id, "-f", cwd=workdir, check=True, timeout=120)
+    for host in ("host0", "host1"):
+        lines = [line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith(f"[{host}] ")]
+        assert lines == [f"line {i} " + "x" * (i % 700) for i in range(3000)]
+
+
+def test_actor_program_runs_are_recorded_and_listed(workdir):
+    monarch("serve", cwd=workdir, check=True)
+    prog = workdir / "prog.py"
+    prog.write_text("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(3)\n")
+    r = monarch("run", str(prog), cwd=workdir)
+    assert r.returncode == 3 and r.stdout == "to stdout\n" and "to stderr" in r.stderr
+    assert monarch("run", "--", "true", cwd=workdir).returncode == 0
+    runs = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
+    assert [(x["kind"], x["exit_code"]) for x in runs] == [("program", 3), ("command", 0)]
+    assert all(x["duration_s"] is not None and x["duration_s"] >= 0 for x in runs)
+    r = monarch("logs", "--run", runs[0]["run_id"], cwd=workdir, check=True)
+    assert r.stdout == "to stdout\nto stderr\n"
+    listing = monarch("logs", "--list", cwd=workdir, check=True).stdout.splitlines()
+    assert "exit 3" in listing[0] and "exit 0" in listing[1]
+
+
+def test_list_learns_how_a_detached_run_ended(workdir):
+    monarch("serve", cwd=workdir, check=True)
+    r = monarch("--json", "run", "--detach", "--", "sh", "-c", "exit 4", cwd=workdir, check=True)
+    run_id = json.loads(r.stdout)["run_id"]
+    monarch("logs", "--run", run_id, "-f", cwd=workdir, check=True)  # until it ended
+    runs = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
+    assert runs[-1]["run_id"] == run_id and runs[-1]["exit_code"] == 4 and not runs[-1]["running"]
