@@ -76,6 +76,19 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Name exactly the schedulers there are (help must not promise one `serve` refuses).
+        from monarch_schedulers import names
+
+        labels = {"local": "this machine", "slurm": "Slurm", "kubernetes": "Kubernetes"}
+        where = [labels.get(n, n) for n in sorted(names(), key=lambda n: n != "local")]
+        text = ", ".join(where[:-1]) + f" or {where[-1]}" if len(where) > 1 else where[0]
+        old, self.help = self.help, (self.help or "").replace("{schedulers}", text)
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = old
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:
@@ -98,7 +111,7 @@ def _exit_code_epilog() -> str:
 @click.option("--json", "json", is_flag=True, expose_value=False, callback=_global_flag,
               help="Print one JSON document on stdout (errors too).")
 def app() -> None:
-    """Reserve hosts once, run many times: distributed PyTorch jobs on this machine or Slurm hosts.
+    """Reserve hosts once, run many times: distributed PyTorch jobs on {schedulers} hosts.
 
     `monarch serve` reserves hosts and starts an agent on each; `monarch run` runs on them, again and
     again. --json and --verbose go before or after the subcommand.

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The main job, end to end on the local scheduler, in the current directory: serve 2 hosts, run a
 # command on them twice (same agents, no new allocation), an actor program, logs, status, stop.
-# Uses the venv scripts/install.sh made, without needing it activated.
+# Uses the venv scripts/install.sh made, without activating it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export PATH="$ROOT/.venv/bin:$PATH"
-if ! command -v monarch >/dev/null || [ "$(command -v monarch)" != "$ROOT/.venv/bin/monarch" ]; then
+if [ ! -x "$ROOT/.venv/bin/monarch" ]; then
   echo "demo: $ROOT/.venv/bin/monarch is missing; run scripts/install.sh first" >&2
   exit 1
 fi
+# Not activated on purpose: the agents still run `python` (and torchrun) from the venv.
+monarch() { "$ROOT/.venv/bin/monarch" "$@"; }
 trap 'monarch stop >/dev/null 2>&1 || true' EXIT
 set -x
 monarch serve --hosts 2 --procs-per-host 2

@@ -89,3 +89,19 @@ def test_readme_actor_example_runs_with_python(tmp_path):
                        env=_user_env())
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "13" and "ValueMesh({gpus: 4})" in r.stdout
+
+
+def test_agents_run_the_venvs_tools_without_activation(tmp_path):
+    # `.venv/bin/monarch serve` from a shell where the venv is not active: a command's `python`
+    # and `torchrun` are still the venv's (the agents run on its interpreter).
+    monarch = [sys.executable, "-m", "monarch_cli.main"]
+    env = {**_user_env(), "PYTHONPATH": ROOT}
+    try:
+        subprocess.run([*monarch, "serve"], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
+        r = subprocess.run([*monarch, "run", "--", "sh", "-c", "command -v python; command -v torchrun"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["[host0]", os.path.join(VENV_BIN, "python"), "[host0]",
+                                    os.path.join(VENV_BIN, "torchrun")]
+    finally:
+        subprocess.run([*monarch, "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
