@@ -230,7 +230,7 @@ class RemoteRun:
             try:
                 rt.send(h.addr, m.RunCommand(self.run_id, self.argv_for(i, env), env, self.cwd, reply, i, owner))
             except SupervisionError as e:
-                self._finish(i, 255, f"host agent on {h.host} died during the run ({e})")
+                self._finish(i, ExitCode.AGENT, f"host agent on {h.host} does not answer ({e})", agent_lost=True)
 
     def argv_for(self, index: int, env: dict[str, str]) -> list[str]:
         if self.expand is None:

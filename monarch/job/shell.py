@@ -91,6 +91,8 @@ class RemoteShell:
             if self.exit_code is not None:
                 return
             self.exit_code, self.reason = code, reason
+            #: The shell ended because its host agent was lost, not by exiting.
+            self.agent_lost = code == AGENT_LOST_EXIT and reason.startswith("host agent on ")
         if self._stream is not None:
             self._stream.close()
         self.done.set()

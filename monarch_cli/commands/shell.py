@@ -12,7 +12,7 @@ import tty
 
 import click
 
-from monarch.errors import UsageError
+from monarch.errors import AgentError, UsageError
 from monarch_cli.commands._common import name_option, handled
 
 
@@ -59,6 +59,9 @@ def shell(ctx: click.Context, host: int, name: str | None, command: tuple[str, .
             if saved is not None:
                 termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
             signal.signal(signal.SIGWINCH, old_winch)
+        if getattr(sh, "agent_lost", False):
+            # One exit-code table: a lost agent is 5 here as for `monarch run`, not 255.
+            raise AgentError(sh.reason, "`monarch status` shows which agents answer")
         raise click.exceptions.Exit(sh.exit_code if sh.exit_code is not None else 0)
 
 
