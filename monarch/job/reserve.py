@@ -99,6 +99,8 @@ def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: 
             if not replace:
                 raise
             old = None
+            # Whatever the unreadable file had reserved still runs: stop it before its job folder goes.
+            release_without_state(paths.job_dir(name))
         if old is not None:
             d = describe(old)
             alive = d is not None and d.state.alive

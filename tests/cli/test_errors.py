@@ -164,3 +164,11 @@ def test_run_imports_only_what_it_uses(workdir):
     r = subprocess.run([sys.executable, "-c", code.replace("'run', '--', 'true'", "'run', '--help'")], cwd=workdir,
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
     assert "'rich'" in r.stderr.splitlines()[-1] and "Usage: monarch run" in r.stdout
+
+
+def test_serve_replace_over_an_unreadable_state_file_stops_what_it_had_reserved(workdir):
+    pids = _agent_pids(workdir)
+    (workdir / ".monarch" / "job_state.pkl").write_bytes(b"\x80\x05garbage")
+    assert monarch("serve", cwd=workdir).returncode == 3  # refused without --replace
+    monarch("serve", "--replace", cwd=workdir, check=True)
+    assert _gone(pids), "the agents of the unreadable reservation were left running"
