@@ -604,10 +604,6 @@ def job_for_record(record: "JobRecord", path: str | None) -> Job:
         from monarch.job.kubernetes import KubernetesJob
 
         return KubernetesJob._attached({"hosts": record.spec.hosts}, record, path)
-    if record.spec.scheduler == "kubernetes":
-        from monarch.job.kubernetes import KubernetesJob
-
-        return KubernetesJob._attached({"hosts": record.spec.hosts}, record, path)
     return Job(record, path)
 
 
