@@ -120,13 +120,16 @@ class Packer:
 
     def _walk(self, abs_dir: str, rel_dir: str, specs: list, entries: list, sources: dict, skipped: list,
               known: dict, counter: list) -> None:
-        specs = specs + self._ignore_specs(abs_dir, rel_dir) if self.honour_ignores else specs
         try:
             with os.scandir(abs_dir) as it:
                 items = sorted(it, key=lambda d: d.name)
         except OSError as e:
             skipped.append((rel_dir or ".", e.strerror or str(e)))
             return
+        if self.honour_ignores:
+            present = [d.name for d in items if d.name in IGNORE_FILES]
+            if present:  # opened only where they exist: most folders have none
+                specs = specs + self._ignore_specs(abs_dir, rel_dir)
         for d in items:
             rel = f"{rel_dir}/{d.name}" if rel_dir else d.name
             if d.name in ALWAYS_IGNORED and not rel_dir:
