@@ -34,6 +34,8 @@ COMMANDS = {
     "why": "monarch_cli.commands.why:why",
     "stack": "monarch_cli.commands.stack:stack",
     "debug": "monarch_cli.commands.debug:debug",
+    "dashboard": "monarch_cli.commands.dashboard:dashboard",
+    "tui": "monarch_cli.commands.dashboard:tui",
 }
 
 

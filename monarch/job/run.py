@@ -188,6 +188,18 @@ def run_history(record: JobRecord) -> list[dict]:
     return list(runs.values())
 
 
+def signal_run(record: JobRecord, run_id: str, signum: int = signal.SIGTERM) -> list[str]:
+    """Send ``signum`` to every rank of run ``run_id`` (one started by any client); the hosts that could not be told."""
+    rt = ensure_runtime(record.keys)
+    missed = []
+    for h in record.hosts:
+        try:
+            rt.send(h.addr, m.SignalRun(run_id, signum))
+        except SupervisionError:
+            missed.append(h.host)
+    return missed
+
+
 class RemoteRun:
     """A command running on several host agents; output arrives via ``on_output``."""
 

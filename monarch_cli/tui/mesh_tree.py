@@ -1,0 +1,127 @@
+"""The mesh as a tree: hosts -> proc agents -> actors, and the ranks of the latest run.
+
+Updated in place every refresh (labels change, nodes come and go) so that the cursor,
+what is expanded and the scroll position stay where the user left them.  Hosts start
+expanded when there are few of them; procs start collapsed, so 1,000 procs are 1,000
+lines, not 1,000 subtrees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Tree
+
+from monarch_cli.tui.source import ActorView, HostView, ProcView, Snapshot
+from monarch_cli.tui.text import proc_status, proc_status_words, size, style_of
+
+#: Hosts start expanded up to this many.
+EXPAND_HOSTS_MAX = 8
+
+
+def _matches(needle: str, *hay: Any) -> bool:
+    return any(needle in str(h).lower() for h in hay if h is not None)
+
+
+class MeshTree(Tree):
+    """Hosts, procs, actors and ranks with live status colours; `/` filters by name, status or host."""
+
+    def __init__(self, **kw: Any):
+        super().__init__("reservation", **kw)
+        self.show_root = True
+        self.guide_depth = 3
+        self._by_key: dict[tuple, Any] = {}
+        self.filter_text = ""
+        self._last: Snapshot | None = None
+
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text.strip().lower()
+        if self._last is not None:
+            self.show(self._last)
+
+    def show(self, snap: Snapshot) -> None:
+        self._last = snap
+        self.root.set_label(Text.assemble((f"{snap.name or 'reservation'}", "bold"),
+                                          f"  {snap.scheduler} {snap.job_id}".rstrip()))
+        wanted = list(self._wanted(snap))
+        keys = {k for k, *_ in wanted}
+        for key in sorted((k for k in self._by_key if k not in keys), key=len, reverse=True):
+            node = self._by_key.pop(key)
+            try:
+                node.remove()
+            except Exception:  # already gone with its parent
+                pass
+        many = len(snap.hosts) > EXPAND_HOSTS_MAX
+        for key, parent, label, data, leaf in wanted:
+            node = self._by_key.get(key)
+            if node is None:
+                under = self.root if parent is None else self._by_key[parent]
+                if leaf:
+                    node = under.add_leaf(label, data=data)
+                else:
+                    node = under.add(label, data=data, expand=key[0] == "host" and not many)
+                self._by_key[key] = node
+            else:
+                if str(node.label) != str(label) or node.label.style != label.style:
+                    node.set_label(label)
+                node.data = data
+        self.root.expand()
+
+    def _wanted(self, snap: Snapshot):
+        """(key, parent key, label, data, leaf) for every node, parents first."""
+        needle = self.filter_text
+        actors: dict[tuple, list[ActorView]] = {}
+        for a in snap.actors:
+            actors.setdefault((a.host, a.pid), []).append(a)
+        for h in snap.hosts:
+            procs = [p for p in snap.procs if p.host == h.host]
+            failed = sum(proc_status(p) in ("failed", "killed") for p in procs)
+            failed += sum(a.status == "Failed" for p in procs for a in actors.get((h.host, p.pid), []))
+            children = []
+            for p in procs:
+                acts = actors.get((h.host, p.pid), []) if p.kind == "proc" else []
+                shown_acts = [a for a in acts if not needle or _matches(needle, a.name, a.status, h.host)]
+                proc_hit = not needle or _matches(needle, p.mesh, p.pid, proc_status_words(p), h.host,
+                                                  f"rank {p.rank}" if p.kind == "rank" else None)
+                if proc_hit or shown_acts:
+                    children.append((p, acts if proc_hit else shown_acts))
+            if needle and not children and not _matches(needle, h.host):
+                continue
+            hkey = ("host", h.host)
+            yield hkey, None, self._host_label(h, procs, failed), h, False
+            for p, acts in children:
+                pkey = (p.kind, h.host, p.pid)
+                yield pkey, hkey, self._proc_label(p, acts), p, not acts
+                for a in acts:
+                    yield ("actor", h.host, p.pid, a.full_name), pkey, self._actor_label(a), a, True
+
+    @staticmethod
+    def _host_label(h: HostView, procs: list[ProcView], failed: int) -> Text:
+        if not h.answering:
+            return Text.assemble((h.host, "dim"), ("  not answering", "dim italic"))
+        nprocs = sum(p.kind == "proc" for p in procs)
+        nranks = sum(p.kind == "rank" for p in procs)
+        t = Text.assemble((h.host, "bold"), f"  {nprocs} procs · {nranks} ranks · load {h.load_1m:.1f}")
+        if failed:
+            t.append(f"  ✗ {failed} failed", style="bold red")
+        return t
+
+    @staticmethod
+    def _proc_label(p: ProcView, acts: list[ActorView]) -> Text:
+        st = proc_status(p)
+        if p.kind == "rank":
+            t = Text.assemble(f"rank {p.rank}", f"  pid {p.pid}  ", (proc_status_words(p), style_of(st)))
+        else:
+            t = Text.assemble(f"proc {p.mesh or '?'}/{p.pid}", f"  {len(acts)} actors  ",
+                              (proc_status_words(p), style_of(st)))
+            failed = sum(a.status == "Failed" for a in acts)
+            if failed:
+                t.append(f"  ✗ {failed} failed", style="bold red")
+        if p.rss_bytes:
+            t.append(f"  {size(p.rss_bytes)}", style="dim")
+        return t
+
+    @staticmethod
+    def _actor_label(a: ActorView) -> Text:
+        return Text.assemble(a.name, "  ", (a.status.lower(), style_of(a.status)))

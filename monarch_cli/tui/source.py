@@ -1,0 +1,276 @@
+"""What the dashboard shows, read from a reservation through its public interfaces.
+
+Everything comes from the telemetry SQL of ``monarch query`` (hosts, procs, actors, runs,
+logs) and the debug session list of ``monarch debug list``; nothing here talks to an agent
+in its own way.  :meth:`ReservationSource.poll` returns one :class:`Snapshot`; a
+reservation that is gone gives a snapshot with a ``banner`` instead of raising, and the
+next poll recovers when a new reservation replaced it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds a query of the dashboard may take before the hosts that did not answer are greyed.
+POLL_TIMEOUT_S = 5.0
+#: Ask the scheduler whether the allocation lives at most this often (it may run squeue/kubectl).
+DESCRIBE_EVERY_S = 5.0
+#: Log lines kept for the logs view (the newest).
+LOG_LINES = 5000
+
+
+@dataclass
+class HostView:
+    """One host agent, as the hosts table and the query fan-out see it."""
+
+    host: str
+    host_rank: int
+    addr: str
+    answering: bool = True
+    why_silent: str = ""
+    agent_pid: int = 0
+    uptime_s: float = 0.0
+    cpu_count: int = 0
+    load_1m: float = 0.0
+    memory_total_bytes: int = 0
+    memory_available_bytes: int = 0
+    procs_alive: int = 0
+    ranks_alive: int = 0
+
+
+@dataclass
+class ProcView:
+    """A proc agent or a rank of `monarch run` (a row of the procs table)."""
+
+    host: str
+    pid: int
+    kind: str
+    mesh: str = ""
+    run_id: str | None = None
+    rank: int | None = None
+    status: str = "running"
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    rss_bytes: int | None = None
+    argv: str = ""
+    in_debugger: bool = False
+
+
+@dataclass
+class ActorView:
+    """One actor (a rank of an actor mesh) with its latest lifecycle status."""
+
+    host: str
+    pid: int
+    name: str
+    full_name: str
+    rank: int
+    status: str = "Created"
+    reason: str | None = None
+    calls: int = 0
+    failed_calls: int = 0
+
+
+@dataclass
+class RunView:
+    """One `monarch run` (a row of the runs view) and its ranks (rows of run_ranks)."""
+
+    run_id: str
+    argv: str
+    hosts: str
+    num_ranks: int
+    status: str
+    failed_ranks: int
+    started: Any = None
+    ended: Any = None
+    ranks: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Snapshot:
+    """The whole reservation at one moment."""
+
+    taken_at: float
+    name: str = ""
+    scheduler: str = ""
+    job_id: str = ""
+    time_left_s: float | None = None
+    banner: str | None = None
+    hosts: list[HostView] = field(default_factory=list)
+    procs: list[ProcView] = field(default_factory=list)
+    actors: list[ActorView] = field(default_factory=list)
+    runs: list[RunView] = field(default_factory=list)
+    debug: list[Any] = field(default_factory=list)
+
+    @property
+    def silent_hosts(self) -> list[str]:
+        return [h.host for h in self.hosts if not h.answering]
+
+
+class ReservationSource:
+    """Polls one named reservation (or the state file at ``path``) for the dashboard."""
+
+    def __init__(self, name: str | None = None, *, path: str | None = None):
+        from monarch.job.state import StatePaths
+
+        self.name = name
+        self.path = path or StatePaths().resolve(name)
+        self._record: Any = None
+        self._record_key: tuple | None = None
+        self._alive_checked = 0.0
+        self._description: Any = None
+        self._debug: Any = None
+
+    # -- the reservation ----------------------------------------------------------------
+
+    def record(self) -> Any:
+        """The live JobRecord, or raise MonarchError saying why there is none."""
+        from monarch.errors import StateError
+        from monarch.job.reserve import describe
+        from monarch.job.state import load_state
+
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise StateError(f"no reservation at {self.path}", "`monarch serve` to reserve hosts") from None
+        key = (st.st_ino, st.st_mtime_ns)
+        if key != self._record_key:
+            # A new or replaced reservation: read it again and forget what was known of the old one.
+            self._record = load_state(self.path)
+            self._record_key = key
+            self._alive_checked = 0.0
+            self._debug = None
+        now = time.monotonic()
+        if now - self._alive_checked >= DESCRIBE_EVERY_S:
+            d = describe(self._record)
+            if d is None or not d.state.alive:
+                why = d.reason if d is not None and d.reason else "the scheduler no longer knows it"
+                raise StateError(f"the reservation {self._record.name!r} ({self._record.job_id}) is gone: {why}",
+                                 "`monarch serve` to reserve again")
+            self._description = d
+            self._alive_checked = now
+        return self._record
+
+    # -- polling ------------------------------------------------------------------------
+
+    def query(self, sql: str, *, timeout_s: float = POLL_TIMEOUT_S, row_limit: int | None = None) -> Any:
+        """Run SQL over every host's telemetry, as `monarch query` does."""
+        from monarch.job.telemetry import query
+
+        return query(self.record(), sql, row_limit=row_limit, timeout_s=timeout_s)
+
+    def poll(self) -> Snapshot:
+        """Everything the tree, header, runs and debug views show, in one snapshot."""
+        from monarch.errors import MonarchError
+
+        snap = Snapshot(taken_at=time.time(), name=self.name or "")
+        try:
+            record = self.record()
+        except MonarchError as e:
+            snap.banner = str(e)
+            return snap
+        except Exception as e:  # a state file of another version, a scheduler command that failed ...
+            snap.banner = f"cannot read the reservation: {e}"
+            return snap
+        snap.name, snap.scheduler, snap.job_id = record.name, record.spec.scheduler, record.job_id
+        if self._description is not None:
+            snap.time_left_s = self._description.time_left_s
+        try:
+            self._poll_tables(record, snap)
+            self._poll_debug(record, snap)
+        except MonarchError as e:
+            snap.banner = str(e)
+        return snap
+
+    def _poll_tables(self, record: Any, snap: Snapshot) -> None:
+        hosts = self.query("SELECT host, host_rank, agent_pid, uptime_s, cpu_count, load_1m, memory_total_bytes, "
+                           "memory_available_bytes, procs_alive, ranks_alive FROM hosts")
+        by_host = {r["host"]: r for r in hosts.table.to_pylist()}
+        for h in sorted(record.hosts, key=lambda h: h.host_rank):
+            row = by_host.get(h.host)
+            v = HostView(h.host, h.host_rank, h.addr, answering=row is not None,
+                         why_silent=hosts.errors.get(h.host, "" if row else "no answer"))
+            if row:
+                for k, val in row.items():
+                    if val is not None and hasattr(v, k):
+                        setattr(v, k, val)
+            snap.hosts.append(v)
+
+        runs = self.query("SELECT run_id, argv, hosts, num_ranks, status, failed_ranks, started, ended "
+                          "FROM runs ORDER BY started DESC LIMIT 50")
+        snap.runs = [RunView(**r) for r in runs.table.to_pylist()]
+        latest = snap.runs[0].run_id if snap.runs else None
+
+        # Proc agents that live or failed, and the ranks of the latest run (older ones: the runs view).
+        procs = self.query("SELECT host, pid, kind, mesh, run_id, rank, status, exit_code, signal, reason, rss_bytes "
+                           "FROM procs WHERE kind = 'proc' AND status <> 'exited' "
+                           + (f"OR kind = 'rank' AND run_id = '{_sql_str(latest)}' " if latest else "")
+                           + "ORDER BY host, kind, rank, pid")
+        snap.procs = [ProcView(**r) for r in procs.table.to_pylist()]
+        if latest:
+            ranks = self.query(f"SELECT run_id, rank, host, argv, pid, exit_code, signal, reason, started, ended "
+                               f"FROM run_ranks WHERE run_id = '{_sql_str(latest)}' ORDER BY rank")
+            snap.runs[0].ranks = ranks.table.to_pylist()
+            argv = {(r["host"], r["pid"]): r["argv"] for r in snap.runs[0].ranks}
+            for p in snap.procs:
+                p.argv = argv.get((p.host, p.pid), "")
+
+        live = {(p.host, p.pid) for p in snap.procs if p.kind == "proc"}
+        if live:
+            actors = self.query(
+                "SELECT a.host, a.pid, a.display_name AS name, a.full_name, a.rank, s.status, s.reason, "
+                "coalesce(m.calls, 0) AS calls, coalesce(m.failed_calls, 0) AS failed_calls FROM actors a "
+                "LEFT JOIN (SELECT actor_id, first_value(new_status ORDER BY timestamp_us DESC) AS status, "
+                "first_value(reason ORDER BY timestamp_us DESC) AS reason FROM actor_status_events GROUP BY actor_id) s "
+                "ON s.actor_id = a.id "
+                "LEFT JOIN (SELECT to_actor_id, count(*) AS calls, sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) "
+                "AS failed_calls FROM messages GROUP BY to_actor_id) m ON m.to_actor_id = a.id "
+                "ORDER BY a.host, a.pid, a.full_name", row_limit=5000)
+            for r in actors.table.to_pylist():
+                if (r["host"], r["pid"]) in live:
+                    r["status"] = r["status"] or "Created"
+                    snap.actors.append(ActorView(**r))
+
+        silent = {h.host for h in snap.hosts if not h.answering}
+        for h in snap.hosts:
+            if h.host in silent:
+                h.why_silent = h.why_silent or "no answer"
+
+    def _poll_debug(self, record: Any, snap: Snapshot) -> None:
+        from monarch.job.debug import DebugClient
+
+        if self._debug is None:
+            self._debug = DebugClient(record)
+        snap.debug = self._debug.refresh()
+        paused = {(s.host, s.pid) for s in snap.debug}
+        for p in snap.procs:
+            p.in_debugger = (p.host, p.pid) in paused
+
+    def logs(self, run_id: str | None, limit: int = LOG_LINES) -> list[dict]:
+        """The newest ``limit`` lines of a run (every line of procs too when ``run_id`` is None), oldest first."""
+        where = f"WHERE run_id = '{_sql_str(run_id)}' " if run_id else ""
+        r = self.query(f"SELECT time, host, run_id, rank, proc, stream, line FROM logs {where}"
+                       f"ORDER BY time DESC LIMIT {int(limit)}", timeout_s=5.0)
+        rows = r.table.to_pylist()
+        rows.reverse()
+        return rows
+
+    def stacks(self) -> Any:
+        """A fresh py-spy dump of every proc and running rank (``monarch stack``)."""
+        from monarch.job.telemetry import stacks
+
+        return stacks(self.record(), timeout_s=30.0)
+
+    def stop_run(self, run_id: str) -> None:
+        """Stop every rank of a run (SIGTERM, as Ctrl-C in `monarch run`)."""
+        from monarch.job.run import signal_run
+
+        signal_run(self.record(), run_id)
+
+
+def _sql_str(s: str) -> str:
+    return s.replace("'", "''")

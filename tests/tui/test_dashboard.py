@@ -1,0 +1,280 @@
+"""`monarch dashboard` driven with Textual's pilot against a real local reservation of 2 hosts.
+
+One reservation serves the module: a failing run (rank 1 raises) and a long one give the
+tree, runs, logs and SQL views something real to show; the last tests stop the long run
+from the dashboard and stop the reservation under it (the banner).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli.conftest import MONARCH, ROOT, monarch
+
+FAIL_RANK1 = ("import os, sys, time\n"
+              "r = int(os.environ['NODE_RANK'])\n"
+              "print(f'rank {r} starting', flush=True)\n"
+              "sys.stdout.write('bin\\x1b[2J\\x00' + 'x' * 5000 + '\\n'); sys.stdout.flush()\n"
+              "if r == 1:\n"
+              "    time.sleep(0.5)\n"
+              "    raise ValueError('bad input 42')\n"
+              "time.sleep(60)\n")
+LONG = "import time; print('long run up', flush=True); time.sleep(120)"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dashboard-job")
+    monarch("serve", "--hosts", "2", cwd=d, check=True)
+    r = monarch("run", "--", sys.executable, "-c", FAIL_RANK1, cwd=d, timeout=60)
+    assert r.returncode == 1, r.stderr
+    yield d
+    monarch("stop", "--force", cwd=d, timeout=60)
+
+
+def make_app(job, refresh_s: float = 0.3):
+    from monarch_cli.tui.app import DashboardApp
+    from monarch_cli.tui.source import ReservationSource
+
+    return DashboardApp(ReservationSource(path=os.path.join(job, ".monarch", "job_state.pkl")), refresh_s=refresh_s)
+
+
+async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.1)
+        if cond():
+            return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def shown(widget) -> str:
+    """The text a Static shows (Text, Table or Group), as plain text."""
+    import io
+
+    from rich.console import Console
+
+    c = Console(width=200, file=io.StringIO(), record=True)
+    c.print(widget.content)
+    return c.export_text()
+
+
+def tree_text(app) -> list[str]:
+    from monarch_cli.tui.mesh_tree import MeshTree
+
+    out = []
+
+    def walk(node, depth):
+        out.append("  " * depth + str(node.label))
+        for c in node.children:
+            walk(c, depth + 1)
+    walk(app.query_one(MeshTree).root, 0)
+    return out
+
+
+@pytest.mark.asyncio
+async def test_tree_header_details_of_a_failed_run(job):
+    app = make_app(job)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot and app.snapshot.hosts and app.snapshot.procs, what="a snapshot")
+        lines = "\n".join(tree_text(app))
+        assert "host0" in lines and "host1" in lines
+        # Rank 1 failed with exit code 1 and marks its host; rank 0 was stopped because of it.
+        assert "rank 1  pid" in lines and "failed (exit 1)" in lines
+        assert "✗" in lines
+        header = shown(app.query_one("#header"))
+        assert "local job" in header and "hosts 2/2" in header and "failed" in header
+        # The details pane follows the cursor.
+        from monarch_cli.tui.mesh_tree import MeshTree
+        from monarch_cli.tui.source import ProcView
+
+        tree = app.query_one(MeshTree)
+        tree.focus()
+
+        async def cursor_to(pred, what):
+            for _ in range(20):
+                await pilot.press("down")
+                node = tree.cursor_node
+                if node is not None and pred(node.data):
+                    await pilot.pause(0.1)
+                    return shown(app.query_one("#details"))
+            raise AssertionError(f"no {what} in the tree")
+
+        await pilot.press("home")
+        details = await cursor_to(lambda d: isinstance(d, ProcView) and d.rank == 1, "rank 1")
+        assert "exit code" in details and "argv" in details and "ValueError" in details
+        await pilot.press("home")
+        details = await cursor_to(lambda d: getattr(d, "host", None) == "host0" and not isinstance(d, ProcView), "host0")
+        assert "address" in details and "answering" in details and "memory" in details
+        # The tree filter keeps only what matches.
+        await pilot.press("slash")
+        for ch in "failed":
+            await pilot.press(ch)
+        await pilot.pause(0.2)
+        filtered = "\n".join(tree_text(app))
+        assert "failed (exit 1)" in filtered and "killed" not in filtered
+
+
+@pytest.mark.asyncio
+async def test_runs_logs_filter_and_first_error(job):
+    app = make_app(job)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot and app.snapshot.runs, what="runs")
+        await pilot.press("2")
+        from textual.widgets import DataTable, Log
+
+        runs = app.query_one("#runs-table", DataTable)
+        await until(pilot, lambda: runs.row_count >= 1, what="runs rows")
+        assert "failed" in str(runs.get_row_at(0)[1])
+        ranks = app.query_one("#ranks-table", DataTable)
+        assert ranks.row_count == 2
+        # Enter opens that run's logs.
+        runs.focus()
+        await pilot.press("enter")
+        log = app.query_one("#log-view", Log)
+        await until(pilot, lambda: any("ValueError: bad input 42" in line for line in log.lines), what="log lines")
+        text = "\n".join(log.lines)
+        assert "host0/0  rank 0 starting" in text and "host1/1  rank 1 starting" in text
+        # Binary output and a 5,000-char line arrive tamed: no escape byte, cut with a note.
+        assert "\x1b" not in text and "\x00" not in text and "more chars)" in text
+        app.query_one("#log-filter").focus()
+        await pilot.pause()
+        await pilot.press(*("space" if ch == " " else ch for ch in "rank:1 stream:stderr"))
+        await until(pilot, lambda: log.lines and all(line.startswith("host1/1!") for line in log.lines), what="filter")
+        app.query_one("#log-view").focus()
+        await pilot.press("e")
+        assert not app.query_one("#logs-view").follow
+        first = next(i for i, line in enumerate(log.lines) if "Traceback" in line)
+        assert log.scroll_offset.y <= first
+
+
+@pytest.mark.asyncio
+async def test_sql_console_table_history_and_errors(job):
+    app = make_app(job)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("4")
+        from textual.widgets import DataTable, Input
+
+        inp = app.query_one("#sql-input", Input)
+        inp.focus()
+        inp.value = "SELECT host, count(*) AS n FROM run_ranks GROUP BY host ORDER BY host"
+        await pilot.press("enter")
+        table = app.query_one("#sql-table", DataTable)
+        await until(pilot, lambda: table.row_count == 2, what="sql rows")
+        assert [str(c.label) for c in table.columns.values()] == ["host", "n"]
+        assert table.get_row_at(0) == ["host0", "1"]
+        inp.value = "SELECT nope FROM nowhere"
+        await pilot.press("enter")
+        msg = app.query_one("#sql-message")
+        await until(pilot, lambda: "error" in shown(msg), what="sql error")
+        assert table.row_count == 2  # the last good answer stays
+        await pilot.press("up")
+        assert inp.value == "SELECT nope FROM nowhere"
+        await pilot.press("up")
+        assert inp.value.startswith("SELECT host, count(*)")
+
+
+@pytest.mark.asyncio
+async def test_tiny_terminal_and_resize(job):
+    app = make_app(job)
+    async with app.run_test(size=(20, 6)) as pilot:
+        await until(pilot, lambda: app.polls >= 2, what="polls at 20x6")
+        for size in ((1, 1), (80, 24), (5, 3)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause(0.2)
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: app.polls >= 4, what="polls after resizing")
+        assert "host0" in "\n".join(tree_text(app))
+
+
+@pytest.mark.asyncio
+async def test_stacks_grouped_and_stop_a_run_with_confirmation(job):
+    long_run = subprocess.Popen([*MONARCH, "run", "--", sys.executable, "-c", LONG], cwd=job,
+                                env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        app = make_app(job)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.snapshot and app.snapshot.runs and app.snapshot.runs[0].status == "running"
+                        and sum(p.status == "running" and p.kind == "rank" for p in app.snapshot.procs) == 2,
+                        what="the long run")
+            await pilot.press("s")
+            body = app.query_one("#stacks-body")
+            await until(pilot, lambda: "time.sleep" in shown(body) or "<module>" in shown(body),
+                        timeout=30, what="stacks")
+            rendered = shown(body)
+            # Both ranks sleep on the same line: one group of two.
+            assert "2 × " in rendered
+            await pilot.press("x")
+            await pilot.pause(0.2)
+            assert "Stop run" in shown(app.screen.query_one("#confirm-question"))
+            await pilot.press("n")  # no: nothing happens
+            await pilot.pause(0.5)
+            assert long_run.poll() is None
+            await pilot.press("x")
+            await pilot.pause(0.2)
+            await pilot.press("y")
+            await until(pilot, lambda: long_run.poll() is not None, timeout=20, what="the run to stop")
+    finally:
+        if long_run.poll() is None:
+            long_run.kill()
+        long_run.wait(10)
+
+
+@pytest.mark.asyncio
+async def test_a_reservation_that_goes_away_shows_a_banner(job, tmp_path):
+    # Last in the module: stops the reservation under the running app.
+    app = make_app(job)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.snapshot and app.snapshot.hosts, what="a snapshot")
+        r = monarch("stop", cwd=job, timeout=60)
+        assert r.returncode == 0, r.stderr
+        banner = app.query_one("#banner")
+        await until(pilot, lambda: banner.has_class("-visible"), what="the banner")
+        assert "no reservation" in shown(banner) and "monarch serve" in shown(banner)
+        assert app.is_running
+
+
+@pytest.mark.asyncio
+async def test_command_without_terminal_or_reservation(tmp_path):
+    r = monarch("dashboard", cwd=tmp_path, timeout=30)
+    assert r.returncode != 0 and "terminal" in r.stderr and "Traceback" not in r.stderr
+    r = monarch("tui", "--help", cwd=tmp_path, timeout=30)
+    assert r.returncode == 0 and "--web" in r.stdout
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_in_a_real_terminal_with_tmux(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    monarch("serve", "--hosts", "2", cwd=d, check=True)
+    session = f"monarch-dash-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": ROOT, "TERM": "xterm-256color"}
+    try:
+        cmd = " ".join([*MONARCH, "dashboard"])
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", "-c", str(d), cmd],
+                       check=True, env=env)
+        screen = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+            if "host0" in screen and "host1" in screen and "hosts 2/2" in screen:
+                break
+            time.sleep(0.3)
+        assert "host0" in screen and "host1" in screen and "hosts 2/2" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("q did not quit the dashboard")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        monarch("stop", "--force", cwd=d, timeout=60)
