@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/run_bench.py [--n 15] [--json] [--baseline GIT-REF]
 
+Also the CPU time each command used itself (user + system, from wait4): little moved by
+other load, it compares a before/after on a busy machine where wall times drown in noise.
 With --baseline, the `monarch` of that commit (its tree unpacked from git into a temp folder)
 is timed in the same rounds as this one, against the same agents, and the ratio printed:
 before/after a change measured side by side, under the same load.
@@ -38,17 +40,27 @@ def compile_sources() -> None:
         compileall.compile_dir(os.path.join(ROOT, pkg), quiet=1)
 
 
+#: CPU seconds (user + system) the timed command itself used, per command name: unlike wall time,
+#: barely moved by other work on the machine, so a before/after compares on a busy machine too.
+CPU: dict[str, list[float]] = {}
+
+
 def timed(cmds: dict[str, list[str]], cwd: str, n: int, envs: dict[str, dict] | None = None) -> dict[str, list[float]]:
     """Wall times of each command, ``n`` rounds; a round runs every command once, so that a change
-    in the machine's load during the run weighs on all of them alike."""
+    in the machine's load during the run weighs on all of them alike.  Their CPU times go to CPU."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     out: dict[str, list[float]] = {k: [] for k in cmds}
     for _ in range(n):
         for name, cmd in cmds.items():
             t = time.perf_counter()
-            subprocess.run(cmd, cwd=cwd, env={**env, **(envs or {}).get(name, {})}, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            p = subprocess.Popen(cmd, cwd=cwd, env={**env, **(envs or {}).get(name, {})},
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _, status, usage = os.wait4(p.pid, 0)
             out[name].append(time.perf_counter() - t)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode != 0:
+                raise subprocess.CalledProcessError(p.returncode, cmd)
+            CPU.setdefault(name, []).append(usage.ru_utime + usage.ru_stime)
     return out
 
 
@@ -114,15 +126,18 @@ def main() -> None:
     tr = res["torchrun --standalone cold start"]["p50_ms"]
     ratios = {"monarch overhead over bare (ms, p50)": round(mon - bare, 1),
               "monarch run / torchrun cold start": round(mon / tr, 3)}
+    cpu = {k: round(statistics.median(v) * 1000, 1) for k, v in CPU.items()}
     if a.baseline:
         this, base = res[_THIS]["p50_ms"], res[_BASE]["p50_ms"]
         ratios[f"overhead this / {a.baseline} (p50, over bare)"] = round((this - bare) / max(base - bare, 1e-9), 3)
         ratios[f"monarch run this - {a.baseline} (ms, p50)"] = round(this - base, 1)
+        ratios[f"CPU of monarch run, this / {a.baseline} (p50)"] = round(cpu[_THIS] / max(cpu[_BASE], 1e-9), 3)
+        ratios[f"CPU of monarch run, this - {a.baseline} (ms, p50)"] = round(cpu[_THIS] - cpu[_BASE], 1)
     if a.json:
-        print(json.dumps({"results": res, "ratios": ratios}, indent=2))
+        print(json.dumps({"results": res, "cpu_p50_ms": cpu, "ratios": ratios}, indent=2))
         return
     for k, v in res.items():
-        print(f"{k:45s} p50 {v['p50_ms']:8.1f} ms   p90 {v['p90_ms']:8.1f} ms")
+        print(f"{k:45s} p50 {v['p50_ms']:8.1f} ms   p90 {v['p90_ms']:8.1f} ms   CPU p50 {cpu[k]:7.1f} ms")
     for k, v in ratios.items():
         print(f"{k:45s} {v}")
 
