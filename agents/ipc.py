@@ -51,6 +51,8 @@ import struct
 import threading
 from typing import TYPE_CHECKING, Any
 
+from monarch_agents import wire
+
 if TYPE_CHECKING:
     from monarch_agents.transport import JobKeys
 
@@ -67,8 +69,6 @@ _RECV = 1 << 18
 _ANC = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 _CONNECT_TIMEOUT_S = 5.0
-#: A frame longer than this is a broken stream, not a message.
-_MAX_FRAME = 1 << 40
 
 
 class LinkError(Exception):
@@ -298,8 +298,9 @@ class Link:
                 if len(buf) < start:
                     break
                 lens = head.unpack_from(buf, pos)[2:]
-                if max(lens) > _MAX_FRAME:
-                    raise LinkError("malformed message framing")
+                if sum(lens) > wire.MAX_FRAME_BYTES:
+                    # Refused on its header, before any of it is buffered.
+                    raise LinkError(f"a {sum(lens)}-byte message is over the {wire.MAX_FRAME_BYTES}-byte frame limit")
                 end = start + sum(lens)
                 if len(buf) < end:
                     break

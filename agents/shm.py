@@ -28,6 +28,7 @@ segment to two processes.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import threading
@@ -57,18 +58,22 @@ class Pool:
         self._pid = os.getpid()
 
     def take(self, n: int) -> int:
-        """A segment of exactly ``n`` bytes: a recycled one when possible, or a new one."""
+        """A segment of exactly ``n`` bytes: a recycled one when possible, or a new one.
+
+        Segments are sealed against shrinking (see :func:`seal`), so one is reused
+        at its own size or grown, never cut down.
+        """
         fd, cap = -1, 0
         with self._lock:
             if self._idle:
-                fits = [s for s in self._idle if s[0] >= n]
-                # The smallest that fits; else the largest, whose pages are reused as far as they go.
-                cap, fd = min(fits) if fits else max(self._idle)
-                self._idle.remove((cap, fd))
+                fits = [s for s in self._idle if s[0] == n] or [s for s in self._idle if s[0] < n]
+                if fits:
+                    # The one that fits exactly; else the largest smaller one, whose pages are reused as far as they go.
+                    cap, fd = max(fits)
+                    self._idle.remove((cap, fd))
         if fd < 0:
-            fd = os.memfd_create("monarch", os.MFD_CLOEXEC)
+            fd = os.memfd_create("monarch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         if cap != n:
-            # Shrinking frees the pages past ``n``; the receiver's capacity is the segment's size.
             os.ftruncate(fd, n)
         return fd
 
@@ -166,19 +171,37 @@ def write(raw: memoryview) -> int:
                 done += os.pwrite(fd, view[done:], done)
             if n >= _HUGE:
                 _maps.keep(fd, n)
+        seal(fd)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
+#: A sent segment can no longer shrink: a receiver maps it whole, and a mapping past the end of
+#: a file faults (SIGBUS) on access.  It may still grow (the pool reuses segments that way).
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+
+
+def seal(fd: int) -> None:
+    """Make the segment ``fd`` impossible to shrink, by anyone, for the rest of its life."""
+    if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+
+
 def read(fd: int, length: int) -> memoryview:
     """Map a received segment (taking over ``fd``); it returns to the pool once unused.
 
-    A segment whose size is not ``length`` is refused: a mapping past the end of
-    the file would fault on access.
+    A segment whose size is not ``length``, or that its sender could still
+    shrink, is refused: a mapping past the end of the file would fault on access.
     """
     try:
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:  # not a memory file at all
+            seals = 0
+        if seals & fcntl.F_SEAL_SHRINK == 0:
+            raise ValueError("segment is not sealed against shrinking")
         size = os.fstat(fd).st_size
         if size != length:
             raise ValueError(f"segment is {size} bytes, the message says {length}")

@@ -43,6 +43,9 @@ OOB_THRESHOLD = 64 * 1024
 SHM_THRESHOLD = 1 << 20
 #: At most this many buffers of one message go through shared memory (the rest as frames).
 MAX_SEGMENTS = 32
+#: The longest frame (or shared-memory segment) a receiver accepts; a peer announcing more is cut
+#: off before anything is allocated for it.  ``MONARCH_MAX_FRAME_BYTES`` raises it for bigger tensors.
+MAX_FRAME_BYTES = int(os.environ.get("MONARCH_MAX_FRAME_BYTES", 8 << 30))
 
 _PROTO_5 = b"\x80\x05"  # how a pickle protocol 5 stream begins
 _KIND_FRAME = 0
@@ -246,8 +249,73 @@ def dumps_full(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
 
 
 def loads(body: Any, buffers: Sequence[Any]) -> Any:
-    """Inverse of :func:`dumps`."""
+    """Inverse of :func:`dumps`: a user value, which may name any importable class."""
     return pickle.loads(body, buffers=buffers)
+
+
+# --- the envelope unpickler ---------------------------------------------------------------
+
+#: Packages whose message classes (and the error types answers carry) an envelope may name.
+_OUR_PACKAGES = ("monarch_agents.", "monarch_rdmafs.", "monarch_telemetry.")
+#: Other names an envelope may load: functions of ours that only rebuild their own class, and
+#: value types of the standard library that messages carry (a signal number arrives as ``Signals``).
+ENVELOPE_GLOBALS = {
+    ("monarch_agents.errors", "_make_actor_error"),
+    ("monarch_agents.errors", "_make_supervision_error"),
+    ("signal", "Signals"),
+}
+#: Builtins an envelope may name besides exception classes (protocol 5 writes most containers as opcodes).
+_SAFE_BUILTINS = {"set", "frozenset", "bytearray", "complex", "slice", "range"}
+
+
+class EnvelopeError(pickle.UnpicklingError):
+    """An envelope named something that is not a message type: it is never imported or called."""
+
+
+def _envelope_global(module: str, name: str) -> Any:
+    """What an envelope may load under ``module.name``: our message and error types, and no code."""
+    import importlib
+
+    if (module, name) in ENVELOPE_GLOBALS:
+        return getattr(importlib.import_module(module), name)
+    if module == "builtins":
+        obj = getattr(__import__("builtins"), name, None)
+        if isinstance(obj, type) and (issubclass(obj, BaseException) or name in _SAFE_BUILTINS):
+            return obj
+    elif module.startswith(_OUR_PACKAGES) and "." not in name:
+        obj = getattr(importlib.import_module(module), name, None)
+        if isinstance(obj, type) and _is_record_type(obj):
+            return obj
+    raise EnvelopeError(f"an envelope may not name {module}.{name} (user values travel as Pickled)")
+
+
+def _is_record_type(cls: type) -> bool:
+    import dataclasses
+    import enum
+
+    return dataclasses.is_dataclass(cls) or issubclass(cls, (BaseException, enum.Enum))
+
+
+_envelope_globals: dict[tuple[str, str], Any] = {}
+
+
+class _EnvelopeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        key = (module, name)
+        obj = _envelope_globals.get(key)
+        if obj is None:
+            obj = _envelope_globals[key] = _envelope_global(module, name)
+        return obj
+
+
+def loads_envelope(body: Any, buffers: Sequence[Any]) -> Any:
+    """Unpickle a message: only monarch's own message and error types may be named.
+
+    A user value inside travels as :class:`~monarch_agents.messages.Pickled` and
+    is unpickled by :func:`loads` only by the code that uses it; so a peer cannot
+    make a receive loop import a module or call a function of its choosing.
+    """
+    return _EnvelopeUnpickler(io.BytesIO(body), buffers=buffers).load()
 
 
 def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
@@ -332,10 +400,12 @@ def _decode(frames: Sequence[Any], fds: list[int]) -> Any:
                 buffers.append(_buf(f))
             elif kind == _KIND_SEGMENT:
                 (length,) = _SEGMENT.unpack(bytes(_buf(f)))
+                if length > MAX_FRAME_BYTES:
+                    raise WireError(f"a {length}-byte segment is over the {MAX_FRAME_BYTES}-byte limit")
                 buffers.append(shm.read(fds.pop(0), length))
             else:
                 raise WireError(f"unknown buffer kind {kind}")
-        return loads(body, buffers)
+        return loads_envelope(body, buffers)
     except WireError:
         raise
     except Exception as e:  # a malformed pickle can raise nearly anything
