@@ -9,27 +9,44 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Iterable
 
 from monarch_agents import runtime as rt_mod
 from monarch_agents import messages as m
 from monarch_agents import supervision
 from monarch_agents.keys import JobKeys
 from monarch_agents.runtime import Runtime
+from monarch_agents.transport import addr_host, route_ip
 
 _lock = threading.RLock()
 
 
-def _job_keys() -> JobKeys | None:
+def _job() -> tuple[JobKeys | None, list[str]]:
     path = os.environ.get("MONARCH_RUN_JOB")
     if not path:
-        return None
+        return None, []
     from monarch.job.state import load_state
 
-    return load_state(path).keys
+    record = load_state(path)
+    return record.keys, [h.addr for h in record.hosts]
 
 
-def ensure_runtime(keys: JobKeys | None = None) -> Runtime:
-    """This process's runtime, started on first use (with ``keys`` when it talks to a reservation)."""
+def bind_address(reach: Iterable[str] = ()) -> str:
+    """Where a client listens: ``MONARCH_BIND``, else the address this machine uses to reach the
+    first of ``reach`` (its hosts must be able to answer it there), else loopback."""
+    bind = os.environ.get("MONARCH_BIND")
+    if bind:
+        return bind
+    for addr in reach:
+        return route_ip(addr_host(addr))
+    return "127.0.0.1"
+
+
+def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = ()) -> Runtime:
+    """This process's runtime, started on first use (with ``keys`` when it talks to a reservation).
+
+    ``reach``: agent addresses it will talk to, so it listens where their answers can arrive.
+    """
     with _lock:
         rt = rt_mod.current()
         if rt is not None:
@@ -37,9 +54,10 @@ def ensure_runtime(keys: JobKeys | None = None) -> Runtime:
                 raise RuntimeError("this process already talks to another monarch job; "
                                    "use one reservation per process (or load the job before calling this_host())")
             return rt
-        keys = keys or _job_keys() or JobKeys.generate()
-        bind = os.environ.get("MONARCH_BIND", "127.0.0.1")
-        rt = Runtime(keys, bind_host=bind, name="client")
+        if keys is None:
+            keys, reach = _job()
+        keys = keys or JobKeys.generate()
+        rt = Runtime(keys, bind_host=bind_address(reach), name="client")
         supervision.install(rt)
         rt.register(m.ActorDebugWaiting, _debug_waiting)
         rt.start()

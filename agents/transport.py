@@ -81,31 +81,26 @@ def _monitor_event(frames: list[bytes]) -> int:
     return struct.unpack("=hi", frames[0][:6])[0]
 
 
-def _local_ips() -> set[str]:
-    ips = {"127.0.0.1", "::1"}
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None):
-            ips.add(str(info[4][0]))
-    except OSError:
-        pass
-    return ips
-
-
-_LOCAL_IPS: set[str] | None = None
+_same_host: dict[str, bool] = {}
 
 
 def is_same_host(addr: str) -> bool:
-    """Whether ``addr`` is on this machine (so /dev/shm is shared with it)."""
-    global _LOCAL_IPS
+    """Whether ``addr`` is this host: an address of this process's own network stack.
+
+    Decided by the kernel's routing (the source address it would use to reach
+    ``addr`` is ``addr`` itself), not by names: a process in another network
+    namespace of this machine has its own stack and its own Unix-socket
+    namespace, so it is another host to us, as a different machine would be.
+    """
     host = addr_host(addr)
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return True
-    except ValueError:
-        return False
-    if _LOCAL_IPS is None:
-        _LOCAL_IPS = _local_ips()
-    return host in _LOCAL_IPS
+    same = _same_host.get(host)
+    if same is None:
+        try:
+            same = ipaddress.ip_address(host).is_loopback or route_ip(host) == host
+        except ValueError:
+            same = False
+        _same_host[host] = same
+    return same
 
 
 def zmq_endpoint(addr: str) -> str:
@@ -202,6 +197,8 @@ class Mailbox:
         r.curve_secretkey = self.keys.server_secret.encode()
         r.curve_publickey = self.keys.server_public.encode()
         r.rcvhwm = _HWM
+        # ZeroMQ drops a peer that announces a longer frame before allocating it.
+        r.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         r.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
         r.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
         host = self.bind_host

@@ -73,6 +73,8 @@ def scheduler_for(record_or_spec: JobRecord | JobSpec):
     opts = {}
     if spec.scheduler == "local" and spec.options.get("bind"):
         opts["bind"] = spec.options["bind"]
+    if spec.scheduler == "local" and spec.options.get("netns"):
+        opts["netns"] = True
     if spec.scheduler == "kubernetes":
         opts = {k: spec.options[k] for k in ("namespace", "kubeconfig", "context") if spec.options.get(k)}
     return create_scheduler(spec.scheduler, **opts)

@@ -221,7 +221,7 @@ class RemoteRun:
         self.on_debug = on_debug or _say_debug_waiting
         self.detach = detach
         self.run_id = new_run_id()
-        self.rt: Runtime = ensure_runtime(record.keys)
+        self.rt: Runtime = ensure_runtime(record.keys, reach=record.agent_addrs)
         self.outcome = RunOutcome(self.run_id, [RankResult(i, h.host) for i, h in enumerate(hosts)])
         self.left = len(hosts)
         self.done = threading.Event()

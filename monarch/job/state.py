@@ -85,13 +85,18 @@ class JobRecord:
     def ready(self) -> bool:
         return len(self.hosts) == self.spec.hosts
 
+    @property
+    def agent_addrs(self) -> list[str]:
+        """The host agents' addresses, in host rank order."""
+        return [h.addr for h in sorted(self.hosts, key=lambda h: h.host_rank)]
+
     def host_mesh(self) -> Any:
         """The reserved hosts as a ``HostMesh`` of dims ``{hosts: N}`` (one host too, as in Monarch)."""
         from monarch.actor._client import HostRef, ensure_runtime
         from monarch.actor._mesh import HostMesh
         from monarch.actor._shape import Shape
 
-        ensure_runtime(self.keys)
+        ensure_runtime(self.keys, reach=self.agent_addrs)
         refs = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)]
         return HostMesh(refs, Shape(("hosts",), (len(refs),)))
 

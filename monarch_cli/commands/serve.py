@@ -44,6 +44,8 @@ from monarch_cli.output import err, escape, print_json
               help="Kubernetes: a pod (or pod template) YAML merged under monarch's worker container.")
 @click.option("--attach", help="Kubernetes: adopt running agent pods of this mesh name instead of creating pods.")
 @click.option("--output", "-o", type=click.Choice(["yaml", "text"]), help="With --dryrun: the request's format.")
+@click.option("--netns", is_flag=True, help="Local: each host in its own network namespace with its own address "
+                                            "(root only), as hosts of a real cluster; removed on stop.")
 @click.option("--replace", is_flag=True, help="Release an incompatible or broken reservation and make a new one.")
 @click.option("--no-wait", is_flag=True, help="Submit and return; a later command waits for the hosts.")
 @click.option("--dryrun", "--dry-run", is_flag=True, help="Print what would be submitted and exit.")
@@ -57,7 +59,7 @@ from monarch_cli.output import err, escape, print_json
 def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, name: str, partition: str | None,
           time_limit: str | None, account: str | None, qos: str | None, gpus_per_node: int | None,
           constraint: str | None, exclusive: bool, sbatch_arg: tuple[str, ...], client_host: str | None,
-          bind: str | None, image: str | None, namespace: str | None, kubeconfig: str | None,
+          bind: str | None, netns: bool, image: str | None, namespace: str | None, kubeconfig: str | None,
           kube_context: str | None, gpus_per_host: int | None, cpu: str | None, memory: str | None,
           node_selector: tuple[str, ...], toleration: tuple[str, ...], service_account: str | None,
           pod_template: str | None, attach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None,
@@ -92,6 +94,12 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             raise UsageError(f"Kubernetes options given with --scheduler {scheduler}", "add --scheduler kubernetes")
         if bind:
             options["bind"] = bind
+        if netns:
+            if scheduler != "local":
+                raise UsageError(f"--netns is for the local scheduler, not {scheduler}", "drop --netns")
+            if bind:
+                raise UsageError("--netns gives each host its own address; --bind cannot choose one", "drop --bind")
+            options["netns"] = True
         spec = JobSpec(scheduler, hosts, procs_per_host, options)
         paths = StatePaths()
         if env_dir and not workspace:

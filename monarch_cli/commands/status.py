@@ -30,7 +30,7 @@ def status(ctx: click.Context, name: str | None) -> None:
         record = load_state(path)
         d = describe(record)
         sched_state = d.state.value if d else "GONE"
-        rt = ensure_runtime(record.keys)
+        rt = ensure_runtime(record.keys, reach=record.agent_addrs)
         t0 = time.monotonic()
         # A failed allocation may still have agents that answer (one local agent died): ask them all.
         futures = [(h, rt.request(h.addr, lambda port: Ping(port))) for h in record.hosts] \
