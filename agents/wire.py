@@ -286,7 +286,19 @@ def _envelope_global(module: str, name: str) -> Any:
         obj = getattr(importlib.import_module(module), name, None)
         if isinstance(obj, type) and _is_record_type(obj):
             return obj
+    elif module in sys.modules and "." not in name:
+        # A message type of a service plugged in from elsewhere: its module is already imported
+        # (the receiver registered a handler for it); a peer never makes us import one.
+        obj = getattr(sys.modules[module], name, None)
+        if isinstance(obj, type) and _is_message_type(obj):
+            return obj
     raise EnvelopeError(f"an envelope may not name {module}.{name} (user values travel as Pickled)")
+
+
+def _is_message_type(cls: type) -> bool:
+    from monarch_agents.messages import Message
+
+    return issubclass(cls, Message)
 
 
 def _is_record_type(cls: type) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from monarch_agents import messages as m
+from monarch_agents.names import path_component
 from monarch_agents.services import Child, Service, killpg, stop_children
 
 #: How long stopped procs get between SIGTERM and SIGKILL.
@@ -103,7 +104,7 @@ class ProcsService(Service):
                 "owner": msg.owner,
                 "env": msg.env,
             }
-            fds = agent.stdio_for(f"procs/{msg.mesh_id}-{i}.log")
+            fds = agent.stdio_for(f"procs/{path_component(msg.mesh_id)}-{i}.log")
             try:
                 agent.start_child({"kind": "proc", "config": config, "env": env, "cwd": cwd}, fds, proc)
             finally:

@@ -11,6 +11,7 @@ streams' bytes came: one record per chunk, the stream (``o`` or ``e``) and the c
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import struct
@@ -19,7 +20,10 @@ import time
 from typing import Any, Callable
 
 from monarch_agents import messages as m
+from monarch_agents.names import open_private, path_component
 from monarch_agents.services import Child, Service, killpg, stop_children
+
+log = logging.getLogger("monarch.host_agent")
 
 #: How long the output pipes are read after the command exited (something it started may keep them open).
 _EXIT_DRAIN_S = 1.0
@@ -118,7 +122,7 @@ class _Run(CommandChild):
         if tel is not None:
             tel.rank_ended(self.run_id, self.rank, code, reason)
         try:
-            with open(os.path.join(self.run_dir, f"{self.rank}.exit"), "w") as f:
+            with open_private(os.path.join(self.run_dir, f"{self.rank}.exit"), "w") as f:
                 json.dump({"code": code, "reason": reason, "ended": time.time()}, f)
         except OSError:
             pass
@@ -162,12 +166,15 @@ class RunsService(Service):
 
     def on_run(self, msg: m.RunCommand) -> None:
         agent = self.agent
+        if type(msg.rank) is not int or msg.rank < 0:  # it names the rank's log files
+            log.warning("refused a run with rank %r", msg.rank)
+            return
         if msg.owner:
             agent.track_owner(msg.owner)
-        run_dir = os.path.join(agent.log_dir, "runs", msg.run_id)
-        os.makedirs(run_dir, exist_ok=True)
+        run_dir = os.path.join(agent.log_dir, "runs", path_component(msg.run_id))
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
         run = _Run(self, msg, run_dir)
-        with open(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
+        with open_private(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
             json.dump({"argv": msg.argv, "rank": msg.rank, "host": agent.host, "started": run.started}, f)
         cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
         out_r, out_w = os.pipe()
@@ -186,7 +193,7 @@ class RunsService(Service):
 
     def _pump(self, run: _Run, fds: dict[int, str]) -> None:
         sel = selectors.DefaultSelector()
-        files = {s: open(run.log_paths[s], "ab") for s in ("stdout", "stderr", "order")}
+        files = {s: open_private(run.log_paths[s]) for s in ("stdout", "stderr", "order")}
         for fd, stream in fds.items():
             sel.register(fd, selectors.EVENT_READ, stream)
         open_fds = set(fds)
@@ -227,7 +234,7 @@ class RunsService(Service):
             run.signal(msg.signum)
 
     def on_read_log(self, msg: m.ReadLog) -> None:
-        run_dir = os.path.join(self.agent.log_dir, "runs", os.path.basename(msg.run_id))
+        run_dir = os.path.join(self.agent.log_dir, "runs", path_component(msg.run_id))
         result: dict[int, Any] = {}
         try:
             for name in os.listdir(run_dir):

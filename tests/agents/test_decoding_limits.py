@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import sys
 
 import pytest
 
@@ -52,6 +53,28 @@ def test_user_values_inside_pickled_still_carry_any_class(value):
     assert isinstance(msg.payload, m.Pickled)  # not unpickled by the receive loop
     if isinstance(value, collections.Counter):
         assert msg.payload.load() == value
+
+
+def test_an_envelope_may_name_a_message_type_of_a_module_already_imported_but_not_import_one():
+    # This module is imported, so a message type of a plugged-in service defined here decodes ...
+    msg = wire.decode(wire.encode(_Plugged(3)))
+    assert type(msg) is _Plugged and msg.n == 3
+    # ... but a class that is not a message does not, and no module is imported on a peer's say-so.
+    body = wire.encode(m.Reply(1, 0, True, None))[1].replace(b"monarch_agents.messages", b"antigravity_msgs_x00abc")
+    with pytest.raises(wire.WireError, match="may not name antigravity_msgs_x00abc.Reply"):
+        wire.decode([wire.encode(m.Reply(1, 0, True, None))[0], body])
+    assert "antigravity_msgs_x00abc" not in sys.modules
+    with pytest.raises(wire.WireError, match="may not name"):
+        wire.decode(wire.encode(m.Reply(1, 0, True, _NotAMessage())))
+
+
+@m.message
+class _Plugged(m.Message):
+    n: int
+
+
+class _NotAMessage:
+    pass
 
 
 def test_answers_keep_their_error_types():

@@ -129,6 +129,22 @@ def test_run_command_streams_output_and_exit(client, agent, streams, tmp_path):
     assert data.decode().startswith("out bar") and done
 
 
+def test_run_ids_stay_inside_the_log_folder_and_logs_are_private(client, agent, streams, tmp_path):
+    outside = tmp_path / "escaped"
+    run_id = f"../../../../{outside}"  # a peer's run id that would name a folder elsewhere
+    port = m.PortRef(client.addr, 0)
+    client.send(agent.addr, m.RunCommand(run_id, ["echo", "hi"], {}, None, port, 0, client.addr))
+    out, exited = streams.collect(run_id)
+    assert out["stdout"] == b"hi\n" and exited.exit_code == 0
+    assert not outside.exists()
+    [run_dir] = [os.path.join(r, d) for r, ds, _ in os.walk(agent.info["log_dir"]) for d in ds if "escaped" in d]
+    assert os.path.dirname(run_dir) == os.path.join(agent.info["log_dir"], "runs")
+    for name in ("0.stdout", "0.stderr", "0.json", "0.exit"):
+        assert oct(os.stat(os.path.join(run_dir, name)).st_mode & 0o777) == "0o600", name
+    logs = client.request(agent.addr, lambda port: m.ReadLog(run_id, "stdout", 0, port)).get(timeout=T)
+    assert logs[0] == (b"hi\n", True)
+
+
 def test_run_missing_command(client, agent, streams):
     run_id = _run(client, agent, streams, ["/no/such/program"])
     out, exited = streams.collect(run_id)

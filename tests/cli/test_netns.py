@@ -67,8 +67,9 @@ def netns_workdir(workdir):
 
 ACTORS = """
 import os, socket
-from monarch.actor import Actor, endpoint, this_host
-from monarch_agents import ipc, runtime
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
+from monarch_agents import runtime
 
 class Where(Actor):
     @endpoint
@@ -80,7 +81,7 @@ class Where(Actor):
     def echo(self, b):
         return b
 
-procs = this_host().spawn_procs(per_host={"gpus": 2})
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 2})
 w = procs.spawn("w", Where)
 got = sorted(w.where.call().get().values())
 print("WHERE", got)
@@ -135,7 +136,8 @@ def test_serve_run_actors_shell_logs_stop_between_namespaces(netns_workdir):
 
 KILLS = """
 import os, signal
-from monarch.actor import Actor, endpoint, this_host
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
 
 class Victim(Actor):
     @endpoint
@@ -146,7 +148,7 @@ class Victim(Actor):
     def ok(self):
         return os.environ["MONARCH_HOSTNAME"]
 
-procs = this_host().spawn_procs(per_host={"gpus": 1})
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 1})
 v = procs.spawn("v", Victim)
 try:
     v.slice(hosts=1).die.call_one().get(timeout=30)

@@ -1,0 +1,27 @@
+"""Names that arrive in messages and become file names (run ids, mesh ids).
+
+A peer chooses them, so they are made safe before they touch a path: one path
+component, never ``..``, nothing outside ``[A-Za-z0-9._-]``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_MAX = 128
+
+
+def path_component(name: str) -> str:
+    """``name`` as one safe file name: unsafe characters become ``_``; never empty, ``.``/``..`` or hidden."""
+    safe = _UNSAFE.sub("_", str(name))[:_MAX]
+    if not safe or safe.startswith("."):
+        safe = "_" + safe
+    return safe
+
+
+def open_private(path: str, mode: str = "ab"):
+    """Open ``path`` for writing, creating it with mode 0600 (run logs may hold secrets)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    return open(os.open(path, flags, 0o600), mode)
