@@ -30,6 +30,7 @@ import time
 from typing import Any, Iterable
 
 from monarch_agents import messages as m
+from monarch_agents.keys import CLIENT, LOCAL_PROC
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.services import Child, SerialWorker, Service, debug, killpg, procs, runs, shells, telemetry, workspace
 from monarch_agents.transport import JobKeys, route_ip
@@ -47,6 +48,10 @@ SERVICES: tuple[type[Service], ...] = (
     runs.RunsService,
     shells.ShellsService,
 )
+
+#: What any member of the job may send a host agent (procs announce themselves; a reply only
+#: resolves a port the agent opened).
+_FROM_ANY_MEMBER = frozenset({m.Ping, m.ProcReady, m.Reply})
 
 #: How long an ordered stop may take, all services together (each gives its children ~1 s after SIGTERM).
 _STOP_DEADLINE_S = 5.0
@@ -72,7 +77,7 @@ class HostAgent:
         self.ephemeral = ephemeral
         self.inherit_stdio = inherit_stdio
         self.rt = install(Runtime(keys, bind_host=bind_host, name=f"host-agent[{host}]", host=host,
-                                     bind_port=port))
+                                     bind_port=port, host_agent=True, admit=self._admit))
         self.started_at = time.time()
         self.lock = threading.RLock()
         self.exits = threading.Condition(self.lock)  # notified whenever a child exits
@@ -91,7 +96,15 @@ class HostAgent:
         os.makedirs(log_dir, exist_ok=True)
         self.zygote = ZygoteClient.start(preload)
         self.services: list[Service] = [cls(self) for cls in services]
+        self._from_local_procs = frozenset().union(*(type(s).from_local_procs for s in self.services))
         self._workers: list[SerialWorker] = []
+
+    def _admit(self, msg_type: type, role: str) -> bool:
+        """Who may ask what: the client anything; user code in procs (which holds only the proc key)
+        what actors need: say it is ready, ping, answer, and what services allow procs of this host."""
+        if role == CLIENT or msg_type in _FROM_ANY_MEMBER:
+            return True
+        return role == LOCAL_PROC and msg_type in self._from_local_procs
 
     # -- startup -----------------------------------------------------------
 

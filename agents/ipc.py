@@ -20,15 +20,18 @@ message goes only to a member of the job.
 * The kernel tells each end the other's user id (``SO_PEERCRED``); a
   connection from, or to, another user is closed at once.  (Another user
   could otherwise name a socket first.)
-* The connecting side opens with a hello: a fresh nonce and an HMAC-SHA256,
-  keyed with the job's client secret, over the server public key it expects,
-  the listener's name and the nonce.  The listener checks it before it reads
-  anything else; a wrong client key or a wrong server key gets the connection
-  closed, so nothing from an outsider is ever unpickled.
-* The listener answers with a welcome: an HMAC keyed with the server secret
-  over the client public key and the nonce.  Until the connecting side has
-  checked it, its messages wait in memory: none goes to a process that could
-  not prove it belongs to the job.
+* The connecting side opens with a hello: a fresh nonce and an HMAC-SHA256
+  over the server public key it expects, the listener's name and the nonce,
+  keyed with the secret every member holds (``JobKeys.member_secret``) or,
+  towards a host agent, with its own identity's secret: the client's or a
+  proc's, which tells the host agent who is asking (``monarch_agents.keys``).
+  The listener checks it before it reads anything else; a wrong key gets the
+  connection closed, so nothing from an outsider is ever unpickled.
+* The listener answers with a welcome: an HMAC keyed with the members' server
+  secret over the client public key and the nonce (a host agent: keyed with the
+  secret the hello proved).  Until the connecting side has checked it, its
+  messages wait in memory: none goes to a process that could not prove it
+  belongs to the job.
 
 Messages are not encrypted: a Unix socket never leaves the kernel, and only
 root (who can read the keys file anyway) can look into another user's.
@@ -96,14 +99,34 @@ def _same_digest(a: bytes, b: bytes) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def _hello_mac(keys: JobKeys, name: str, nonce: bytes) -> bytes:
-    msg = b"monarch-ipc-hello\0" + keys.server_public.encode() + b"\0" + name.encode() + b"\0" + nonce
-    return _hmac(keys.client_secret, msg)
+def _hello_key(keys: JobKeys, to_host: bool) -> str:
+    """What the connecting side keys its hello with: towards a host agent, its own identity (the
+    client's secret or a proc's); towards any other member, the secret every member holds."""
+    return keys.identity[1] if to_host else keys.member_secret
 
 
-def _welcome_mac(keys: JobKeys, nonce: bytes) -> bytes:
+def _hello_mac(keys: JobKeys, name: str, nonce: bytes, to_host: bool = False, key: str | None = None) -> bytes:
+    server = keys.host_server[0] if to_host else keys.server_public
+    msg = b"monarch-ipc-hello\0" + server.encode() + b"\0" + name.encode() + b"\0" + nonce
+    return _hmac(key if key is not None else _hello_key(keys, to_host), msg)
+
+
+def _welcome_mac(keys: JobKeys, nonce: bytes, to_host: bool = False, key: str | None = None) -> bytes:
+    """A member listener proves the members' server secret; a host agent, the secret the hello used
+    (a proc cannot check a proof made with a secret it does not hold)."""
+    if to_host:
+        return _hmac(key if key is not None else _hello_key(keys, True), b"monarch-ipc-welcome-host\0" + nonce)
     msg = b"monarch-ipc-welcome\0" + keys.client_public.encode() + b"\0" + nonce
     return _hmac(keys.server_secret, msg)
+
+
+def _hello_roles(keys: JobKeys, to_host: bool) -> list[tuple[str, str]]:
+    """(secret, role) a listener accepts hellos keyed with: a host agent tells the client from procs."""
+    from monarch_agents.keys import CLIENT, LOCAL_PROC, MEMBER
+
+    if not to_host:
+        return [(keys.member_secret, MEMBER)]
+    return [(k, role) for k, role in ((keys.client_secret, CLIENT), (keys.proc_secret, LOCAL_PROC)) if k]
 
 
 def _same_user(sock: socket.socket) -> bool:
@@ -146,7 +169,7 @@ class Link:
     same_host = True
 
     def __init__(self, sock: socket.socket, keys: JobKeys, *, outbound: bool, addr: str = "", name: str = "",
-                 nonce: bytes = b""):
+                 nonce: bytes = b"", to_host: bool = False):
         self.sock = sock
         self.fd = sock.fileno()
         self.keys = keys
@@ -154,6 +177,9 @@ class Link:
         self.addr = addr  # the peer's address (outbound links only)
         self.name = name  # the listener's socket name (inbound links only)
         self.nonce = nonce
+        self.to_host = to_host  # the listener is a host agent's
+        #: Who the peer proved to be (inbound links, once the hello is checked): a role of monarch_agents.keys.
+        self.role = ""
         self.lock = threading.Lock()
         # Outbound: messages wait until the welcome is checked.  Inbound: nothing is read
         # but the hello until it is checked.
@@ -265,18 +291,25 @@ class Link:
             if len(buf) < _WELCOME.size:
                 return False
             magic, mac = _WELCOME.unpack_from(buf)
-            if magic != _WELCOME_MAGIC or not _same_digest(mac, _welcome_mac(self.keys, self.nonce)):
+            if magic != _WELCOME_MAGIC or not _same_digest(mac, _welcome_mac(self.keys, self.nonce, self.to_host)):
                 raise LinkError("the listener did not prove it belongs to this job")
             del buf[: _WELCOME.size]
         else:
             if len(buf) < _HELLO.size:
                 return False
             magic, nonce, mac = _HELLO.unpack_from(buf)
-            if magic != _HELLO_MAGIC or not _same_digest(mac, _hello_mac(self.keys, self.name, nonce)):
+            key = None
+            if magic == _HELLO_MAGIC:
+                for secret, role in _hello_roles(self.keys, self.to_host):
+                    if _same_digest(mac, _hello_mac(self.keys, self.name, nonce, self.to_host, secret)):
+                        key, self.role = secret, role
+                        break
+            if key is None:
                 raise LinkError("a peer without the job's keys tried to connect")
             del buf[: _HELLO.size]
+            welcome = _welcome_mac(self.keys, nonce, self.to_host, key)
             try:  # fits: it is the first thing written on a fresh socket
-                self.sock.send(_WELCOME.pack(_WELCOME_MAGIC, _welcome_mac(self.keys, nonce)), socket.MSG_NOSIGNAL)
+                self.sock.send(_WELCOME.pack(_WELCOME_MAGIC, welcome), socket.MSG_NOSIGNAL)
             except OSError:
                 raise PeerGone(self.addr) from None
         with self.lock:
@@ -331,9 +364,9 @@ class Link:
         self.sock.close()
 
 
-def connect(addr: str, keys: JobKeys) -> Link | None:
-    """An outbound link to the process at ``addr`` on this host; None if it has no Unix socket
-    (or it belongs to another user), so the caller can use TCP instead."""
+def connect(addr: str, keys: JobKeys, to_host: bool = False) -> Link | None:
+    """An outbound link to the process at ``addr`` on this host (a host agent's with ``to_host``);
+    None if it has no Unix socket (or it belongs to another user), so the caller can use TCP instead."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         s.settimeout(_CONNECT_TIMEOUT_S)  # only waits when the listener's backlog is full
@@ -342,20 +375,21 @@ def connect(addr: str, keys: JobKeys) -> Link | None:
             s.close()
             return None
         nonce = os.urandom(16)
-        s.sendall(_HELLO.pack(_HELLO_MAGIC, nonce, _hello_mac(keys, socket_name(addr), nonce)))
+        s.sendall(_HELLO.pack(_HELLO_MAGIC, nonce, _hello_mac(keys, socket_name(addr), nonce, to_host)))
         s.setblocking(False)
     except OSError:
         s.close()
         return None
-    return Link(s, keys, outbound=True, addr=addr, nonce=nonce)
+    return Link(s, keys, outbound=True, addr=addr, nonce=nonce, to_host=to_host)
 
 
 class Listener:
     """The Unix socket a mailbox is reached at from its own host."""
 
-    def __init__(self, addr: str, keys: JobKeys):
+    def __init__(self, addr: str, keys: JobKeys, host: bool = False):
         self.name = socket_name(addr)
         self.keys = keys
+        self.host = host  # a host agent's: hellos tell the client from procs
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             s.bind(self.name)
@@ -382,7 +416,7 @@ class Listener:
                 refused += 1
                 continue
             conn.setblocking(False)
-            links.append(Link(conn, self.keys, outbound=False, name=self.name))
+            links.append(Link(conn, self.keys, outbound=False, name=self.name, to_host=self.host))
         return links, refused
 
     def close(self) -> None:

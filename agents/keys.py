@@ -1,32 +1,86 @@
-"""The CURVE keys of one job.
+"""The CURVE keys of one job, and which of them each role holds.
+
+Three kinds of process, three key pairs:
+
+* the **client** (``monarch`` commands, the controller program) and the host
+  agents hold every key: they may ask a host agent to run a command, open a
+  shell, spawn procs or shut down;
+* **host agents** listen with their own server key pair (``host_*``), so only a
+  peer that can prove the client's key, or a proc's, is heard by one; what a
+  proc may ask of a host agent is decided there (``monarch_agents.host_agent``);
+* **procs**, and so all user code in actors, get :meth:`JobKeys.for_procs`: the
+  proc key pair (``proc_*``) and the members' server pair, with neither the
+  client's secret nor the host agents'.  They can talk to the client and to other
+  procs, and can ask their own host agent for what actors need, but cannot pass
+  for the client to any host agent.
 
 Kept apart from the transport so that reading a state file (``monarch status``,
-``monarch stop``) does not pay for importing ZeroMQ.
+``monarch stop``) does not pay for importing ZeroMQ.  Keys made before roles
+existed (only the first four) still work: every process then holds every key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+#: The roles a message can come from (what a receiver's policy sees).
+CLIENT, PROC, LOCAL_PROC, MEMBER = "client", "proc", "local-proc", "member"
 
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
     """The CURVE keys of one job, as z85 text (safe to keep in a 0600 file)."""
 
-    server_public: str
+    server_public: str  # the members' (client's and procs') server pair
     server_secret: str
     client_public: str
-    client_secret: str
+    client_secret: str  # "" in a proc's keys
+    host_public: str = ""  # host agents' server pair
+    host_secret: str = ""  # "" in a proc's keys
+    proc_public: str = ""
+    proc_secret: str = ""
 
     def as_dict(self) -> dict:
-        """The four keys by name (what agents read from their keys file or stdin)."""
-        return {"server_public": self.server_public, "server_secret": self.server_secret,
-                "client_public": self.client_public, "client_secret": self.client_secret}
+        """The keys by name (what agents read from their keys file or stdin)."""
+        return asdict(self)
 
     @classmethod
     def generate(cls) -> "JobKeys":
         import zmq
 
-        sp, ss = zmq.curve_keypair()
-        cp, cs = zmq.curve_keypair()
-        return cls(sp.decode(), ss.decode(), cp.decode(), cs.decode())
+        pairs = [zmq.curve_keypair() for _ in range(4)]
+        (sp, ss), (cp, cs), (hp, hs), (pp, ps) = [(p.decode(), s.decode()) for p, s in pairs]
+        return cls(sp, ss, cp, cs, hp, hs, pp, ps)
+
+    def for_procs(self) -> "JobKeys":
+        """What a proc (user code) holds: no client secret, no host agent secret."""
+        if not self.proc_secret:  # keys from before roles: nothing to take away
+            return self
+        return JobKeys(self.server_public, self.server_secret, self.client_public, "",
+                       self.host_public, "", self.proc_public, self.proc_secret)
+
+    @property
+    def role(self) -> str:
+        return CLIENT if self.client_secret else PROC
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """This process's own key pair as a CURVE client: the client's, or a proc's."""
+        return (self.client_public, self.client_secret) if self.client_secret else (self.proc_public, self.proc_secret)
+
+    @property
+    def host_server(self) -> tuple[str, str]:
+        """The host agents' server pair (the members' one for keys from before roles)."""
+        return (self.host_public, self.host_secret) if self.host_public else (self.server_public, self.server_secret)
+
+    @property
+    def member_secret(self) -> str:
+        """The secret every member holds, which proves membership to a same-host member listener."""
+        return self.proc_secret or self.client_secret
+
+    def admitted(self) -> dict[str, str]:
+        """The CURVE client keys a listener admits, and the role each stands for."""
+        roles = {self.client_public: CLIENT}
+        if self.proc_public:
+            roles[self.proc_public] = PROC
+        return roles

@@ -697,6 +697,10 @@ _agent: ProcAgent | None = None
 
 
 def current_agent() -> ProcAgent | None:
+    # A client's agent belongs to its runtime: once that is closed (a test session starts a new
+    # client), the old agent would leave the new runtime without handlers.
+    if _agent is not None and _agent.rt.closed:
+        return None
     return _agent
 
 
@@ -704,7 +708,7 @@ def host_actors_in_client(rt: Runtime) -> ProcAgent:
     """Let this client process run actors itself (``this_proc().spawn`` in the client), once."""
     global _agent
     with _agent_lock:
-        if _agent is None:
+        if _agent is None or _agent.rt is not rt:
             _agent = ProcAgent(rt, {}, in_client=True).register()
         return _agent
 

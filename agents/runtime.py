@@ -106,12 +106,14 @@ class Runtime:
     """This process's endpoint in a monarch job."""
 
     def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = "",
-                 bind_port: int = 0):
+                 bind_port: int = 0, host_agent: bool = False, admit: Callable[[type, str], bool] | None = None):
+        """``host_agent``: listen as a host agent (its own server keys); ``admit(type, role)``: which
+        senders' messages are handled (see :class:`~monarch_agents.transport.Mailbox`)."""
         self.keys = keys
         self.name = name
         self.host = host or os.environ.get("MONARCH_HOSTNAME") or _hostname()
         self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, bind_port=bind_port,
-                               name=name)
+                               name=name, host=host_agent, admit=admit, on_refused=self._on_refused)
         self.addr = ""
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
@@ -183,6 +185,17 @@ class Runtime:
             log.warning("%s: no handler for %s", self.name, type(msg).__name__)
             return
         handler(msg)
+
+    def _on_refused(self, msg: Any, role: str) -> None:
+        """A message our policy refused: its sender, if it waits for an answer, hears why."""
+        port = getattr(msg, "reply", None)
+        if isinstance(port, PortRef) and port.addr:
+            err = PermissionError(f"{self.name} refused {type(msg).__name__}: "
+                                  f"a {role or 'peer'} key may not ask for it (only the job's client may)")
+            try:
+                self.send(port.addr, Reply(port.port_id, 0, False, err))
+            except Exception as e:
+                log.debug("could not tell %s it was refused: %s", port.addr, e)
 
     # -- ports -------------------------------------------------------------
 

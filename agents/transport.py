@@ -103,6 +103,15 @@ def is_same_host(addr: str) -> bool:
     return same
 
 
+#: What a host agent's incarnation starts with: a peer connecting to it uses the host agents' server key.
+_HOST_MARK = "h"
+
+
+def is_host_agent(addr: str) -> bool:
+    """Whether ``addr`` is a host agent's (its incarnation is marked; hex digits never start with 'h')."""
+    return addr.partition("#")[2].startswith(_HOST_MARK)
+
+
 def zmq_endpoint(addr: str) -> str:
     """The ZeroMQ endpoint of a monarch address (which ends with ``#`` and the process's incarnation)."""
     return addr.split("#", 1)[0]
@@ -148,6 +157,9 @@ class Mailbox:
         name: str = "mailbox",
         ctx: zmq.Context | None = None,
         local_ipc: bool = True,
+        host: bool = False,
+        admit: Callable[[type, str], bool] | None = None,
+        on_refused: Callable[[Any, str], None] | None = None,
     ):
         self.keys = keys
         self.on_message = on_message
@@ -155,6 +167,12 @@ class Mailbox:
         self.bind_host = bind_host
         self.bind_port = bind_port
         self.name = name
+        #: A host agent's mailbox: its own server keys, and its address says so (see :func:`is_host_agent`).
+        self.host = host
+        #: The receiver's policy: ``admit(message type, sender's role)``; a message it refuses is dropped.
+        self._admit = admit
+        self._on_refused = on_refused or (lambda msg, role: None)
+        self.stats_refused = 0
         self.addr = ""
         # One mailbox per process shares the process context; another one in the same process
         # (tests) needs a context of its own, as each context has a single ZAP handler.
@@ -191,11 +209,14 @@ class Mailbox:
 
     def start(self) -> str:
         """Bind and start the IO thread; returns the bound address."""
-        self._auth = KeyGate(self._ctx, {self.keys.client_public.encode()})
+        self._auth = KeyGate(self._ctx, {k.encode(): role for k, role in self.keys.admitted().items()})
+        public, secret = self.keys.host_server if self.host else (self.keys.server_public, self.keys.server_secret)
+        if not secret:
+            raise ValueError(f"{self.name}: these keys cannot listen as a {'host agent' if self.host else 'member'}")
         r = self._ctx.socket(zmq.ROUTER)
         r.curve_server = True
-        r.curve_secretkey = self.keys.server_secret.encode()
-        r.curve_publickey = self.keys.server_public.encode()
+        r.curve_secretkey = secret.encode()
+        r.curve_publickey = public.encode()
         r.rcvhwm = _HWM
         # ZeroMQ drops a peer that announces a longer frame before allocating it.
         r.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
@@ -210,11 +231,12 @@ class Mailbox:
         # The address names this process, not just its port: a port freed by a dead proc is soon
         # bound again, and what is known about the dead one (its death, its owner) must not stick
         # to the new one.  ZeroMQ connects to the part before the '#'.
-        self.addr = f"{r.getsockopt_string(zmq.LAST_ENDPOINT)}#{os.urandom(6).hex()}"
+        incarnation = os.urandom(6).hex()
+        self.addr = f"{r.getsockopt_string(zmq.LAST_ENDPOINT)}#{_HOST_MARK if self.host else ''}{incarnation}"
         self._router = r
         if self._local_ipc:
             try:
-                self._listener = ipc.Listener(self.addr, self.keys)
+                self._listener = ipc.Listener(self.addr, self.keys, host=self.host)
             except OSError as e:  # taken, or no abstract sockets here: peers on this host use TCP
                 log.warning("%s: no Unix socket for %s (%s); same-host peers use TCP", self.name, self.addr, e)
         self._epoll = select.epoll()
@@ -273,7 +295,7 @@ class Mailbox:
                         raise PeerLost(addr)
                     return p
             local = self._local_ipc and is_same_host(addr)
-            link = ipc.connect(addr, self.keys) if local else None
+            link = ipc.connect(addr, self.keys, is_host_agent(addr)) if local else None
             with self._peers_lock:
                 self._connecting.pop(addr, None)
                 if link is None and local and "#" in addr and self._listener is not None:
@@ -294,9 +316,11 @@ class Mailbox:
     def _zmq_peer(self, addr: str) -> _Peer:
         """A DEALER to ``addr`` (under the peers lock)."""
         s = self._ctx.socket(zmq.DEALER)
-        s.curve_serverkey = self.keys.server_public.encode()
-        s.curve_publickey = self.keys.client_public.encode()
-        s.curve_secretkey = self.keys.client_secret.encode()
+        server_public = self.keys.host_server[0] if is_host_agent(addr) else self.keys.server_public
+        public, secret = self.keys.identity
+        s.curve_serverkey = server_public.encode()
+        s.curve_publickey = public.encode()
+        s.curve_secretkey = secret.encode()
         s.sndhwm = _HWM
         s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
@@ -528,15 +552,21 @@ class Mailbox:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._deliver(frames[1:], ())
+            # The role the ZAP handler gave the peer's key (read only where a policy needs it).
+            self._deliver(frames[1:], (), frames[1].get("User-Id") if self._admit is not None and len(frames) > 1 else "")
         self._redrain = True  # its FD will not say so again: come back without waiting
 
-    def _deliver(self, frames: Any, fds: Any) -> None:
+    def _deliver(self, frames: Any, fds: Any, role: str) -> None:
         try:
             msg = wire.decode(frames, fds)
         except wire.WireError as e:
             self.stats_dropped += 1
             log.warning("%s: dropped a malformed message: %s", self.name, e)
+            return
+        if self._admit is not None and not self._admit(type(msg), role):
+            self.stats_refused += 1
+            log.warning("%s: refused a %s from a peer with the %s key", self.name, type(msg).__name__, role or "no")
+            self._guard(lambda: self._on_refused(msg, role))
             return
         self.stats_received += 1
         try:
@@ -573,7 +603,7 @@ class Mailbox:
                 was_ready = link.ready
                 messages, eof = link.receive()
                 for frames, fds in messages:
-                    self._deliver(frames, fds)
+                    self._deliver(frames, fds, link.role)
                 if link.ready and not was_ready and link.outbound and link.flush():
                     self._watch_writable(link)
                 if eof:
@@ -621,7 +651,8 @@ class Mailbox:
                 return  # its monitor is closed now
 
     def statistics(self) -> dict:
-        return {"received": self.stats_received, "dropped": self.stats_dropped, "peers": len(self._peers)}
+        return {"received": self.stats_received, "dropped": self.stats_dropped, "refused": self.stats_refused,
+                "peers": len(self._peers)}
 
 
 def _close_quietly(sock: zmq.Socket, monitor: zmq.Socket) -> None:

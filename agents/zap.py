@@ -2,7 +2,8 @@
 
 ZeroMQ asks the ZAP handler of a context (RFC 27: a REP-style exchange on
 ``inproc://zeromq.zap.01``) about every CURVE handshake; we admit exactly the
-job's client key.  pyzmq ships ``zmq.auth.thread.ThreadAuthenticator`` for
+job's client key and its procs' key, and tell the mailbox which one a peer used
+(the ZAP user id, which ZeroMQ then attaches to every frame from that peer).  pyzmq ships ``zmq.auth.thread.ThreadAuthenticator`` for
 this, but it imports asyncio (~25 ms of every ``monarch run``) and does far
 more than one key check, so this is the small version.
 """
@@ -22,12 +23,17 @@ log = logging.getLogger("monarch.auth")
 
 
 class KeyGate:
-    """Admits CURVE clients whose public key is in ``allowed`` (z85 bytes); refuses the rest."""
+    """Admits CURVE clients whose public key is in ``allowed`` (z85 -> role); refuses the rest.
 
-    def __init__(self, ctx: zmq.Context, allowed: set[bytes]):
+    A peer's frames then carry its role as their ``User-Id`` property.
+    """
+
+    def __init__(self, ctx: zmq.Context, allowed: dict[bytes, str] | set[bytes]):
         self.ctx = ctx
+        if not isinstance(allowed, dict):
+            allowed = {k: "client" for k in allowed}
         # Keys arrive raw (32 bytes) in ZAP requests; compare in that form.
-        self.allowed = {zmq.utils.z85.decode(k) if len(k) == 40 else k for k in allowed}
+        self.allowed = {(zmq.utils.z85.decode(k) if len(k) == 40 else k): role.encode() for k, role in allowed.items()}
         self._sock = ctx.socket(zmq.REP)
         self._sock.linger = 0
         self._sock.bind(ZAP_ENDPOINT)  # one per context: a second bind fails loudly (EADDRINUSE)
@@ -61,8 +67,9 @@ class KeyGate:
             self._sock.send_multipart([_VERSION, request_id, b"400", b"malformed ZAP request", b"", b""])
             return
         request_id, address, mechanism, creds = frames[1], frames[3], frames[5], frames[6:]
-        if mechanism == b"CURVE" and creds and creds[0] in self.allowed:
-            self._sock.send_multipart([_VERSION, request_id, b"200", b"OK", b"", b""])
+        role = self.allowed.get(creds[0]) if mechanism == b"CURVE" and creds else None
+        if role is not None:
+            self._sock.send_multipart([_VERSION, request_id, b"200", b"OK", role, b""])
         else:
             log.info("refused a %s peer from %s", mechanism.decode(errors="replace"), address.decode(errors="replace"))
             self._sock.send_multipart([_VERSION, request_id, b"400", b"not this job's key", b"", b""])

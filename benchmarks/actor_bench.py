@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/actor_bench.py --quick --json  # ours, few iterations, JSON on stdout
     .venv/bin/python benchmarks/actor_bench.py --impl torchmonarch --torchmonarch-python /tmp/tm/venv/bin/python
     .venv/bin/python benchmarks/actor_bench.py --compare       # both, with ratios
+    .venv/bin/python benchmarks/actor_bench.py --inter-host    # same-host vs a host in a network namespace (root)
 
 Both packages are importable as ``monarch``, so each implementation runs in
 an interpreter of its own: ``--compare`` (and ``--impl torchmonarch`` with
@@ -26,6 +27,12 @@ What is measured (every value is a median unless its name says p99):
   proc and actor and calls it: launch to first reply (wall clock).
 * ``death_detect_ms``: a proc is killed (SIGKILL) while a call to it is pending:
   time from the kill until that call's future raises; capped (``--death-cap``).
+
+``--inter-host`` (root: it serves ``monarch serve --hosts 1 --netns``) measures
+the calls and echoes twice, each in a process of its own: procs on this host
+(same-host path: Unix sockets, shared memory) and procs on a host in its own
+network namespace (inter-host path: TCP with CURVE, as between machines), and
+prints inter/same ratios.
 """
 
 from __future__ import annotations
@@ -69,6 +76,10 @@ METRICS: list[tuple[str, str, str, str]] = [
 ]
 METRIC_KEYS = [k for k, *_ in METRICS]
 
+#: What --inter-host measures on both paths.
+INTER_HOST_KEYS = ["call_one_p50_us", "call_one_p99_us", "call_8_p50_us", "throughput_msg_s",
+                   "bytes_echo_1MiB_MBps", "bytes_echo_64MiB_MBps", "tensor_echo_64MiB_MBps"]
+
 # torchmonarch 0.7.0, measured earlier on this machine kind.
 REFERENCE = {
     "call_one_p50_us": 466.0,
@@ -90,8 +101,9 @@ def log(msg: str) -> None:
 class Api:
     """monarch.actor (ours or PyTorch Monarch's) and the benchmark's actor class."""
 
-    def __init__(self, impl: str):
+    def __init__(self, impl: str, job_state: str | None = None):
         self.impl = impl
+        self.job_state = job_state
         if impl == "monarch":
             if REPO not in sys.path:
                 sys.path.insert(0, REPO)
@@ -114,8 +126,16 @@ class Api:
                                f"run it with the torchmonarch interpreter (--torchmonarch-python)")
         self.Bench = _define_bench_actor(actor_api.Actor, actor_api.endpoint)
 
+    def host(self) -> Any:
+        """Where procs go: this machine, or the first host of ``--job-state``'s reservation."""
+        if self.job_state is None:
+            return self.mod.this_host()
+        from monarch.job import job_load
+
+        return job_load(self.job_state).state().hosts.slice(hosts=0)
+
     def spawn(self, n: int, name: str = "bench") -> tuple[Any, Any]:
-        procs = self.mod.this_host().spawn_procs(per_host={"gpus": n})
+        procs = self.host().spawn_procs(per_host={"gpus": n})
         try:
             return procs, procs.spawn(name, self.Bench)
         except BaseException:
@@ -251,7 +271,7 @@ def m_spawn(api: Api, cfg: Config, n: int) -> dict:
     times = []
     for rep in range(cfg.spawn_reps):
         t = time.perf_counter()
-        procs = api.mod.this_host().spawn_procs(per_host={"gpus": n})
+        procs = api.host().spawn_procs(per_host={"gpus": n})
         try:
             actors = procs.spawn(f"spawn{n}_{rep}", api.Bench)
             vm = actors.ping.call(1).get(timeout=GET_TIMEOUT_S)
@@ -362,7 +382,7 @@ def _tail(text: str, n: int = 600) -> str:
 # --- driver ------------------------------------------------------------------
 
 
-def run_all(impl: str, cfg: Config) -> dict:
+def run_all(impl: str, cfg: Config, only: list[str] | None = None, job_state: str | None = None) -> dict:
     out: dict[str, Any] = {
         "impl": impl, "quick": cfg.quick, "python": sys.executable, "python_version": platform.python_version(),
         "host": platform.node(), "cpus": os.cpu_count(), "results": {k: None for k in METRIC_KEYS},
@@ -370,6 +390,8 @@ def run_all(impl: str, cfg: Config) -> dict:
     }
 
     def record(key_hint: str, fn: Callable[[], dict]) -> None:
+        if only is not None and key_hint != "main_mesh" and not any(k.startswith(key_hint) for k in only):
+            return
         t = time.perf_counter()
         log(f"{impl}: {key_hint} ...")
         try:
@@ -389,7 +411,7 @@ def run_all(impl: str, cfg: Config) -> dict:
         out["seconds"][key_hint] = round(time.perf_counter() - t, 2)
 
     try:
-        api = Api(impl)
+        api = Api(impl, job_state)
     except BaseException as e:  # noqa: BLE001
         msg = f"error: {type(e).__name__}: {e}"
         out["errors"] = {k: msg for k in METRIC_KEYS}
@@ -435,19 +457,19 @@ def run_all(impl: str, cfg: Config) -> dict:
     record("death_detect", lambda: m_death(api, cfg))
     # A failed main mesh has no metric key of its own: blame it where it mattered.
     out["errors"].pop("main_mesh", None)
-    for k in METRIC_KEYS:
+    for k in (only or METRIC_KEYS):
         if out["results"].get(k) is None and k not in out["errors"]:
             out["errors"][k] = "error: not measured"
     return out
 
 
-def run_impl_subprocess(impl: str, python: str, args: argparse.Namespace) -> dict:
+def run_impl_subprocess(impl: str, python: str, args: argparse.Namespace, extra: list[str] = ()) -> dict:
     """This script, under ``python``, with ``--impl impl --child``; its JSON result."""
     env, cwd = _child_env(impl)
     with tempfile.TemporaryDirectory(prefix="actor_bench_") as d:
         path = os.path.join(d, "result.json")
         cmd = [python, os.path.abspath(__file__), "--impl", impl, "--child", "--json-file", path,
-               "--death-cap", str(args.death_cap)]
+               "--death-cap", str(args.death_cap), *extra]
         if args.quick:
             cmd.append("--quick")
         log(f"running {impl} under {python}")
@@ -559,12 +581,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-file", default=None, help="also write the JSON here")
     ap.add_argument("--death-cap", type=float, default=30.0, help="seconds to wait for a death to be noticed")
     ap.add_argument("--child-timeout", type=float, default=1800.0, help="seconds for each implementation's run")
+    ap.add_argument("--inter-host", action="store_true",
+                    help="same-host path vs a host in its own network namespace (root; TCP + CURVE)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--death-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--job-state", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.death_child:
         return _death_child_main(args)
+    if args.inter_host and not args.child:
+        return _inter_host_main(args)
 
     tm_python = args.torchmonarch_python or (DEFAULT_TM_PYTHON if os.path.exists(DEFAULT_TM_PYTHON) else None)
     cfg = Config(args.quick, args.death_cap)
@@ -583,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = run_impl_subprocess("torchmonarch", args.torchmonarch_python, args)
         result = ours
     else:
-        ours = run_all(args.impl, cfg)
+        ours = run_all(args.impl, cfg, only=args.only.split(",") if args.only else None, job_state=args.job_state)
         result = ours
 
     if args.json_file:
@@ -602,6 +630,48 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table, flush=True)
     _exit_soon()
+    return 0
+
+
+def _inter_host_main(args: argparse.Namespace) -> int:
+    """Same-host vs inter-host, one process each, on a 1-host ``--netns`` reservation served here."""
+    cli = [sys.executable, "-m", "monarch_cli.main"]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    with tempfile.TemporaryDirectory(prefix="actor_bench_netns_") as d:
+        r = subprocess.run([*cli, "--json", "serve", "--hosts", "1", "--netns"], cwd=d, env=env,
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            log(f"could not serve a --netns host: {r.stderr.strip()}")
+            return 1
+        try:
+            only = ["--only", ",".join(INTER_HOST_KEYS)]
+            same = run_impl_subprocess("monarch", args.monarch_python, args, only)
+            inter = run_impl_subprocess("monarch", args.monarch_python, args,
+                                        [*only, "--job-state", os.path.join(d, ".monarch", "job_state.pkl")])
+        finally:
+            subprocess.run([*cli, "stop"], cwd=d, env=env, capture_output=True, timeout=60)
+    result = {"same_host": same, "inter_host": inter,
+              "ratios_inter_over_same": ratios(inter, same), "reference_torchmonarch": REFERENCE}
+    rows = [("measurement", "same host", "inter-host (netns)", "inter/same", "reference (tm, same host)")]
+    for key, label, unit, kind in METRICS:
+        if key in INTER_HOST_KEYS:
+            ref = REFERENCE.get(key)
+            rows.append((label, _cell(same, key, unit), _cell(inter, key, unit),
+                         _ratio(inter, same["results"].get(key), False, key, kind), _fmt(ref, unit) if ref else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
+                      for r in rows)
+    table += ("\n\nsame host: procs on this host (Unix sockets, shared memory); inter-host: procs on a host in its "
+              "own network namespace (TCP + CURVE, as between machines).  inter/same: for times above 1 means "
+              "the inter-host path is slower; for rates below 1.")
+    if args.json_file:
+        with open(args.json_file, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+    if args.json:
+        print(table, file=sys.stderr, flush=True)
+        print(json.dumps(result, indent=2, sort_keys=True), flush=True)
+    else:
+        print(table, flush=True)
     return 0
 
 

@@ -170,8 +170,7 @@ def start_host_agent(keys, tmp_path, hostname: str = "testhost", extra: list[str
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(w,), cwd=ROOT)
     os.close(w)
-    keys_json = json.dumps({"server_public": keys.server_public, "server_secret": keys.server_secret,
-                            "client_public": keys.client_public, "client_secret": keys.client_secret})
+    keys_json = json.dumps(keys.as_dict())
     proc.stdin.write((keys_json + "\n").encode())
     proc.stdin.close()
     with os.fdopen(r, "rb") as f:

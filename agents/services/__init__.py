@@ -57,6 +57,9 @@ class Service:
     name: ClassVar[str] = ""
     #: Handlers run on this service's own worker thread, in message order (True), or on the IO thread.
     blocking: ClassVar[bool] = True
+    #: Message types that procs of this host (user code) may send too; every other one is the client's
+    #: alone (procs hold no client key: see ``monarch_agents.keys``).
+    from_local_procs: ClassVar[frozenset] = frozenset()
 
     def __init__(self, agent: "HostAgent"):
         self.agent = agent

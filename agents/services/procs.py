@@ -61,6 +61,8 @@ class ProcsService(Service):
     """The proc agents of every mesh on this host."""
 
     name = "procs"
+    #: An actor may spawn and stop procs on its own host (``this_host()`` in an actor), not on another.
+    from_local_procs = frozenset({m.SpawnProcs, m.StopProcs})
 
     def __init__(self, agent: Any):
         super().__init__(agent)
@@ -94,7 +96,7 @@ class ProcsService(Service):
             with self.lock:
                 self.procs[token] = proc
             config = {
-                "keys": agent.keys.as_dict(),
+                "keys": agent.keys.for_procs().as_dict(),  # user code gets no client or host agent secret
                 "host_agent": agent.rt.addr,
                 "host": agent.host,
                 "host_rank": agent.host_rank,

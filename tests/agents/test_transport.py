@@ -157,9 +157,12 @@ def test_wrong_key_against_a_live_agent(client, tmp_path):
     agent = start_host_agent(rt.keys, tmp_path, hostname="guarded")
     ctx = zmq.Context()
     try:
-        for client_keys, answered in ((_other_client(rt.keys), False), (rt.keys, True)):
+        # The members' server key does not open a host agent either: it listens with the host agents' own.
+        for client_keys, server_key, answered in ((_other_client(rt.keys), rt.keys.host_public, False),
+                                                  (rt.keys, rt.keys.server_public, False),
+                                                  (rt.keys, rt.keys.host_public, True)):
             s = ctx.socket(zmq.DEALER)
-            s.curve_serverkey = rt.keys.server_public.encode()
+            s.curve_serverkey = server_key.encode()
             s.curve_publickey = client_keys.client_public.encode()
             s.curve_secretkey = client_keys.client_secret.encode()
             s.connect(transport.zmq_endpoint(agent.addr))

@@ -366,7 +366,7 @@ def test_agent_survives_10000_malformed_messages(client, tmp_path):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     try:
-        sock.curve_serverkey = rt.keys.server_public.encode()
+        sock.curve_serverkey = rt.keys.host_server[0].encode()  # a host agent listens with its own keys
         sock.curve_publickey = rt.keys.client_public.encode()
         sock.curve_secretkey = rt.keys.client_secret.encode()
         sock.sndhwm = 0

@@ -81,6 +81,26 @@ class Where(Actor):
     def echo(self, b):
         return b
 
+    @endpoint
+    def ask_host(self, addr, marker):
+        # User code trying its proc's keys on another host's agent: a command, and procs of its own there.
+        from monarch_agents import messages as m
+        from monarch_agents.future import Future
+        from monarch_agents.runtime import OneShot
+        rt = runtime.current()
+        out = []
+        for make in (lambda p: m.RunCommand("evil", ["touch", marker], {}, None, p, 0, rt.addr),
+                     lambda p: m.SpawnProcs("evil", 1, rt.addr, p, {})):
+            fut = Future()
+            port = rt.open_port(OneShot(rt, fut))
+            rt.send(addr, make(port))
+            try:
+                fut.get(timeout=10)
+                out.append("allowed")
+            except PermissionError:
+                out.append("refused")
+        return out
+
 procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 2})
 w = procs.spawn("w", Where)
 got = sorted(w.where.call().get().values())
@@ -88,6 +108,7 @@ print("WHERE", got)
 print("ONE", w.slice(hosts=1, gpus=0).where.call_one().get())
 data = os.urandom(8 << 20)
 assert w.slice(hosts=1, gpus=1).echo.call_one(data).get() == data
+print("INTRUDER", w.slice(hosts=1, gpus=0).ask_host.call_one(HOST0, MARKER).get())
 # Every connection of this client went over TCP: no host shares its Unix sockets.
 rt = runtime.current()
 print("LINKS", sorted({type(p).__name__ for p in rt.mailbox._peers.values()}))
@@ -112,13 +133,15 @@ def test_serve_run_actors_shell_logs_stop_between_namespaces(netns_workdir):
     again = json.loads(monarch("--json", "serve", "--hosts", "2", "--netns", cwd=wd, check=True).stdout)
     assert again["reused"] and [h["pid"] for h in again["hosts"]] == [h["pid"] for h in served["hosts"]]
     # An actor program: procs on both hosts, calls, an 8 MiB echo, all over TCP.
-    (wd / "prog.py").write_text(ACTORS)
+    marker = wd / "evil-ran"
+    (wd / "prog.py").write_text(f"HOST0 = {served['hosts'][0]['addr']!r}\nMARKER = {str(marker)!r}\n" + ACTORS)
     r = monarch("run", str(wd / "prog.py"), cwd=wd, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"WHERE [('host0', 'host0', '{ips[0]}'), ('host0', 'host0', '{ips[0]}'), " \
            f"('host1', 'host1', '{ips[1]}'), ('host1', 'host1', '{ips[1]}')]" in r.stdout, r.stdout
     assert f"ONE ('host1', 'host1', '{ips[1]}')" in r.stdout
     assert "LINKS ['_Peer']" in r.stdout  # ZeroMQ peers only
+    assert "INTRUDER ['refused', 'refused']" in r.stdout and not marker.exists()
     assert f"CLIENT {plan.bridge_ip}" in r.stdout  # the client listens where the hosts can reach it
     # A shell and the logs.
     r = monarch("shell", "--host", "1", "--", "sh", "-c", "echo on $(hostname); exit 4", cwd=wd, stdin=subprocess.DEVNULL)

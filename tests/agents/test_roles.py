@@ -1,0 +1,117 @@
+"""One key per role: user code in a proc holds the proc key, which lets it do what actors need
+(talk to the client and other procs, spawn procs on its own host) and no more: it cannot start
+a command, open a shell or stop a host agent, on its own host or another."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+
+import pytest
+
+from monarch.actor import Actor, endpoint, this_host
+from monarch_agents import messages as m
+from monarch_agents.keys import JobKeys
+from tests.agents.test_transport import Box
+from tests.helpers import start_host_agent, wait_gone
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 30
+NOTHING_S = 1.0
+
+
+def test_proc_keys_hold_no_client_or_host_secret():
+    keys = JobKeys.generate()
+    p = keys.for_procs()
+    assert p.client_secret == "" and p.host_secret == ""
+    assert p.identity == (keys.proc_public, keys.proc_secret)
+    assert p.server_secret == keys.server_secret  # procs listen as members
+    assert len({keys.server_public, keys.client_public, keys.host_public, keys.proc_public}) == 4
+
+
+@pytest.fixture
+def agent(client, tmp_path):
+    a = start_host_agent(client.keys, tmp_path, hostname="roles")
+    yield a
+    a.stop()
+    assert wait_gone([a.pid]) == []
+
+
+class Asker:
+    """A mailbox holding proc keys, as user code in a proc does, with a port for answers."""
+
+    def __init__(self, keys: JobKeys):
+        self.box = Box(keys.for_procs(), "proc-user")
+
+    def ask(self, addr: str, make) -> m.Reply:
+        self.box.mb.send(addr, make(m.PortRef(self.box.addr, 1)))
+        while True:
+            msg = self.box.received.get(timeout=T)
+            if isinstance(msg, m.Reply):
+                return msg
+
+    def close(self) -> None:
+        self.box.close()
+
+
+def test_a_proc_key_cannot_run_a_command_or_shell_on_its_host(client, agent, tmp_path):
+    """Through the Unix socket, as a proc of this host (tests/cli/test_netns.py has procs of another host)."""
+    marker = tmp_path / "ran"
+    asker = Asker(client.keys)
+    try:
+        got = asker.ask(agent.addr, lambda port: m.RunCommand("r1", ["touch", str(marker)], {}, None, port, 0, port.addr))
+        assert not got.ok and isinstance(got.payload, PermissionError) and "RunCommand" in str(got.payload)
+        got = asker.ask(agent.addr, lambda port: m.OpenShell("s1", ["sh"], {}, None, 24, 80, port, port.addr))
+        assert not got.ok and isinstance(got.payload, PermissionError)
+        asker.box.mb.send(agent.addr, m.Shutdown(None))
+        # What any member may do still works: a ping answers.
+        got = asker.ask(agent.addr, lambda port: m.Ping(port))
+        assert got.ok and isinstance(got.payload, m.HostInfo) and got.payload.pid == agent.pid
+        time.sleep(NOTHING_S)
+        assert not marker.exists()
+        assert agent.proc.poll() is None  # Shutdown was refused too
+        # Spawning procs on its own host, as this_host() in an actor does, is allowed.
+        got = asker.ask(agent.addr, lambda port: m.SpawnProcs("mesh-r", 1, port.addr, port, {}))
+        assert got.ok, got.payload
+        asker.box.mb.send(agent.addr, m.StopProcs("mesh-r", None))
+    finally:
+        asker.close()
+    # The client's key still may.
+    done = client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
+    assert done.pid == agent.pid
+
+
+class Intruder(Actor):
+    """User code that tries to use its proc's keys to start a command on its host."""
+
+    @endpoint
+    def try_run(self, marker: str) -> dict:
+        from monarch_agents import runtime
+        from monarch_agents.future import Future
+        from monarch_agents.runtime import OneShot
+
+        rt = runtime.current()
+        fut = Future()
+        port = rt.open_port(OneShot(rt, fut))
+        rt.send(os.environ["MONARCH_HOST_AGENT"], m.RunCommand("evil", ["touch", marker], {}, None, port, 0, rt.addr))
+        try:
+            fut.get(timeout=10)
+            answer = "ran"
+        except PermissionError as e:
+            answer = f"refused: {e}"
+        return {"client_secret": rt.keys.client_secret, "host_secret": rt.keys.host_secret, "answer": answer}
+
+
+def test_user_code_in_a_proc_cannot_start_a_command_on_its_host(tmp_path):
+    marker = tmp_path / "evil-ran"
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        got = procs.spawn("intruder", Intruder).try_run.call_one(str(marker)).get(timeout=T)
+    finally:
+        procs.stop().get(timeout=T)
+    assert got["client_secret"] == "" and got["host_secret"] == ""
+    assert got["answer"].startswith("refused:") and "RunCommand" in got["answer"], got
+    time.sleep(NOTHING_S)
+    assert not marker.exists()
