@@ -132,8 +132,7 @@ def test_run_command_streams_output_and_exit(client, agent, streams, tmp_path):
 def test_run_ids_stay_inside_the_log_folder_and_logs_are_private(client, agent, streams, tmp_path):
     outside = tmp_path / "escaped"
     run_id = f"../../../../{outside}"  # a peer's run id that would name a folder elsewhere
-    port = m.PortRef(client.addr, 0)
-    client.send(agent.addr, m.RunCommand(run_id, ["echo", "hi"], {}, None, port, 0, client.addr))
+    client.send(agent.addr, m.RunCommand(run_id, ["echo", "hi"], {}, None, streams.open(run_id), 0, client.addr))
     out, exited = streams.collect(run_id)
     assert out["stdout"] == b"hi\n" and exited.exit_code == 0
     assert not outside.exists()
