@@ -249,7 +249,7 @@ def test_netns_needs_root_and_local(workdir, monkeypatch):
 
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     s = LocalScheduler(netns=True)
-    req = s.dryrun(SimpleNamespace(hosts=2), str(workdir / "job"))
+    req = s.dryrun(SimpleNamespace(hosts=2, options={}), str(workdir / "job"))
     with pytest.raises(SchedulerError, match="--netns: network namespaces need root"):
         s.allocate(req)
     assert f"monarch-{req.payload['tag']}" not in subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout

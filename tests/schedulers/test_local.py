@@ -18,7 +18,7 @@ from monarch_schedulers.local import LocalScheduler
 
 def _allocate(job_dir, hosts=1):
     s = LocalScheduler()
-    req = s.dryrun(SimpleNamespace(hosts=hosts), str(job_dir))
+    req = s.dryrun(SimpleNamespace(hosts=hosts, options={}), str(job_dir))
     write_keys(str(job_dir), JobKeys.generate())
     return s, s.allocate(req)
 
