@@ -152,7 +152,7 @@ def _main() -> None:
 
     _die_with_parent()
     config = json.loads(sys.stdin.buffer.readline())
-    rt = ensure_runtime(JobKeys(**config["keys"]))
+    rt = ensure_runtime(JobKeys(**config["keys"]), reach=[addr for addr, _, _ in config["hosts"]])
     ops = GatherFS(_Hosts(rt, config["hosts"]))
     mnt = config["mountpoint"]
     options = set(pyfuse3.default_options) | {"fsname=monarch-gather", "ro"}
