@@ -263,6 +263,9 @@ ENVELOPE_GLOBALS = {
     ("monarch_agents.errors", "_make_actor_error"),
     ("monarch_agents.errors", "_make_supervision_error"),
     ("signal", "Signals"),
+    # Telemetry rows are columns of array.array (rebuilt from a type code and bytes; no code runs).
+    ("array", "array"),
+    ("array", "_array_reconstructor"),
 }
 #: Builtins an envelope may name besides exception classes (protocol 5 writes most containers as opcodes).
 _SAFE_BUILTINS = {"set", "frozenset", "bytearray", "complex", "slice", "range"}

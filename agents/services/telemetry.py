@@ -34,6 +34,8 @@ class TelemetryService(Service):
 
     name = "telemetry"
     blocking = False  # each handler hands its work to a thread of its own at once
+    #: Procs of this host push their actors' rows here; queries and stack dumps stay the client's.
+    from_local_procs = frozenset({m.TelemetryRows})
 
     def __init__(self, agent: Any):
         super().__init__(agent)
