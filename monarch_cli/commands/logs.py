@@ -100,7 +100,7 @@ def _fetcher(record, entry: dict):
     from monarch_agents.messages import ReadLog
     from monarch.job.reserve import agent_unreachable
 
-    rt = ensure_runtime(record.keys)
+    rt = ensure_runtime(record.keys, reach=record.agent_addrs)
     by_rank = {h.host_rank: h for h in record.hosts}
     hosts = {i: by_rank[hr] for i, hr in enumerate(entry["hosts"]) if hr in by_rank}
 
