@@ -172,6 +172,15 @@ class StopProcs(Message):
 
 
 @message
+class KillProc(Message):
+    """Signal one proc agent this host agent started (by pid; any other pid is refused)."""
+
+    pid: int
+    signum: int
+    reply: PortRef | None
+
+
+@message
 class Ping(Message):
     reply: PortRef
 

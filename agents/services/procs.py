@@ -70,7 +70,8 @@ class ProcsService(Service):
         self.procs: dict[str, _Proc] = {}  # token -> proc, from the request until it exits
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
-        return {m.SpawnProcs: self.on_spawn_procs, m.ProcReady: self.on_proc_ready, m.StopProcs: self.on_stop_procs}
+        return {m.SpawnProcs: self.on_spawn_procs, m.ProcReady: self.on_proc_ready, m.StopProcs: self.on_stop_procs,
+                m.KillProc: self.on_kill_proc}
 
     def info(self) -> dict:
         with self.lock:
@@ -139,6 +140,15 @@ class ProcsService(Service):
             self.agent.rt.mailbox.call_later(_KILL_GRACE_S, force)
         if msg.reply is not None:
             self.agent.reply(msg.reply, len(victims))
+
+    def on_kill_proc(self, msg: m.KillProc) -> None:
+        # Only a proc of this agent: the pid comes from a client, and a pid of anything else is not ours to signal.
+        with self.lock:
+            found = any(p.pid == msg.pid and p.exited is None for p in self.procs.values())
+        if found:
+            killpg(msg.pid, msg.signum)
+        if msg.reply is not None:
+            self.agent.reply(msg.reply, found)
 
     # -- children --------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from monarch_cli.tui.header import ReservationHeader
 from monarch_cli.tui.logs_view import LogsView
 from monarch_cli.tui.mesh_tree import MeshTree
 from monarch_cli.tui.runs_view import RunsView
-from monarch_cli.tui.source import ReservationSource, Snapshot
+from monarch_cli.tui.source import ProcView, ReservationSource, Snapshot
 from monarch_cli.tui.sql_console import SqlConsole
 from monarch_cli.tui.stacks_view import StacksView, group_stacks
 
@@ -50,6 +50,7 @@ class DashboardApp(App):
         Binding("f", "follow", "Follow", show=False),
         Binding("e", "first_error", "First error", show=False),
         Binding("x", "stop_run", "Stop run"),
+        Binding("k", "kill_proc", "Kill proc"),
         Binding("escape", "unfocus", "Back", show=False),
     ]
 
@@ -229,6 +230,28 @@ class DashboardApp(App):
             self.call_from_thread(self.notify, f"stop failed: {e}", severity="error")
             return
         self.call_from_thread(self.notify, f"stopping run {run_id}")
+
+    def action_kill_proc(self) -> None:
+        node = self.query_one(MeshTree).cursor_node
+        proc = node.data if node is not None else None
+        if not isinstance(proc, ProcView) or proc.kind != "proc" or proc.status != "running":
+            self.notify("select a running proc in the mesh tree first", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.kill_proc(proc.host, proc.pid)
+
+        self.push_screen(ConfirmScreen(f"Kill proc {proc.mesh}/{proc.pid} on {proc.host} (SIGKILL)?"), answered)
+
+    @work(thread=True, group="actions")
+    def kill_proc(self, host: str, pid: int) -> None:
+        try:
+            found = self.source.kill_proc(host, pid)
+        except Exception as e:
+            self.call_from_thread(self.notify, f"kill failed: {e}", severity="error")
+            return
+        self.call_from_thread(self.notify, f"killed proc {pid} on {host}" if found else f"proc {pid} was no longer running")
 
 
 def run_dashboard(name: str | None, *, path: str | None = None) -> None:

@@ -271,6 +271,12 @@ class ReservationSource:
 
         signal_run(self.record(), run_id)
 
+    def kill_proc(self, host: str, pid: int) -> bool:
+        """SIGKILL one proc agent (its owner sees the failure); False if it was no longer running."""
+        from monarch.job.procs import kill_proc
+
+        return kill_proc(self.record(), host, pid)
+
 
 def _sql_str(s: str) -> str:
     return s.replace("'", "''")

@@ -226,6 +226,68 @@ async def test_stacks_grouped_and_stop_a_run_with_confirmation(job):
         long_run.wait(10)
 
 
+HOLDER = """
+import sys
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
+
+class Counter(Actor):
+    @endpoint
+    def incr(self) -> int:
+        return 1
+
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 1})
+counters = procs.spawn("counters", Counter)
+counters.incr.call().get()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.asyncio
+async def test_actors_in_the_tree_and_kill_a_proc_with_confirmation(job):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=job, env={**os.environ, "PYTHONPATH": ROOT},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        app = make_app(job)
+        async with app.run_test(size=(120, 40)) as pilot:
+            from monarch_cli.tui.mesh_tree import MeshTree
+            from monarch_cli.tui.source import ProcView
+
+            await until(pilot, lambda: app.snapshot and len(app.snapshot.actors) == 2, what="two actors")
+            lines = "\n".join(tree_text(app))
+            assert "1 actors" in lines and "counters[0]" in lines and "idle" in lines
+            # The details of an actor: its endpoint calls.
+            tree = app.query_one(MeshTree)
+            tree.focus()
+            await pilot.press("home")
+            for _ in range(20):
+                await pilot.press("down")
+                data = tree.cursor_node.data if tree.cursor_node else None
+                if isinstance(data, ProcView) and data.kind == "proc" and data.host == "host1":
+                    break
+            else:
+                raise AssertionError("no proc of host1 in the tree")
+            victim = data.pid
+            await pilot.press("k")
+            await pilot.pause(0.2)
+            assert "Kill proc" in shown(app.screen.query_one("#confirm-question"))
+            await pilot.press("y")
+            await until(pilot, lambda: any(p.pid == victim and p.status in ("failed", "killed")
+                                           for p in app.snapshot.procs), what="the proc to die")
+            await pilot.pause(0.3)
+            label = str(tree._by_key[("proc", "host1", victim)].label)
+            assert "killed (signal 9)" in label or "failed" in label, label
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(20)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait(10)
+
+
 @pytest.mark.asyncio
 async def test_a_reservation_that_goes_away_shows_a_banner(job, tmp_path):
     # Last in the module: stops the reservation under the running app.
