@@ -190,7 +190,7 @@ def run_history(record: JobRecord) -> list[dict]:
 
 def signal_run(record: JobRecord, run_id: str, signum: int = signal.SIGTERM) -> list[str]:
     """Send ``signum`` to every rank of run ``run_id`` (one started by any client); the hosts that could not be told."""
-    rt = ensure_runtime(record.keys)
+    rt = ensure_runtime(record.keys, reach=record.agent_addrs)
     missed = []
     for h in record.hosts:
         try:
