@@ -139,8 +139,12 @@ class ReservationSource:
             raise StateError(f"no reservation at {self.path}", "`monarch serve` to reserve hosts") from None
         key = (st.st_ino, st.st_mtime_ns)
         if key != self._record_key:
-            # A new or replaced reservation: read it again and forget what was known of the old one.
-            self._record = load_state(self.path)
+            record = load_state(self.path)
+            if self._record is not None and record.job_id != self._record.job_id:
+                # One process talks to one job (its keys): a replacement is watched by a new dashboard.
+                raise StateError(f"the reservation was replaced by {record.name!r} ({record.job_id})",
+                                 "restart `monarch dashboard` to watch the new one")
+            self._record = record
             self._record_key = key
             self._alive_checked = 0.0
             self._debug = None
@@ -184,6 +188,8 @@ class ReservationSource:
             self._poll_debug(record, snap)
         except MonarchError as e:
             snap.banner = str(e)
+        except Exception as e:  # e.g. the agents' runtime refusing a second job in this process
+            snap.banner = f"{type(e).__name__}: {e}"
         return snap
 
     def _poll_tables(self, record: Any, snap: Snapshot) -> None:
