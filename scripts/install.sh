@@ -13,7 +13,7 @@ EDITABLE=(--config-settings editable_mode=compat)
 # the tests check the RDMA choice with Debian's pyverbs (there is no RDMA device here).
 APT=(fuse3 libfuse3-dev pkg-config rsync)
 # The tests put hosts in network namespaces (`monarch serve --netns`): ip (iproute2), nsenter/unshare (util-linux).
-[ "${1:-}" = "--test" ] && APT+=(python3-pyverbs iproute2 util-linux)
+[ "${1:-}" = "--test" ] && APT+=(python3-pyverbs iproute2 util-linux tmux)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s "${APT[@]}" >/dev/null 2>&1; then
   (apt-get update -qq || true) >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null
