@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -164,6 +165,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 holder.kill()
         subprocess.run([*MONARCH, "stop", "--force"], cwd=work, env=env, capture_output=True, timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
         return
