@@ -36,6 +36,11 @@ COMMANDS = {
     "debug": "monarch_cli.commands.debug:debug",
     "dashboard": "monarch_cli.commands.dashboard:dashboard",
     "tui": "monarch_cli.commands.dashboard:tui",
+    # PyTorch Monarch's own verbs (its agent guide teaches them), on the same machinery.
+    "apply": "monarch_cli.commands.apply:apply",
+    "exec": "monarch_cli.commands.exec_:exec_",
+    "kill": "monarch_cli.commands.kill:kill",
+    "guide": "monarch_cli.commands.guide:guide",
 }
 
 
@@ -102,8 +107,10 @@ class LazyGroup(click.Group):
 
 
 def _exit_code_epilog() -> str:
+    from monarch_cli.commands.guide import QUICK_START
+
     rows = "\n".join(f"  {int(c):>3}  {c.meaning}" for c in ExitCode)
-    return f"\b\nExit codes:\n{rows}"
+    return f"\b\nExit codes:\n{rows}\n\n{QUICK_START}"
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())

@@ -29,3 +29,20 @@ def handled(ctx: click.Context) -> Iterator[None]:
     except (Exception, KeyboardInterrupt) as e:
         o = opts(ctx)
         raise fail(e, o.verbose, o.json) from None
+
+
+class Duration(click.ParamType):
+    """A duration as Monarch writes them (500ms, 30s, 2m, 1h), or plain seconds."""
+
+    name = "DURATION"
+
+    def convert(self, value, param, ctx) -> float:
+        import re
+
+        if isinstance(value, (int, float)):
+            return float(value)
+        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*", str(value))
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"] if m else 0.0
+        if seconds <= 0:
+            self.fail(f"{value!r}: a duration is a positive number followed by ms, s, m or h (e.g. 30s, 2m)", param, ctx)
+        return seconds
