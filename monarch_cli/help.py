@@ -60,13 +60,21 @@ class RichHelpFormatter(click.HelpFormatter):
         if self._usage:
             console.print(Text.assemble(("Usage: ", "yellow"), (self._usage, "bold")))
             console.print()
+        blocks = []
         for kind, heading, body in self._blocks:
+            # An epilog of several "\b" sections (exit codes, the agents' quick start): one panel each.
+            if kind == "text" and str(body).startswith("\b\n") and "\n\n\b\n" in str(body):
+                blocks.extend(("text", heading, "\b\n" + part.removeprefix("\b\n"))
+                              for part in str(body).split("\n\n\b\n"))
+            else:
+                blocks.append((kind, heading, body))
+        for kind, heading, body in blocks:
             if kind == "text":
                 text = str(body)
                 if text.startswith("\b\n"):  # "Title:" then rows "term  description", kept as rows
                     title, _, rest = text[2:].partition("\n")
                     heading = title.rstrip(":")
-                    body = [tuple(line.strip().split("  ", 1)) for line in rest.splitlines() if line.strip()]
+                    body = [_row(line) for line in rest.splitlines() if line.strip()]
                 else:
                     # Docstring paragraphs: lines joined, Rich wraps them to the terminal.
                     paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
@@ -81,6 +89,12 @@ class RichHelpFormatter(click.HelpFormatter):
             console.print(Panel(grid, title=heading or "Options", title_align="left", box=box.ROUNDED,
                                 border_style="dim"))
         return buf.getvalue()
+
+
+def _row(line: str) -> tuple[str, str]:
+    """'term   description' (a '# ' before the description, as in a shell comment, is dropped)."""
+    term, _, desc = line.strip().partition("  ")
+    return term, desc.strip().removeprefix("# ")
 
 
 class RichContext(click.Context):

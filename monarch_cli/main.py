@@ -40,6 +40,7 @@ COMMANDS = {
     "apply": "monarch_cli.commands.apply:apply",
     "exec": "monarch_cli.commands.exec_:exec_",
     "kill": "monarch_cli.commands.kill:kill",
+    "profile": "monarch_cli.commands.profile:profile",
     "guide": "monarch_cli.commands.guide:guide",
 }
 

@@ -7,12 +7,12 @@ import click
 #: What `monarch --help` ends with: the shortest path an agent needs (the guide has the rest).
 QUICK_START = """\b
 Quick start for agents (`monarch guide` prints the full guide):
-  monarch apply myjob.job          # reserve: job = ProcessJob({"hosts": 2}) in myjob.py (or: monarch serve --hosts 2)
+  monarch apply myjob.job          # reserve myjob.py's job = ProcessJob({"hosts": 2})
   monarch exec -- python train.py  # rank 0; --all, --point hosts=1, --mesh NAME
-  monarch run -- torchrun ... train.py
+  monarch run -- python train.py   # every host, torchrun's environment (torchrun ... works too)
   monarch logs                     # the last run's output again
   monarch query 'SHOW TABLES'      # telemetry as SQL
-  monarch debug                    # attach to a rank waiting in pdb
+  monarch debug list               # ranks waiting in pdb; `monarch debug` attaches
   monarch kill                     # release"""
 
 
