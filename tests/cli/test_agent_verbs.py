@@ -30,6 +30,9 @@ def test_monarch_agent_guide_sequence(jobdir):
     r = monarch("apply", cwd=jobdir, check=True)  # the saved spec, the live reservation reused
     assert "reusing reservation" in r.stderr and r.stdout.startswith("Job is ready")
 
+    r = monarch("profile", "--time", "100ms", "-o", "idle.json", cwd=jobdir)  # nothing runs: no telemetry to show
+    assert r.returncode == 2 and "no telemetry in this window" in r.stderr and not (jobdir / "idle.json").exists()
+
     r = monarch("exec", "python", "-c", "print('one')", cwd=jobdir, check=True)
     assert r.stdout == "[host0] one\n"
 
@@ -73,6 +76,18 @@ def test_monarch_agent_guide_sequence(jobdir):
         assert "Traceback" not in r.stderr
     # a failed apply did not replace the saved spec
     assert (jobdir / ".monarch" / "specs" / "default").read_text() == "myjob.job"
+
+    # a live window: a run in progress is a span per rank, clipped to the window
+    monarch("run", "-d", "--", "sleep", "60", cwd=jobdir, check=True)
+    r = monarch("--json", "profile", "--time", "500ms", "-o", "live.json", cwd=jobdir, check=True)
+    assert json.loads(r.stdout)["hosts"] == 2
+    events = json.loads((jobdir / "live.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M"}
+    hosts = {pid for pid, n in names if n in ("host0", "host1")}
+    ranks = [e for e in events if e["ph"] == "X" and e["cat"] == "run" and e["name"] == "sleep 60"]
+    assert len(hosts) == 2 and sorted(e["pid"] for e in ranks) == sorted(hosts)
+    assert all(400_000 <= e["dur"] <= 60_000_000 for e in ranks)
+    assert {n for _, n in names} >= {"rank 0", "rank 1"}
 
     r = monarch("kill", cwd=jobdir, check=True)
     assert r.stdout == "Killed context 'default'\n"
