@@ -91,6 +91,18 @@ class RichHelpFormatter(click.HelpFormatter):
         return buf.getvalue()
 
 
+#: What `monarch --help` ends with: the shortest path an agent needs (the guide has the rest).
+QUICK_START = """\b
+Quick start for agents (`monarch guide` prints the full guide):
+  monarch apply myjob.job          # reserve myjob.py's job = ProcessJob({"hosts": 2})
+  monarch exec -- python train.py  # rank 0; --all, --point hosts=1, --mesh NAME
+  monarch run -- python train.py   # every host, torchrun's environment (torchrun ... works too)
+  monarch logs                     # the last run's output again
+  monarch query 'SHOW TABLES'      # telemetry as SQL
+  monarch debug list               # ranks waiting in pdb; `monarch debug` attaches
+  monarch kill                     # release"""
+
+
 def _row(line: str) -> tuple[str, str]:
     """'term   description' (a '# ' before the description, as in a shell comment, is dropped)."""
     term, _, desc = line.strip().partition("  ")

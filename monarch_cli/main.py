@@ -16,7 +16,7 @@ import click
 
 import monarch
 from monarch.errors import ExitCode
-from monarch_cli.help import RichContext
+from monarch_cli.help import QUICK_START, RichContext
 from monarch_cli.options import Options
 
 #: name -> "module:attribute", in the order help lists them.
@@ -108,8 +108,6 @@ class LazyGroup(click.Group):
 
 
 def _exit_code_epilog() -> str:
-    from monarch_cli.commands.guide import QUICK_START
-
     rows = "\n".join(f"  {int(c):>3}  {c.meaning}" for c in ExitCode)
     return f"\b\nExit codes:\n{rows}\n\n{QUICK_START}"
 

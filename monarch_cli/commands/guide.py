@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import click
 
-#: What `monarch --help` ends with: the shortest path an agent needs (the guide has the rest).
-QUICK_START = """\b
-Quick start for agents (`monarch guide` prints the full guide):
-  monarch apply myjob.job          # reserve myjob.py's job = ProcessJob({"hosts": 2})
-  monarch exec -- python train.py  # rank 0; --all, --point hosts=1, --mesh NAME
-  monarch run -- python train.py   # every host, torchrun's environment (torchrun ... works too)
-  monarch logs                     # the last run's output again
-  monarch query 'SHOW TABLES'      # telemetry as SQL
-  monarch debug list               # ranks waiting in pdb; `monarch debug` attaches
-  monarch kill                     # release"""
+from monarch_cli.help import QUICK_START  # noqa: F401  (the quick start lives beside the help it ends)
+
 
 
 def guide_text() -> str:
