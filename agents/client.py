@@ -1,8 +1,8 @@
 """The runtime of a client process: the one that talks to a job's host agents.
 
-Used by ``monarch.actor`` (a controller program) and by the CLI commands that
-only send a few messages (``run``, ``status``, ``logs``, ``shell``); kept
-outside ``monarch.actor`` so those commands do not import the actor API.
+Used through the monarch layer: ``monarch.actor`` (a controller program) and
+``monarch.job`` (runs, shells, status, logs), which pass the reservation's keys;
+kept outside ``monarch.actor`` so those commands do not import the actor API.
 """
 
 from __future__ import annotations
@@ -19,16 +19,6 @@ from monarch_agents.runtime import Runtime
 from monarch_agents.transport import addr_host, route_ip
 
 _lock = threading.RLock()
-
-
-def _job() -> tuple[JobKeys | None, list[str]]:
-    path = os.environ.get("MONARCH_RUN_JOB")
-    if not path:
-        return None, []
-    from monarch.job.state import load_state
-
-    record = load_state(path)
-    return record.keys, [h.addr for h in record.hosts]
 
 
 def bind_address(reach: Iterable[str] = ()) -> str:
@@ -54,8 +44,6 @@ def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = ()) -> Ru
                 raise RuntimeError("this process already talks to another monarch job; "
                                    "use one reservation per process (or load the job before calling this_host())")
             return rt
-        if keys is None:
-            keys, reach = _job()
         keys = keys or JobKeys.generate()
         rt = Runtime(keys, bind_host=bind_address(reach), name="client")
         supervision.install(rt)
@@ -75,4 +63,15 @@ def _debug_waiting(msg: m.ActorDebugWaiting) -> None:
     sys.stderr.flush()
 
 
-rt_mod.factory = ensure_runtime
+def close_runtime() -> None:
+    """Close this process's runtime; the next :func:`ensure_runtime` starts a fresh one."""
+    from monarch_agents import transport
+
+    with _lock:
+        rt = rt_mod.current()
+        if rt is not None:
+            rt.close()
+        rt_mod.uninstall(rt)
+        # The next runtime gets a fresh ZeroMQ context: the closed one's ZAP handler may still
+        # hold its inproc address for a moment (sockets close asynchronously).
+        transport.reset_context()

@@ -123,3 +123,23 @@ class MeshFailure:
     def __str__(self) -> str:
         ranks = list(self.crashed_ranks) or [self.rank]
         return f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={ranks}, event={self.report()})"
+
+
+# -- errors a user of the `monarch` command meets --------------------------------------------
+# Defined at the lowest layer that raises them (schedulers do too); ``monarch.errors`` is where
+# users and the CLI import them from.
+
+
+class MonarchError(Exception):
+    """Base: ``message`` is one line; ``hint`` is the command or step that fixes it."""
+
+    exit_code = 1  # this and the subclasses' codes are set from monarch.errors.ExitCode, the one table
+
+    def __init__(self, message: str, hint: str = ""):
+        self.message = message
+        self.hint = hint
+        super().__init__(message + (f" ({hint})" if hint else ""))
+
+
+class UsageError(MonarchError):
+    """The command line (or an API call) asked for something impossible."""

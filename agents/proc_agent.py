@@ -705,7 +705,7 @@ def current_agent() -> ProcAgent | None:
 
 
 def host_actors_in_client(rt: Runtime) -> ProcAgent:
-    """Let this client process run actors itself (``this_proc().spawn`` in the client), once."""
+    """Let this client process run actors itself (``this_proc().spawn`` in the client), once per runtime."""
     global _agent
     with _agent_lock:
         if _agent is None or _agent.rt is not rt:

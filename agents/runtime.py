@@ -126,6 +126,8 @@ class Runtime:
         self._owned: dict[str, dict] = {}  # proc addr -> description (mesh, rank, host)
         self._pending_loss: set[str] = set()
         self.closed = False
+        #: Set while this process stops on purpose: the deaths it causes are not reported as failures.
+        self.stopping = False
 
     def start(self) -> "Runtime":
         self.addr = self.mailbox.start()
@@ -344,15 +346,18 @@ def install(rt: Runtime) -> Runtime:
     return rt
 
 
-#: Called by :func:`ensure` to start this process's runtime on first use
-#: (set by ``monarch.actor`` for client processes).
-factory: Callable[[], Runtime] | None = None
+def uninstall(rt: Runtime | None) -> None:
+    """Forget ``rt`` as this process's runtime (it was closed)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is rt:
+            _runtime = None
 
 
 def ensure() -> Runtime:
-    """This process's runtime, started on first use."""
+    """This process's runtime; a client's is started on first use (``monarch_agents.client``)."""
     if _runtime is not None:
         return _runtime
-    if factory is None:
-        raise RuntimeError("no monarch runtime in this process")
-    return factory()
+    from monarch_agents.client import ensure_runtime
+
+    return ensure_runtime()

@@ -4,8 +4,9 @@ A mesh's owner registers here when it creates the mesh.  When a proc of the
 mesh dies (the runtime learns it from the host agent or from a closed
 connection), or an actor of it fails, the failure goes to the actor that
 created the mesh, through its mailbox, in order with its messages.  A mesh made
-by the client itself has no such actor: the failure goes to
-:func:`unhandled_fault_hook`, which prints one clear line on stderr.  Calls to
+by the client itself has no such actor: the failure goes to the root hook the
+caller names (the client's ``monarch.actor.unhandled_fault_hook``; by default
+:func:`default_fault_hook`, which prints one clear line on stderr).  Calls to
 the failed ranks raise ``SupervisionError`` either way.
 """
 
@@ -16,6 +17,7 @@ import threading
 from typing import Any, Callable
 
 from monarch_agents import messages as m
+from monarch_agents import runtime
 from monarch_agents.context import ActorSlotInfo
 from monarch_agents.errors import MeshFailure, SupervisionError
 
@@ -33,20 +35,18 @@ def default_fault_hook(failure: MeshFailure) -> None:
     print(f"monarch: unhandled failure: {failure.report()}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
 
 
-#: Set while this process shuts down: deaths it causes itself are not reported.
-shutting_down = False
+def report(owner: ActorSlotInfo | None, failure: MeshFailure, root: Callable[[MeshFailure], None]) -> None:
+    """Hand ``failure`` to ``owner`` (an actor) or, with no owning actor, to ``root`` (the client's hook).
 
-
-def report(owner: ActorSlotInfo | None, failure: MeshFailure) -> None:
-    """Hand ``failure`` to ``owner`` (an actor) or, for the client, to ``monarch.actor.unhandled_fault_hook``."""
-    if shutting_down:
+    Nothing is reported while this process's runtime is stopping: deaths it causes itself are expected.
+    """
+    rt = runtime.current()
+    if rt is not None and rt.stopping:
         return
     if owner is not None and owner.slot is not None:
         owner.slot.post(failure)
         return
-    api = sys.modules.get("monarch.actor")
-    hook = getattr(api, "unhandled_fault_hook", None) or default_fault_hook
-    hook(failure)
+    root(failure)
 
 
 def watch_actor(actor_id: str, fn: Callable[[m.ActorFailed], None]) -> None:

@@ -72,6 +72,13 @@ def context() -> zmq.Context:
         return _ctx
 
 
+def reset_context() -> None:
+    """The next :func:`context` is a fresh one (after this process's runtime was closed)."""
+    global _ctx
+    with _ctx_lock:
+        _ctx = None
+
+
 def _monitor_event(frames: list[bytes]) -> int:
     """The event id of a socket-monitor message (ZMQ_EVENT_*).
 

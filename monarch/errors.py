@@ -44,27 +44,20 @@ _MEANINGS = {
 }
 
 
-class MonarchError(Exception):
-    """Base: ``message`` is one line; ``hint`` is the command or step that fixes it."""
+# The base, UsageError and SchedulerError live where the lowest layer raising them can reach them
+# (schedulers may not import monarch); they are monarch.errors' all the same, with codes from the table.
+from monarch_agents.errors import MonarchError, UsageError  # noqa: E402
+from monarch_schedulers.errors import SchedulerError  # noqa: E402
 
-    exit_code = ExitCode.FAILED
-
-    def __init__(self, message: str, hint: str = ""):
-        self.message = message
-        self.hint = hint
-        super().__init__(message + (f" ({hint})" if hint else ""))
+MonarchError.exit_code = ExitCode.FAILED
+UsageError.exit_code = ExitCode.USAGE
+SchedulerError.exit_code = ExitCode.SCHEDULER
 
 
 class StateError(MonarchError):
     """No reservation, or a state file that is corrupt, of another version, or dead."""
 
     exit_code = ExitCode.STATE
-
-
-class SchedulerError(MonarchError):
-    """The scheduler refused or failed a request."""
-
-    exit_code = ExitCode.SCHEDULER
 
 
 class AgentError(MonarchError):
@@ -77,12 +70,6 @@ class RunError(MonarchError):
     """A command could not be run (another run going on, bad arguments)."""
 
     exit_code = ExitCode.RUN
-
-
-class UsageError(MonarchError):
-    """The command line asked for something impossible."""
-
-    exit_code = ExitCode.USAGE
 
 
 class WorkspaceError(MonarchError):

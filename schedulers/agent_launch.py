@@ -7,7 +7,7 @@ import os
 import sys
 
 from monarch_agents.keys import JobKeys
-from monarch.job.state import write_atomic
+from monarch_agents.files import write_atomic
 
 
 def write_keys(job_dir: str, keys: JobKeys) -> str:

@@ -96,7 +96,7 @@ def create_scheduler(name: str, **opts: Any) -> Scheduler:
     """The scheduler called ``name`` (imported only when used)."""
     import importlib
 
-    from monarch.errors import UsageError
+    from monarch_schedulers.errors import UsageError
 
     if name not in _BACKENDS:
         raise UsageError(f"unknown scheduler {name!r}", f"choose one of: {', '.join(names())}")

@@ -45,7 +45,7 @@ import time
 import uuid
 from typing import Any
 
-from monarch.errors import SchedulerError, UsageError
+from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import agent_file
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
 

@@ -54,7 +54,7 @@ import sys
 import time
 from typing import Any
 
-from monarch.errors import SchedulerError, UsageError
+from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import agent_argv, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
 

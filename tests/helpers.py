@@ -102,21 +102,11 @@ def start_client():
 
 def stop_client() -> None:
     """Stop the private host agent and close this process's runtime, so the next package starts clean."""
-    from monarch_agents import runtime as rt_mod
-    from monarch_agents import supervision
+    from monarch_agents.client import close_runtime
     from monarch.actor import _client
 
     _client._stop_local_host()
-    from monarch_agents import transport
-
-    rt = rt_mod.current()
-    if rt is not None:
-        rt.close()
-    rt_mod._runtime = None
-    # The next runtime gets a fresh ZeroMQ context: the closed one's ZAP handler may still
-    # hold its inproc address for a moment (sockets close asynchronously).
-    transport._ctx = None
-    supervision.shutting_down = False
+    close_runtime()
 
 
 # -- a dedicated host agent (one a test may kill) -------------------------------

@@ -19,7 +19,8 @@
 
 from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
 from monarch_agents.future import Future
-from monarch_agents.ports import Channel, Port, PortReceiver, RankedPortReceiver
+from monarch_agents.ports import Port, PortReceiver, RankedPortReceiver
+from monarch.actor._client import Channel
 from monarch_agents.supervision import default_fault_hook as unhandled_fault_hook
 from monarch.actor._endpoint import Accumulator, Endpoint, NotAnEndpoint, as_endpoint, concurrent_endpoint, endpoint, send
 from monarch.actor._mesh import (

@@ -17,11 +17,39 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Iterable, TypeVar
 
 from monarch_agents import runtime as rt_mod
-from monarch_agents import supervision
 from monarch_agents.messages import HostInfo, Ping, Shutdown
-from monarch_agents.client import _lock, ensure_runtime  # noqa: F401  (the client runtime; re-exported)
+from monarch_agents import client as _agents_client
+from monarch_agents import ports as _ports
+from monarch_agents.client import _lock
+from monarch_agents.keys import JobKeys
+from monarch_agents.runtime import Runtime
+
+R = TypeVar("R")
+
+#: Set by ``monarch run script.py``: the state file of the reservation this program runs against.
+RUN_JOB_ENV = "MONARCH_RUN_JOB"
+
+
+def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = ()) -> Runtime:
+    """This client's runtime, started on first use; under ``monarch run script.py``, with the
+    reservation's keys (so its hosts and this machine's can be used together), listening where
+    those hosts can reach it."""
+    if keys is None and rt_mod.current() is None:
+        keys, reach = _run_job()
+    return _agents_client.ensure_runtime(keys, reach)
+
+
+def _run_job() -> tuple[JobKeys | None, list[str]]:
+    path = os.environ.get(RUN_JOB_ENV)
+    if not path:
+        return None, []
+    from monarch.job.state import load_state
+
+    record = load_state(path)
+    return record.keys, [h.addr for h in record.hosts]
 
 _local_host: "HostRef | None" = None
 _local_proc: subprocess.Popen | None = None
@@ -150,10 +178,10 @@ def _stop_local_host() -> None:
     _local_host = _local_proc = None
     if host is None or proc is None:
         return
-    supervision.shutting_down = True  # procs dying now are expected, not failures
     rt = rt_mod.current()
     try:
         if rt is not None:
+            rt.stopping = True  # procs dying now are expected, not failures
             rt.request(host.addr, lambda port: Shutdown(port)).get(timeout=2)
     except Exception:
         pass
@@ -166,3 +194,17 @@ def _stop_local_host() -> None:
 
 def host_info(host: HostRef, timeout: float = 5.0) -> HostInfo:
     return ensure_runtime().request(host.addr, lambda port: Ping(port)).get(timeout=timeout)
+
+
+class Channel(_ports.Channel[R]):
+    """Factory for port / receiver pairs (opening one starts this client's runtime if need be)."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[_ports.Port[R], _ports.PortReceiver[R]]:
+        ensure_runtime()
+        return _ports.Channel.open(once)
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[_ports.Port[R], _ports.RankedPortReceiver[R]]:
+        ensure_runtime()
+        return _ports.Channel.open_ranked(once)

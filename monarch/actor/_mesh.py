@@ -95,6 +95,14 @@ class _MeshBase:
         return rt_current() or ensure_runtime()
 
 
+def _report(owner_actor: Any, failure: MeshFailure) -> None:
+    """To the owning actor's ``__supervise__``, else to ``monarch.actor.unhandled_fault_hook`` (looked up
+    at each failure: a program may replace it)."""
+    import monarch.actor as api
+
+    supervision.report(owner_actor, failure, api.unhandled_fault_hook)
+
+
 class HostMesh(_MeshBase):
     """One or more hosts with a monarch host agent on each."""
 
@@ -263,7 +271,7 @@ class ProcMesh(_MeshBase):
             def on_death(err: SupervisionError, rank: int = i, host: str = p.host) -> None:
                 if self._stopped:
                     return
-                supervision.report(owner_actor, MeshFailure(self._name, rank, host, str(err), err.exit_code))
+                _report(owner_actor, MeshFailure(self._name, rank, host, str(err), err.exit_code))
             rt.watch(p.addr, on_death)
 
     def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> "ActorMesh[T]":
@@ -293,7 +301,7 @@ class ProcMesh(_MeshBase):
         creator = owner_actor.qualname if owner_actor is not None else "<root>"
         mesh = ActorMesh(actor_id, name, cls, self._procs, shape, self, initialized)
         _telemetry.actor_mesh(rt, self, actor_id, name, cls, shape)
-        supervision.watch_actor(actor_id, lambda msg: supervision.report(
+        supervision.watch_actor(actor_id, lambda msg: _report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
         if not (self._owner and self._owner_actor is owner_actor):
             # Procs this caller did not make: it is told of their deaths too, as the owner of
@@ -314,7 +322,7 @@ class ProcMesh(_MeshBase):
 
             def on_death(err: SupervisionError, rank: int = i, host: str = p.host) -> None:
                 if not mesh._stopped:
-                    supervision.report(owner_actor, MeshFailure(name, rank, host, str(err), err.exit_code))
+                    _report(owner_actor, MeshFailure(name, rank, host, str(err), err.exit_code))
             rt.watch(p.addr, on_death)
 
     def stop(self, reason: str = "stopped by client") -> Future:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch_agents.services.debug import waiting_line  # noqa: F401  (the line a run shows; for the CLI)
 from monarch.errors import MonarchError
 from monarch.job.state import JobRecord
 

@@ -27,6 +27,7 @@ from monarch.job.state import (
     save_state,
 )
 from monarch_schedulers import Description, HostState, create_scheduler
+from monarch_schedulers import names as scheduler_names  # noqa: F401  (for the CLI: the schedulers there are)
 from monarch_schedulers.agent_launch import agent_file, read_keys, write_keys
 
 #: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).

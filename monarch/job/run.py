@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from monarch_agents import messages as m
 from monarch_agents.errors import SupervisionError
@@ -312,6 +313,85 @@ def _say_debug_waiting(session: dict) -> None:
 
     sys.stderr.write(waiting_line(session) + "\n")
     sys.stderr.flush()
+
+
+def run_command(record: JobRecord, argv: list[str], *, hosts: list[HostRecord] | None = None,
+                env: dict[str, str] | None = None, cwd: str | None = None, show_output: bool = True,
+                color: bool = False, expand: dict[str, str] | None = None, detach: bool = False,
+                warn_before_s: float | None = None, on_warning: Callable[[str], None] | None = None,
+                on_debug: Callable[[dict], None] | None = None, all_to_stderr: bool = False) -> RunOutcome:
+    """Run ``argv`` on ``hosts`` (default: every host, by rank) of ``record`` and wait for it: the one
+    engine behind ``monarch run -- CMD`` and :meth:`monarch.job.spmd.SPMDJob.run_spmd`.
+
+    One run at a time per reservation (:class:`RunLock`); the run is added to the history for
+    ``monarch logs``.  Output is printed as it comes, each line prefixed by its host
+    (``show_output`` False keeps it in the hosts' logs only).  The first rank that fails stops
+    the others.  In the main thread, a first Ctrl-C or SIGTERM stops every rank (TERM, then
+    KILL) and the outcome says ``interrupted``; a second kills them at once.  ``detach``
+    starts the ranks and returns at once.  ``on_warning`` gets one line if the reservation
+    comes within ``warn_before_s`` of its time limit during the run; ``on_debug`` gets each debug
+    session a rank opens (``breakpoint()``, ``--pdb``).  ``all_to_stderr`` prints stdout lines to
+    stderr too (``--json`` keeps stdout for its document).
+    """
+    hosts = hosts or sorted(record.hosts, key=lambda h: h.host_rank)
+    printer = LinePrinter(hosts, color, all_to_stderr=all_to_stderr)
+    output = printer.write if show_output and not detach else (lambda *a: None)
+    watch = None
+    with RunLock(record):
+        rr = RemoteRun(record, hosts, argv, env=env or {}, cwd=cwd or os.getcwd(), on_output=output, detach=detach,
+                       expand=expand, on_debug=on_debug)
+        record_run(record, rr.run_id, argv, hosts, detach)
+        if detach:
+            rr.start()
+            return rr.outcome
+        try:
+            # Handlers first: a Ctrl-C that lands as the ranks start must stop them too.
+            with stop_on_signals(rr):
+                rr.start()
+                if on_warning is not None and warn_before_s is not None:
+                    watch = watch_time_limit(record, rr.done, warn_before_s, on_warning)
+                while not rr.wait(0.2):
+                    pass
+        except KeyboardInterrupt:  # not the main thread (no handlers there), or a second Ctrl-C
+            rr.stop()
+            raise
+        finally:
+            printer.flush()
+        record_run_end(record, rr.run_id, rr.outcome.exit_code)
+    if watch is not None:
+        watch.join(_WATCH_JOIN_S)
+    return rr.outcome
+
+
+#: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).
+_WATCH_JOIN_S = 1.0
+
+
+@contextmanager
+def stop_on_signals(rr: RemoteRun) -> Iterator[None]:
+    """While inside (main thread only), the first Ctrl-C/SIGTERM stops every rank (TERM, then KILL);
+    a second one kills them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupts = []
+
+    def on_signal(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) == 1:
+            threading.Thread(target=rr.stop, daemon=True).start()
+        else:
+            rr.signal(signal.SIGKILL)
+            rr.outcome.interrupted = True
+            rr.done.set()
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
 
 
 def watch_time_limit(record: JobRecord, done: threading.Event, warn_s: float,

@@ -157,7 +157,7 @@ class SPMDJob(Job):
         naming the first rank that failed; Ctrl-C stops every rank and re-raises.
         """
         from monarch.job.reserve import load_live
-        from monarch.job.run import LinePrinter, RemoteRun, RunLock, record_run
+        from monarch.job.run import run_command
 
         program = self.program
         if command is not None:
@@ -168,25 +168,12 @@ class SPMDJob(Job):
             raise UsageError(f"job {self.record.name!r} was reserved by `monarch serve` and has no SPMD program",
                              "pass one: job.run_spmd(['torchrun', '--nproc-per-node=2', 'train.py'])")
         self.record, self.path = load_live(path=self.path)
-        hosts = sorted(self.record.hosts, key=lambda h: h.host_rank)
         run_env = {**(program.env if program else {}), **(env or {})}
-        printer = LinePrinter(hosts, color=False)
-        out = (lambda *a: None) if quiet else printer.write
         macros = {"app_id": self.record.job_id, "img_root": "", "base_img_root": "", "rank0_env": "MASTER_ADDR"}
-        with RunLock(self.record):
-            rr = RemoteRun(self.record, hosts, argv, env=run_env, cwd=workdir or os.getcwd(), on_output=out,
-                           expand=macros)
-            record_run(self.record, rr.run_id, argv, hosts, detached=False)
-            rr.start()
-            try:
-                while not rr.wait(0.2):
-                    pass
-            except KeyboardInterrupt:
-                rr.stop()
-                raise
-            finally:
-                printer.flush()
-        outcome = rr.outcome
+        outcome = run_command(self.record, argv, env=run_env, cwd=workdir or os.getcwd(), show_output=not quiet,
+                              expand=macros)
+        if outcome.interrupted:
+            raise KeyboardInterrupt
         result = SPMDResult(outcome.run_id, {r.rank: r.exit_code for r in outcome.results})
         failed = outcome.first_failure
         if failed is not None:

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from monarch_agents.files import write_atomic  # noqa: F401  (also monarch.job.state's, for its users)
 from monarch_agents.keys import JobKeys
 from monarch.errors import StateError
 
@@ -203,25 +204,6 @@ def find_state_dir(start: str) -> str:
         if parent == d or parent in ceilings:
             return os.path.join(here, ".monarch")
         d = parent
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def save_state(path: str, state: JobRecord) -> None:

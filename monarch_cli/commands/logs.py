@@ -96,18 +96,16 @@ def _fetcher(record, entry: dict):
 
     if entry.get("kind") == "program":
         return local_fetch(program_run_dir(record, entry["run_id"]))
-    from monarch_agents.client import ensure_runtime
-    from monarch_agents.messages import ReadLog
+    from monarch.job.hosts import read_log
     from monarch.job.reserve import agent_unreachable
 
-    rt = ensure_runtime(record.keys, reach=record.agent_addrs)
     by_rank = {h.host_rank: h for h in record.hosts}
     hosts = {i: by_rank[hr] for i, hr in enumerate(entry["hosts"]) if hr in by_rank}
 
     def fetch(rank: int, kind: str, offset: int) -> tuple[bytes, bool]:
         h = hosts[rank]
         try:
-            res = rt.request(h.addr, lambda port: ReadLog(entry["run_id"], kind, offset, port)).get(timeout=_READ_TIMEOUT_S)
+            res = read_log(record, h, entry["run_id"], kind, offset, timeout=_READ_TIMEOUT_S)
         except Exception:
             raise agent_unreachable(record, h) from None
         return res.get(rank, (b"", False))

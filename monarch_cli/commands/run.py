@@ -6,18 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
 
 import click
 
 from monarch.errors import UsageError
 from monarch_cli.commands._common import name_option, handled, opts
 from monarch_cli.output import err, escape, print_json
-
-if TYPE_CHECKING:
-    from monarch.job.run import RemoteRun
 
 
 @click.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -37,8 +31,7 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         workdir: str | None, detach: bool, post_mortem: bool, warn_before: float | None) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
     from monarch.job.reserve import load_live, time_warning_s
-    from monarch.job.run import (LinePrinter, RemoteRun, RunLock, record_run, record_run_end, reservation_end,
-                                  watch_time_limit)
+    from monarch.job.run import reservation_end, run_command
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):
@@ -72,30 +65,18 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         else:
             selected = sorted(record.hosts, key=lambda h: h.host_rank)
         # --json: stdout holds the one document; the ranks' output goes to stderr.
-        printer = LinePrinter(selected, sys.stdout.isatty() and not o.json, all_to_stderr=o.json)
-        with RunLock(record):
-            rr = RemoteRun(record, selected, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write,
-                           detach=detach,
-                           on_debug=_say_debug_waiting)
-            record_run(record, rr.run_id, argv, selected, detach)
-            if detach:
-                rr.start()
-                if o.json:
-                    print_json({"run_id": rr.run_id, "detached": True})
-                else:
-                    err.print(f"started run {rr.run_id} on {len(selected)} host(s); `monarch logs --run {rr.run_id} -f` follows it")
-                return
-            # Handlers first: a Ctrl-C that lands as the ranks start must stop them too.
-            with _signals_stop(rr):
-                rr.start()
-                watch = watch_time_limit(record, rr.done, warn_s, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
-                while not rr.wait(0.2):
-                    pass
-            code = rr.outcome.exit_code
-            record_run_end(record, rr.run_id, code)
-        printer.flush()
-        watch.join(_WATCH_JOIN_S)
-        outcome = rr.outcome
+        outcome = run_command(record, argv, hosts=selected, env=extra, cwd=workdir or os.getcwd(),
+                              color=sys.stdout.isatty() and not o.json, all_to_stderr=o.json, detach=detach,
+                              warn_before_s=warn_s, on_debug=_say_debug_waiting,
+                              on_warning=lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
+        if detach:
+            if o.json:
+                print_json({"run_id": outcome.run_id, "detached": True})
+            else:
+                err.print(f"started run {outcome.run_id} on {len(selected)} host(s); "
+                          f"`monarch logs --run {outcome.run_id} -f` follows it")
+            return
+        code = outcome.exit_code
         message, hint = "", ""
         if outcome.interrupted:
             message = "interrupted: stopped every rank"
@@ -113,7 +94,7 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
                 if not f.started and "working directory" in f.reason:
                     hint = "-w must name a folder that exists on every host (default: this one)"
         if o.json:
-            doc = {"run_id": rr.run_id, "exit_code": code,
+            doc = {"run_id": outcome.run_id, "exit_code": code,
                    "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason}
                              for r in outcome.results]}
             if message:
@@ -141,7 +122,7 @@ def _push_workspace(record, verbose: bool) -> None:
 
 def _say_debug_waiting(session: dict) -> None:
     """Once per debug session a rank opens: which rank waits, and the command that attaches."""
-    from monarch_agents.services.debug import waiting_line
+    from monarch.job.debug import waiting_line
 
     err.print(f"[yellow]{escape(waiting_line(session))}[/]")
 
@@ -161,33 +142,6 @@ def _agent_lost_message(record, f) -> tuple[str, str]:
     why = f": {d.reason}" if d is not None and d.reason else ""
     return (f"host agent on {f.host} died during the run{why}",
             "`monarch serve --replace` makes a new reservation (`monarch status` shows what is left)")
-
-
-#: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).
-_WATCH_JOIN_S = 1.0
-
-
-@contextmanager
-def _signals_stop(rr: RemoteRun) -> Iterator[None]:
-    """While inside, the first Ctrl-C/SIGTERM stops every rank (TERM, then KILL); a second one kills them."""
-    interrupts = []
-
-    def on_signal(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) == 1:
-            threading.Thread(target=rr.stop, daemon=True).start()
-        else:
-            rr.signal(signal.SIGKILL)
-            rr.outcome.interrupted = True
-            rr.done.set()
-
-    old_int = signal.signal(signal.SIGINT, on_signal)
-    old_term = signal.signal(signal.SIGTERM, on_signal)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
 
 
 def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json: bool) -> int:

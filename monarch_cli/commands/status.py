@@ -19,9 +19,8 @@ def status(ctx: click.Context, name: str | None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
     from rich.table import Table
     from monarch.errors import ExitCode
-    from monarch_schedulers import HostState
-    from monarch_agents.messages import HostInfo, Ping
-    from monarch_agents.client import ensure_runtime
+    from monarch.job.hosts import ping_agents
+    from monarch.job.reserve import HostState
     from monarch.job.reserve import describe, time_warning_s
     from monarch.job.state import StatePaths, load_state
     o = opts(ctx)
@@ -30,24 +29,20 @@ def status(ctx: click.Context, name: str | None) -> None:
         record = load_state(path)
         d = describe(record)
         sched_state = d.state.value if d else "GONE"
-        rt = ensure_runtime(record.keys, reach=record.agent_addrs)
-        t0 = time.monotonic()
-        # A failed allocation may still have agents that answer (one local agent died): ask them all.
-        futures = [(h, rt.request(h.addr, lambda port: Ping(port))) for h in record.hosts] \
-            if d and d.state is not HostState.ENDED else []
         hosts = []
-        for h, f in futures:
+        # A failed allocation may still have agents that answer (one local agent died): ask them all.
+        for a in ping_agents(record, _PING_TIMEOUT_S) if d and d.state is not HostState.ENDED else []:
+            h, info = a.host, a.info
             entry = {"host": h.host, "rank": h.host_rank, "addr": h.addr, "pid": h.pid}
-            try:
-                info: HostInfo = f.get(timeout=max(0.1, _PING_TIMEOUT_S - (time.monotonic() - t0)))
+            if info is not None:
                 entry.update(agent="up", procs=len(info.procs), runs=[" ".join(r["argv"]) for r in info.runs],
                              uptime_s=round(time.time() - info.started_at, 1))
                 ws = info.services.get("workspace") or {}
                 if ws.get("mounts"):
                     entry["workspace"] = {"transport": ws.get("transport"), "transport_reason": ws.get("transport_reason"),
                                           "mounts": ws["mounts"]}
-            except Exception as e:
-                entry.update(agent=_why_silent(h), error=str(e).splitlines()[0], procs=0, runs=[])
+            else:
+                entry.update(agent=_why_silent(h), error=a.error, procs=0, runs=[])
             hosts.append(entry)
         data = {
             "name": record.name, "job_id": record.job_id, "scheduler": record.spec.scheduler,

@@ -1,0 +1,24 @@
+"""Files written so that a reader never sees half of one."""
+
+from __future__ import annotations
+
+import os
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
