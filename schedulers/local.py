@@ -101,7 +101,7 @@ class LocalScheduler(Scheduler):
         return job_id
 
     def _make_namespaces(self, tag: str, hosts: int) -> "netns.NetnsPlan":
-        from monarch.errors import SchedulerError
+        from monarch_schedulers.errors import SchedulerError
 
         try:
             return netns.create(tag, hosts)

@@ -513,9 +513,11 @@ def _release_at_exit(job: JobTrait) -> None:
 
 
 def _release_uncached() -> None:
-    from monarch_agents import supervision
+    from monarch_agents import runtime
 
-    supervision.shutting_down = True  # the procs dying with the job now are expected, not failures
+    rt = runtime.current()
+    if rt is not None:
+        rt.stopping = True  # the procs dying with the job now are expected, not failures
     for job in list(_exit_jobs):
         try:
             if job.active:
