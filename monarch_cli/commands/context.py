@@ -26,7 +26,9 @@ def ls(ctx: click.Context) -> None:
         cur = paths.current()
         rows = []
         with_state = set(paths.contexts())
-        for n in sorted(with_state | set(known_contexts(paths)) | {cur}):
+        # The current context is listed once chosen (`context use`), reserved or not; else "No contexts."
+        chosen = {cur} if os.path.exists(paths.current_file) else set()
+        for n in sorted(with_state | set(known_contexts(paths)) | chosen):
             if n not in with_state:
                 rows.append({"name": n, "current": n == cur, "job_id": "", "shape": "no job (`monarch apply` or `monarch serve`)"})
                 continue

@@ -98,6 +98,8 @@ def test_monarch_agent_guide_sequence(jobdir):
 
 
 def test_context_verbs_with_monarchs_messages(workdir):
+    r = monarch("context", "ls", cwd=workdir, check=True)
+    assert r.stdout == "No contexts.\n"
     r = monarch("context", "create", "exp2", cwd=workdir, check=True)
     assert r.stdout == "Created context 'exp2'\n"
     r = monarch("context", "use", "exp2", cwd=workdir, check=True)
