@@ -204,15 +204,14 @@ def _independent_run_class():
 
 def _run(record, hosts: list, argv: list[str], extra: dict, workdir: str | None, as_json: bool) -> int:
     """Run on ``hosts`` as `monarch run` does (recorded for `monarch logs`); the highest rank exit code."""
-    from monarch.job.run import LinePrinter, RunLock, record_run, record_run_end
-    from monarch_cli.commands.run import _signals_stop
+    from monarch.job.run import LinePrinter, RunLock, record_run, record_run_end, stop_on_signals
 
     _IndependentRun = _independent_run_class()
     printer = LinePrinter(hosts, sys.stdout.isatty() and not as_json, all_to_stderr=as_json)
     with RunLock(record):
         rr = _IndependentRun(record, hosts, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write)
         record_run(record, rr.run_id, argv, hosts, False)
-        with _signals_stop(rr):
+        with stop_on_signals(rr):
             rr.start()
             while not rr.wait(0.2):
                 pass

@@ -12,6 +12,28 @@ import pytest
 
 from tests.cli.conftest import monarch
 
+ACTOR_PROGRAM = """\
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
+
+
+class Counter(Actor):
+    def __init__(self, start: int):
+        self.n = start
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.n += by
+        return self.n
+
+
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 1})
+counters = procs.spawn("counters", Counter, 0)
+for _ in range(3):
+    counters.incr.call(1).get()
+print("counted")
+"""
+
 JOB_MODULE = 'from monarch.job import ProcessJob\njob = ProcessJob({"hosts": 2})\nnot_a_job = 3\n'
 
 
@@ -76,6 +98,15 @@ def test_monarch_agent_guide_sequence(jobdir):
         assert "Traceback" not in r.stderr
     # a failed apply did not replace the saved spec
     assert (jobdir / ".monarch" / "specs" / "default").read_text() == "myjob.job"
+
+    # the past: an actor program's endpoint calls are instants on the client's actor track
+    (jobdir / "prog.py").write_text(ACTOR_PROGRAM)
+    assert monarch("run", "prog.py", cwd=jobdir, check=True).stdout.strip() == "counted"
+    monarch("profile", "--since", "10m", "-o", "past.json", cwd=jobdir, check=True)
+    past = json.loads((jobdir / "past.json").read_text())["traceEvents"]
+    calls = [e for e in past if e["ph"] == "i" and e["name"] == "call incr"]
+    assert len(calls) == 3 and all(isinstance(e["ts"], int) for e in calls)
+    assert any(e["ph"] == "X" and e["cat"] == "run" and e["name"].startswith("sh -c") for e in past)
 
     # a live window: a run in progress is a span per rank, clipped to the window
     monarch("run", "-d", "--", "sleep", "60", cwd=jobdir, check=True)
