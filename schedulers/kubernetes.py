@@ -45,6 +45,7 @@ import time
 import uuid
 from typing import Any
 
+from monarch_agents.files import write_atomic
 from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import agent_file
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
@@ -540,11 +541,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data).encode())
 
 
 def create_scheduler(**opts) -> KubernetesScheduler:

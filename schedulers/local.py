@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from monarch_agents.files import write_atomic
 from monarch_schedulers import netns
 from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
@@ -175,19 +176,8 @@ class LocalScheduler(Scheduler):
 
 
 def _write_private(path: str, text: str) -> None:
-    """Write ``path`` whole or not at all (temp file of mode 0600, then rename)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``path`` whole or not at all, mode 0600."""
+    write_atomic(path, text.encode())
 
 
 def _job_dirs_for(job_id: str) -> list[str]:
