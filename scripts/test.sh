@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --test
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=15 "$@"
 code=$?
 set -e
 # Never leave a Slurm cluster behind, even when tests fail.
