@@ -57,6 +57,8 @@ _FROM_ANY_MEMBER = frozenset({m.Ping, m.ProcReady, m.Reply})
 _STOP_DEADLINE_S = 5.0
 #: How long the zygote gets to exit after SIGTERM.
 _ZYGOTE_STOP_S = 1.0
+#: How long a proc whose owner died may take to exit after SIGTERM before it is killed.
+_REAP_GRACE_S = 1.0
 
 
 class HostAgent:
@@ -188,8 +190,15 @@ class HostAgent:
             self.owners.discard(owner)
             victims = [c for c in self.children.values() if c.owner == owner]
             last = not self.owners
+        # SIGTERM first: a proc pushes its last telemetry rows (half a second at most), then SIGKILL
+        # whatever is left, so an owner's death still reaps everything it owned.
         for c in victims:
-            killpg(c.pid, signal.SIGKILL)
+            killpg(c.pid, signal.SIGTERM)
+        if victims:
+            kill = threading.Timer(_REAP_GRACE_S, lambda: [killpg(c.pid, signal.SIGKILL) for c in victims
+                                                            if c.pid in self.children])
+            kill.daemon = True
+            kill.start()
         if self.ephemeral and last:
             self.request_stop()
 

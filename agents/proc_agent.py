@@ -716,11 +716,28 @@ def host_actors_in_client(rt: Runtime) -> ProcAgent:
 _agent_lock = threading.Lock()
 
 
+def _exit_on_sigterm(rt_box: list) -> None:
+    """SIGTERM (the owner is gone, or a stop ran out of time): hand the telemetry rows recorded
+    since the last push to the host agent, then exit at once; never more than half a second."""
+    threading.Timer(_SIGTERM_FLUSH_S, lambda: os._exit(143)).start()
+    try:
+        actor_telemetry.stop()
+        if rt_box:
+            rt_box[0].close()  # lingers until what was queued has left (bounded)
+    finally:
+        os._exit(143)
+
+
+#: How long a proc told to terminate may spend pushing its last telemetry rows.
+_SIGTERM_FLUSH_S = 0.5
+
+
 def main(config: dict) -> None:
     """Entry point in a freshly forked proc (called by the zygote)."""
     global _agent
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"))
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    rt_box: list[Runtime] = []
+    signal.signal(signal.SIGTERM, lambda *_: _exit_on_sigterm(rt_box))
     keys = JobKeys(**config["keys"])
     # The zygote's sys.path was fixed when it started; put the spawner's own entries (its
     # script's directory, say) first, in its order, so its modules import here by name too.
@@ -736,6 +753,7 @@ def main(config: dict) -> None:
 
     debug_rank.install()  # breakpoint() in an endpoint pauses that actor for `monarch debug`
     rt = install(Runtime(keys, bind_host=config["bind_host"], name=f"proc[{config['mesh_id']}]", host=config["host"]))
+    rt_box.append(rt)
     agent = _agent = ProcAgent(rt, config).register()
     supervision.install(rt)
     rt.start()
