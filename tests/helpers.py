@@ -10,6 +10,7 @@ no host agent, no zygote, no proc, no test script.
 from __future__ import annotations
 
 import json
+import queue
 import os
 import subprocess
 import sys
@@ -179,3 +180,19 @@ def run_script(path, *args, timeout: float = 60, cwd=None) -> subprocess.Complet
     """Run ``python path`` as a user would; the result has text stdout/stderr."""
     return subprocess.run([sys.executable, str(path), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or ROOT)
+
+
+class StreamInbox:
+    """One stream port of a test client (runs' RunOutput/RunExited, debug sessions' messages)."""
+
+    def __init__(self, rt, timeout: float = 30.0):
+        self.q: queue.Queue = queue.Queue()
+        self.port = rt.open_stream(self.q.put)
+        self.timeout = timeout
+
+    def next(self, kind: type, timeout: float | None = None):
+        """The next message of ``kind`` (others are skipped)."""
+        while True:
+            msg = self.q.get(timeout=self.timeout if timeout is None else timeout)
+            if isinstance(msg, kind):
+                return msg

@@ -228,9 +228,6 @@ class MonarchJob(core.Job[core.R]):
             raise utils.UncompletedJobError("\n".join(message))
         return super()._get_outcome_and_result()
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__)
-
 
 class MonarchExecutor(core.PicklingExecutor):
     """Runs submitit jobs on the hosts of a monarch reservation (``cluster="monarch"``).
@@ -259,7 +256,7 @@ class MonarchExecutor(core.PicklingExecutor):
     @classmethod
     def _valid_parameters(cls) -> set[str]:
         return {"timeout_min", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb", "name",
-                "stderr_to_stdout", "signal_delay_s", "setup"}
+                "stderr_to_stdout", "signal_delay_s"}
 
     def _num_tasks(self) -> int:
         return int(self.parameters.get("nodes", 1)) * int(self.parameters.get("tasks_per_node", 1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import sys
 import time
@@ -13,25 +12,13 @@ import pytest
 
 from monarch_agents import debug_rank as proto
 from monarch_agents import messages as m
-from tests.helpers import start_host_agent, wait_gone
+from tests.helpers import StreamInbox, start_host_agent, wait_gone
 
 pytestmark = pytest.mark.timeout(60)
 
 T = 30
 
 
-class Inbox:
-    """One stream port for a run's messages (RunOutput, DebugWaiting, RunExited) and a debug session's."""
-
-    def __init__(self, rt):
-        self.q: queue.Queue = queue.Queue()
-        self.port = rt.open_stream(self.q.put)
-
-    def next(self, kind: type, timeout: float = T):
-        while True:
-            msg = self.q.get(timeout=timeout)
-            if isinstance(msg, kind):
-                return msg
 
 
 @pytest.fixture
@@ -53,7 +40,7 @@ def _output(inbox) -> str:
 
 
 def test_a_session_relayed_through_the_agent(client, agent):
-    inbox = Inbox(client)
+    inbox = StreamInbox(client)
     run_id = _run(client, agent, inbox, [sys.executable, "-c", "x = 5\nbreakpoint()\nprint('after', x * 2)"])
     waiting = inbox.next(m.DebugWaiting)
     assert waiting.run_id == run_id and waiting.session["rank"] == 0 and waiting.session["host"] == "dbghost"
@@ -91,7 +78,7 @@ def test_a_session_relayed_through_the_agent(client, agent):
 
 
 def test_only_the_agents_children_may_open_a_session(client, agent):
-    inbox = Inbox(client)
+    inbox = StreamInbox(client)
     _run(client, agent, inbox, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
     name, hook = _output(inbox).split()
     assert hook == "monarch_breakpoint.set_trace"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import uuid
 
@@ -12,32 +11,20 @@ import pytest
 
 from monarch_agents import messages as m
 from tests.agents.echo_service import Echo
-from tests.helpers import start_host_agent, wait_gone
+from tests.helpers import StreamInbox, start_host_agent, wait_gone
 
 pytestmark = pytest.mark.timeout(60)
 
 T = 30
 
 
-class RunStream:
-    """The RunOutput / RunExited messages of the runs a test starts, on one stream port."""
-
-    def __init__(self, rt):
-        self.q: queue.Queue = queue.Queue()
-        self.port = rt.open_stream(self.q.put)
-
-    def next(self, kind: type, timeout: float = T):
-        while True:
-            msg = self.q.get(timeout=timeout)
-            if isinstance(msg, kind):
-                return msg
 
 
 def _ping(client, agent) -> m.HostInfo:
     return client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
 
 
-def _run(client, agent, stream: RunStream, argv) -> str:
+def _run(client, agent, stream: StreamInbox, argv) -> str:
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     client.send(agent.addr, m.RunCommand(run_id, argv, {}, None, stream.port.ref, 0, client.addr))
     return run_id
@@ -52,7 +39,7 @@ def plugged(client, tmp_path):
 
 
 def test_status_has_every_service(client, plugged):
-    stream = RunStream(client)
+    stream = StreamInbox(client)
     run_id = _run(client, plugged, stream, ["sh", "-c", "echo up; exec sleep 30"])
     assert stream.next(m.RunOutput).data == b"up\n"
     info = _ping(client, plugged)
@@ -73,7 +60,7 @@ def test_a_plugged_service_handles_its_messages_off_the_io_thread(client, plugge
 def test_ordered_stop_ends_runs_before_the_next_service_and_exits_normally(client, plugged):
     """Shutdown with a rank that ignores SIGTERM: it is killed within the deadline, its owner hears
     why, the service listed first stops last (no child left by then), and the process exits normally."""
-    stream = RunStream(client)
+    stream = StreamInbox(client)
     _run(client, plugged, stream, ["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"])
     assert stream.next(m.RunOutput).data == b"up\n"
     children = plugged.children()
@@ -90,7 +77,7 @@ def test_ordered_stop_ends_runs_before_the_next_service_and_exits_normally(clien
 
 
 def test_sigterm_stops_the_agent_in_order(client, plugged):
-    stream = RunStream(client)
+    stream = StreamInbox(client)
     _run(client, plugged, stream, ["sh", "-c", "echo up; exec sleep 30"])
     assert stream.next(m.RunOutput).data == b"up\n"
     children = plugged.children()
