@@ -30,6 +30,11 @@ from monarch_cli.tui.stacks_view import StacksView, group_stacks
 
 #: Seconds between two polls of the reservation.
 REFRESH_S = 1.0
+#: The widget that takes the keys when a view is shown.  Focus moves with the tab: Textual blurs a
+#: focused widget whose pane gets hidden and hands focus to a visible sibling in that same pane, and
+#: that pane's TabPane then makes its own tab active again (Enter on a run came back to Runs).
+TAB_FOCUS = {"mesh": "#mesh-tree", "runs": "#runs-table", "logs": "#log-view", "sql": "#sql-input",
+             "stacks": "#stacks-view", "debug": "#debug-view"}
 
 
 class DashboardApp(App):
@@ -154,6 +159,9 @@ class DashboardApp(App):
     # -- actions ------------------------------------------------------------------------
 
     def action_tab(self, tab: str) -> None:
+        # Focus first (at once, not after a refresh): the old pane must hold no focus when it hides.
+        widget = self.query_one(TAB_FOCUS[tab])
+        widget.screen.set_focus(widget)
         self.query_one("#tabs", TabbedContent).active = tab
 
     def action_filter(self) -> None:
@@ -175,6 +183,8 @@ class DashboardApp(App):
             flt.value = ""
             flt.remove_class("-visible")
             self.query_one(MeshTree).focus()
+        elif self.query_one("#sql-input", Input).has_focus:  # the view's keys (1-6, q) work again
+            self.query_one("#sql-table").focus()
 
     @on(RunsView.ShowLogs)
     def _show_logs(self, event: RunsView.ShowLogs) -> None:

@@ -123,9 +123,6 @@ async def test_tree_header_details_of_a_failed_run(job):
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(reason="known bug, open in issue 15: Enter on a run no longer leaves the Logs tab active "
-                          "(the tab is back on Runs, so no lines are fetched); the source returns the lines",
-                   strict=False)
 async def test_runs_logs_filter_and_first_error(job):
     app = make_app(job)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -138,11 +135,14 @@ async def test_runs_logs_filter_and_first_error(job):
         assert "failed" in str(runs.get_row_at(0)[1])
         ranks = app.query_one("#ranks-table", DataTable)
         assert ranks.row_count == 2
-        # Enter opens that run's logs.
-        runs.focus()
+        # Enter opens that run's logs, and the Logs view stays (focus left the hidden Runs pane with it).
+        assert runs.has_focus
         await pilot.press("enter")
         log = app.query_one("#log-view", Log)
         await until(pilot, lambda: any("ValueError: bad input 42" in line for line in log.lines), what="log lines")
+        polls = app.polls
+        await until(pilot, lambda: app.polls >= polls + 2, what="two more polls")
+        assert app.query_one("#tabs").active == "logs" and log.has_focus
         text = "\n".join(log.lines)
         assert "host0/0  rank 0 starting" in text and "host1/1  rank 1 starting" in text
         # Binary output and a 5,000-char line arrive tamed: no escape byte, cut with a note.
