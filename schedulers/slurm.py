@@ -9,8 +9,9 @@ Prerequisites:
   directory (the job directory ``.monarch/jobs/<name>/``), this checkout and its
   Python (``sys.executable`` is what the nodes run);
 * compute nodes that can reach the address in ``client_host`` (the agents bind
-  to their route towards it; default: this machine's address, 127.0.0.1 where
-  its name does not resolve to anything else).
+  to their route towards it; default: the address this machine uses to reach
+  the cluster's nodes (their ``NodeAddr`` in ``sinfo``), else what its name
+  resolves to, else 127.0.0.1).
 
 The job is an ``sbatch`` batch script (``serve --dryrun`` prints it) whose one
 ``srun`` step starts ``python -m monarch_agents.host_agent`` once per node, with the
@@ -64,6 +65,9 @@ _NODE_VARS = ("SLURM_NODEID", "SLURMD_NODENAME")
 _SQUEUE_FORMAT = "%T|%r|%L|%N"
 #: How long one Slurm command may take (they retry an unreachable controller for a while themselves).
 _CMD_TIMEOUT_S = 60.0
+#: How long ``sinfo`` may take to name the nodes' addresses for the default client host (a
+#: controller that is down makes it retry; sbatch then says why, so the default gives up sooner).
+_NODE_ADDR_TIMEOUT_S = 10.0
 #: How long ``release`` waits for the job to leave the queue (its agents gone), and how often it looks.
 _RELEASE_WAIT_S = 10.0
 _RELEASE_POLL_S = 0.1
@@ -429,13 +433,40 @@ class SlurmScheduler(Scheduler):
 
 
 def default_client_host() -> str:
-    """This machine's address as the nodes would see it: what its name resolves to, else loopback."""
+    """This machine's address as the nodes see it: the one it uses to reach them.
+
+    Its own name is no guide: Debian maps it to 127.0.1.1, containers to
+    127.0.0.1, and a machine on several networks has several addresses.  So the
+    kernel is asked which local address routes to the first node ``sinfo`` lists
+    (``NodeAddr``); without an answer, what this machine's name resolves to, else
+    loopback.
+    """
+    from monarch_agents.transport import route_ip
+
+    for addr in _node_addrs():
+        try:
+            ip = socket.gethostbyname(addr)
+        except OSError:
+            continue
+        return route_ip(ip)
     try:
         ip = socket.gethostbyname(socket.gethostname())
         ipaddress.ip_address(ip)
         return ip
     except (OSError, ValueError):
         return "127.0.0.1"
+
+
+def _node_addrs() -> list[str]:
+    """The nodes' addresses (``NodeAddr``) as the controller knows them; [] when it does not answer."""
+    try:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%o"], capture_output=True, text=True,
+                           timeout=_NODE_ADDR_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if r.returncode != 0:
+        return []
+    return list(dict.fromkeys(a for a in r.stdout.split() if a and a != "(null)"))
 
 
 def _q(s: str) -> str:

@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
 # A real 4-node Slurm cluster on this one machine, for monarch's tests and demos.
 #
-# One slurmctld plus one slurmd per node (n1..n4), each slurmd on its own port, all on 127.0.0.1,
-# authenticated by munge. Everything the cluster writes lives under one directory, so a test run can
-# start, use and throw away a cluster without touching system config (except the /etc/hosts line that
-# makes n1..n4 resolvable, which tools that connect to "the rank-0 node" by name need).
+# One slurmctld plus one slurmd per node (n1..n4), authenticated by munge. Each node is a host of its
+# own, as on a real cluster: its slurmd (and so every task srun starts there) runs in its own network
+# namespace with its own address on a private bridge, its own hostname (n1..n4) and its own
+# /etc/hosts (n1..n4 -> their addresses), so nothing between the client and a node, or between
+# nodes, can take a same-host shortcut:
 #
-# Needs root: munged must run as the munge user and slurmd as root (SlurmdUser=root).
+#     bridge mnb<tag>  10.231.N.1/24   root namespace: slurmctld, munged, the client (sbatch, monarch)
+#       |-- netns monarch-<tag>-h0  10.231.N.11  slurmd n1
+#       ...
+#       `-- netns monarch-<tag>-h3  10.231.N.14  slurmd n4
+#
+# N is the first /24 of 10.231.0.0/16 that no other cluster or reservation on this machine uses, and
+# <tag> comes from DIR, so concurrent clusters in different DIRs do not collide; the namespaces are
+# made and removed by schedulers/netns.py (the module behind `monarch serve --netns`), run with any
+# python3. Everything else the cluster writes lives under DIR, so a test run can start, use and
+# throw away a cluster without touching system config.
+#
+# Needs root: munged runs as the munge user, slurmd as root, and namespaces need CAP_NET_ADMIN.
+# Where namespaces cannot be made, MONARCH_SLURM_NETNS=0 runs every node on 127.0.0.1 instead
+# (one network stack: a smoke test of Slurm, not of multi-host; it adds '127.0.0.1 n1 n2 n3 n4'
+# to /etc/hosts for tools that reach "the rank-0 node" by name).
 #
 #   scripts/slurm_cluster.sh install
 #   eval "$(scripts/slurm_cluster.sh start)"      # stdout is only the export line
@@ -31,23 +46,34 @@ readonly CPUS_PER_NODE=${MONARCH_SLURM_CPUS_PER_NODE:-2}
 readonly START_TIMEOUT=${MONARCH_SLURM_START_TIMEOUT:-30}
 readonly STOP_TIMEOUT=${MONARCH_SLURM_STOP_TIMEOUT:-15}
 readonly MUNGE_PIDFILE=/run/munge/munged.pid
+readonly NETNS=${MONARCH_SLURM_NETNS:-1}
+readonly SUPERNET=10.231.0.0/16
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly ROOT
+# netns.py is standard library only; -P keeps schedulers/ (whose module names are not unique) off sys.path.
+netns_py() { "${MONARCH_PYTHON:-python3}" -P "$ROOT/schedulers/netns.py" "$@"; }
 
 usage() {
     cat >&2 <<EOF
 usage: $(basename "$0") COMMAND [DIR]
 
   install      apt-get install slurm-wlm + munge unless slurmctld is already on PATH
-  start [DIR]  write DIR/slurm.conf, start munged, slurmctld and slurmd n1..n4, wait until all
-               nodes are idle; prints 'export SLURM_CONF=DIR/slurm.conf' as its last stdout line.
+  start [DIR]  make the bridge and one network namespace per node, write DIR/slurm.conf, start
+               munged, slurmctld and slurmd n1..n4 (each in its namespace), wait until all nodes
+               are idle; prints 'export SLURM_CONF=DIR/slurm.conf' as its last stdout line.
                Does nothing but print that line when the cluster in DIR is already healthy.
-  stop [DIR]   cancel jobs, stop every daemon that start started; safe to repeat. munged is
-               shared by the machine and kept while a cluster in another DIR still runs.
-  status [DIR] print sinfo and exit 0 if the cluster in DIR is healthy, else exit 1
+  stop [DIR]   cancel jobs, stop every daemon that start started, remove the namespaces, veths
+               and bridge; safe to repeat. munged is shared by the machine and kept while a
+               cluster in another DIR still runs.
+  status [DIR] print each node's address and state and exit 0 if the cluster in DIR is healthy,
+               else exit 1
 
 DIR defaults to $DEFAULT_DIR.
 Environment: MONARCH_SLURMCTLD_PORT (16817), MONARCH_SLURMD_PORT (16818),
   MONARCH_SLURM_NODE_PORT (17001, first of 4), MONARCH_SLURM_CPUS_PER_NODE (2),
-  MONARCH_SLURM_START_TIMEOUT (30 s), MONARCH_SLURM_STOP_TIMEOUT (15 s).
+  MONARCH_SLURM_START_TIMEOUT (30 s), MONARCH_SLURM_STOP_TIMEOUT (15 s),
+  MONARCH_SLURM_NETNS (1; 0: every node on 127.0.0.1, for machines without namespaces),
+  MONARCH_PYTHON (python3: runs schedulers/netns.py).
 EOF
 }
 
@@ -164,12 +190,20 @@ cmd_install() {
     command -v slurmctld >/dev/null 2>&1 || die "slurmctld still not on PATH after install"
 }
 
-write_conf() { # DIR
-    local dir=$1 last_port=$((NODE_PORT + ${#NODES[@]} - 1))
+# The namespaces of DIR's cluster are named after it, so stop finds them without any state.
+netns_tag() { # DIR
+    echo "s$(printf '%s' "$1" | md5sum | cut -c1-7)"
+}
+
+write_conf() { # DIR CTLD_ADDR NODE_ADDR...  (no NODE_ADDR: every node on 127.0.0.1)
+    local dir=$1 ctld=$2 i last_port=$((NODE_PORT + ${#NODES[@]} - 1))
+    shift 2
+    local addrs=("$@")
     cat >"$dir/slurm.conf" <<EOF
 # Written by scripts/slurm_cluster.sh; rewritten on every fresh start.
 ClusterName=monarch
-SlurmctldHost=localhost
+# The controller's name must be this machine's; the nodes reach it at this address.
+SlurmctldHost=$(hostname -s)($ctld)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$CTLD_PORT
@@ -204,12 +238,19 @@ MinJobAge=30
 MailProg=/bin/true
 # Trust the CPUs/RealMemory below even where the machine has fewer; otherwise slurmd drains the node.
 SlurmdParameters=config_overrides
-NodeName=n[1-${#NODES[@]}] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$last_port CPUs=$CPUS_PER_NODE RealMemory=2000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    if ((${#addrs[@]} == 0)); then
+        echo "NodeName=n[1-${#NODES[@]}] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$last_port CPUs=$CPUS_PER_NODE RealMemory=2000 State=UNKNOWN" >>"$dir/slurm.conf"
+        return
+    fi
+    for i in "${!NODES[@]}"; do
+        echo "NodeName=${NODES[$i]} NodeHostname=${NODES[$i]} NodeAddr=${addrs[$i]} Port=$((NODE_PORT + i)) CPUs=$CPUS_PER_NODE RealMemory=2000 State=UNKNOWN" >>"$dir/slurm.conf"
+    done
 }
 
-# Tools that reach the rank-0 node by its Slurm name (torchrun, TorchX dist.ddp) need n1..n4 to resolve.
+# Loopback layout only: tools that reach the rank-0 node by its Slurm name (torchrun, TorchX
+# dist.ddp) need n1..n4 to resolve. (Namespaced nodes get a private /etc/hosts instead.)
 ensure_hosts() {
     local line="127.0.0.1 ${NODES[*]}"
     grep -qxF "$line" /etc/hosts || echo "$line" >>/etc/hosts
@@ -249,9 +290,12 @@ fail_start() { # DIR MESSAGE
 }
 
 cmd_start() { # DIR
-    local dir=$1 deadline n
+    local dir=$1 deadline n i why addrs=() ctld=127.0.0.1
     need_root
     command -v slurmctld >/dev/null 2>&1 || die "slurmctld not on PATH; run '$0 install' first"
+    if [[ $NETNS != 0 ]] && ! why=$(netns_py check 2>&1); then
+        die "cannot give the nodes network namespaces: ${why:-netns.py check failed} (MONARCH_SLURM_NETNS=0 runs every node on 127.0.0.1 instead)"
+    fi
     if healthy "$dir"; then
         echo "export SLURM_CONF=$dir/slurm.conf"
         return 0
@@ -262,16 +306,34 @@ cmd_start() { # DIR
     rm -rf "$dir/state" "$dir/spool"
     # slurmd logs a socket-dir error unless its spool dir exists before it starts.
     mkdir -p "$dir/state" "$dir/log" "${NODES[@]/#/$dir/spool/}"
-    write_conf "$dir"
-    ensure_hosts
+    rm -f "$dir/netns.json" "$dir/hosts"
+    if [[ $NETNS != 0 ]]; then
+        # Prints the bridge's address, then the nodes'.
+        read -r -a addrs < <(netns_py create "$(netns_tag "$dir")" "${#NODES[@]}" "$SUPERNET" "$dir/netns.json" 2>"$dir/log/netns.err") || true
+        ((${#addrs[@]} == ${#NODES[@]} + 1)) || fail_start "$dir" "network namespaces: $(cat "$dir/log/netns.err")"
+        ctld=${addrs[0]}
+        addrs=("${addrs[@]:1}")
+        netns_py hosts "$dir/netns.json" "${NODES[@]}" >"$dir/hosts" || fail_start "$dir" "cannot write $dir/hosts"
+    else
+        ensure_hosts
+    fi
+    write_conf "$dir" "$ctld" "${addrs[@]}"
     start_munged
 
     # Daemon chatter goes to stderr: stdout is reserved for the export line callers eval.
     slurmctld -f "$dir/slurm.conf" >&2 ||
         fail_start "$dir" "slurmctld failed to start"
-    for n in "${NODES[@]}"; do
-        slurmd -f "$dir/slurm.conf" -N "$n" >&2 ||
-            fail_start "$dir" "slurmd -N $n failed to start"
+    for i in "${!NODES[@]}"; do
+        n=${NODES[$i]}
+        if [[ $NETNS != 0 ]]; then
+            # nsenter, not `ip netns exec` (which remounts /sys: slurmd then finds no cgroup fs and
+            # fails); own hostname and /etc/hosts, so tasks see the node they run on.
+            netns_py exec "$dir/netns.json" "$i" "$n" "$dir/hosts" -- slurmd -f "$dir/slurm.conf" -N "$n" >&2 ||
+                fail_start "$dir" "slurmd -N $n failed to start in its namespace"
+        else
+            slurmd -f "$dir/slurm.conf" -N "$n" >&2 ||
+                fail_start "$dir" "slurmd -N $n failed to start"
+        fi
     done
 
     deadline=$((SECONDS + START_TIMEOUT))
@@ -338,6 +400,13 @@ stop_cluster() { # DIR [keep_munge]
         kill -TERM "${pids[@]}" 2>/dev/null || true
         wait_gone "$STOP_TIMEOUT" "${pids[@]}"
     fi
+    # After the daemons (a slurmd would lose its address under a running job), and by name, so a
+    # start that stopped halfway leaves nothing either; skipped where nothing of DIR's is there.
+    local tag
+    tag=$(netns_tag "$dir")
+    if ip netns list 2>/dev/null | grep -q "^monarch-$tag-" || ip -br link 2>/dev/null | grep -qE "^mn[bv]$tag[ @-]"; then
+        netns_py remove "$tag" || log "could not remove every namespace of $dir"
+    fi
     # munged is one per machine; a cluster in another DIR still needs it.
     if [[ ${2:-} != keep_munge ]] && ! other_slurm_alive; then
         pid=$(pid_from "$MUNGE_PIDFILE")
@@ -357,7 +426,7 @@ cmd_stop() { # DIR
 cmd_status() { # DIR
     local dir=$1
     if healthy "$dir"; then
-        SLURM_CONF=$dir/slurm.conf timeout 5 sinfo
+        SLURM_CONF=$dir/slurm.conf timeout 5 sinfo -N -o '%N %o %T %P'
         return 0
     fi
     log "no healthy cluster in $dir"

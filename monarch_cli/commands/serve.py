@@ -27,7 +27,7 @@ from monarch_cli.output import err, escape, print_json
 @click.option("--exclusive/--no-exclusive", default=False, help="Slurm: whole nodes only.")
 @click.option("--sbatch-arg", multiple=True, help="Extra sbatch argument (repeatable).")
 @click.option("--client-host", help="Slurm: this machine's address as the nodes reach it; agents bind to their route "
-                                    "towards it (default: what this host's name resolves to).")
+                                    "towards it (default: the address this machine uses to reach the nodes).")
 @click.option("--bind", help="Address agents bind to (default: loopback for local).")
 @click.option("--image", help="Kubernetes: the image the pods run (Python and monarch installed).")
 @click.option("--namespace", help="Kubernetes namespace (default: default).")

@@ -1,13 +1,17 @@
 """The real Slurm cluster the tests in this folder share (scripts/slurm_cluster.sh: 4 nodes on
-this machine), and helpers to check that a job left nothing behind.
+this machine, each in its own network namespace with its own address), and helpers to check
+that a job left nothing behind.
 
 The session fixture installs and starts the cluster in a temporary directory, on free ports,
-and stops it at the end; without root (or without slurmctld and apt-get) the tests that use it
-are skipped.
+and stops it at the end, checking that its namespaces, veths and bridge are gone; without root
+(or without slurmctld and apt-get) the tests that use it are skipped.  Where namespaces cannot
+be made (no `ip`/`nsenter`), the nodes share 127.0.0.1 and the multi-host assertions skip,
+naming the reason (:func:`cluster_plan`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,9 +21,14 @@ import time
 import psutil
 import pytest
 
+from monarch_schedulers import netns
 from monarch_schedulers.agent_launch import project_root
 
 SCRIPT = os.path.join(project_root(), "scripts", "slurm_cluster.sh")
+#: Why the cluster's nodes share this machine's network stack ("" when each has its own namespace).
+NO_NETNS = netns.unavailable()
+
+
 def _free_ports(count: int, consecutive: bool = False) -> list[int]:
     """Ports nothing listens on now (``consecutive``: a block of ``count``)."""
     for _ in range(200):
@@ -55,6 +64,8 @@ def slurm_cluster(tmp_path_factory):
     # this session, and munged, shared with any other cluster on the machine, may outlive it.
     env = {k: v for k, v in os.environ.items() if k != "MONARCH_TEST_SESSION"}
     env["PATH"] = path
+    if NO_NETNS:
+        env["MONARCH_SLURM_NETNS"] = "0"
     # Ports of our own, so a cluster someone already runs here (default ports) does not collide.
     taken = set()
     for var, n, block in (("MONARCH_SLURMCTLD_PORT", 1, False), ("MONARCH_SLURMD_PORT", 1, False),
@@ -75,13 +86,32 @@ def slurm_cluster(tmp_path_factory):
     export = r.stdout.strip().splitlines()[-1]
     assert export.startswith("export SLURM_CONF="), r.stdout
     conf = export.split("=", 1)[1]
+    plan = _plan(cluster_dir)
     mp = pytest.MonkeyPatch()
     mp.setenv("SLURM_CONF", conf)
     try:
+        assert (plan is None) == bool(NO_NETNS), f"namespaces: {plan}, unavailable because: {NO_NETNS!r}"
         yield conf
     finally:
         mp.undo()
-        subprocess.run([SCRIPT, "stop", cluster_dir], env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([SCRIPT, "stop", cluster_dir], env=env, capture_output=True, text=True, timeout=120)
+        left = netns.left_by(plan.tag) if plan else []
+        if r.returncode != 0 or left:
+            pytest.fail(f"slurm_cluster.sh stop: rc {r.returncode}, left {left}:\n{r.stderr[-3000:]}")
+
+
+def _plan(cluster_dir: str) -> netns.NetnsPlan | None:
+    try:
+        with open(os.path.join(cluster_dir, "netns.json")) as f:
+            return netns.NetnsPlan.from_json(json.load(f))
+    except FileNotFoundError:
+        return None
+
+
+def cluster_plan() -> netns.NetnsPlan | None:
+    """The bridge and node namespaces of the running cluster (node i+1 is ``hosts[i]``), or None
+    where its nodes share this machine's network stack (the reason is :data:`NO_NETNS`)."""
+    return _plan(os.path.dirname(os.environ["SLURM_CONF"]))
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from monarch.job.reserve import describe, load_live, release, reserve
 from monarch.job.state import JobSpec, StatePaths
 from monarch_schedulers import HostState
 from monarch_schedulers.agent_launch import project_root
-from tests.schedulers.conftest import assert_released, leftovers, poll
+from monarch_agents.transport import addr_host, is_same_host
+from tests.schedulers.conftest import NO_NETNS, assert_released, cluster_plan, leftovers, poll
 
 OPTS = {"partition": "debug", "time": "10:00"}
 
@@ -29,23 +30,30 @@ pytestmark = pytest.mark.timeout(120)
 # The actor part runs in a fresh interpreter: a process talks to one job (one set of keys), and
 # this pytest process may hold another; defined in __main__, the actor class travels by value.
 _ACTOR_SCRIPT = textwrap.dedent("""
-    import json, os
+    import json, os, socket
     from monarch.actor import Actor, endpoint
     from monarch.job.reserve import load_live
+    from monarch_agents import runtime
 
     class WhereAmI(Actor):
         @endpoint
-        def hostname(self) -> str:
-            return os.environ["MONARCH_HOSTNAME"]
+        def where(self) -> list:
+            # Slurm's node name, the kernel's hostname, and the address the proc listens on.
+            return [os.environ["MONARCH_HOSTNAME"], socket.gethostname(), runtime.current().mailbox.bind_host]
 
     record, _ = load_live()
     procs = record.host_mesh().spawn_procs(per_host={"gpus": 1})
-    names = procs.spawn("where", WhereAmI).hostname.call().get(timeout=60).values()
-    print(json.dumps(names))
+    where = procs.spawn("where", WhereAmI).where.call().get(timeout=60).values()
+    rt = runtime.current()
+    # How this client reached the nodes' agents and procs (ipc.Link: the same-host fast path;
+    # _Peer: ZeroMQ over TCP with CURVE), and where it listens for their answers.
+    links = sorted({type(p).__name__ for p in rt.mailbox._peers.values()})
+    print(json.dumps({"where": where, "links": links, "client": rt.mailbox.bind_host}))
 """)
 
 
 def test_reserve_four_nodes_spawn_and_release(workdir):
+    plan = cluster_plan()
     t0 = time.monotonic()
     r = reserve(JobSpec("slurm", 4, 1, dict(OPTS)), name="default", timeout=60)
     rec = r.record
@@ -65,9 +73,19 @@ def test_reserve_four_nodes_spawn_and_release(workdir):
         out = subprocess.run([sys.executable, "-c", _ACTOR_SCRIPT], capture_output=True, text=True, timeout=90,
                              env={**os.environ, "PYTHONPATH": project_root()})
         assert out.returncode == 0, out.stderr[-3000:]
-        names = json.loads(out.stdout.strip().splitlines()[-1])
-        assert sorted(names) == ["n1", "n2", "n3", "n4"]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert sorted(w[0] for w in got["where"]) == ["n1", "n2", "n3", "n4"]
         print(f"spawn + call: {time.monotonic() - t0:.2f} s")
+        if plan is not None:
+            # Each node is a host of its own: its own hostname and address, none of them the
+            # client's, and every link from the client to a node is TCP, never the same-host path.
+            ips = {f"n{i + 1}": h.ip for i, h in enumerate(plan.hosts)}
+            assert sorted(map(tuple, got["where"])) == [(n, n, ips[n]) for n in ("n1", "n2", "n3", "n4")]
+            assert {h.host: h.ip for h in rec.hosts} == ips
+            assert {h.host: addr_host(h.addr) for h in rec.hosts} == ips
+            assert got["client"] == plan.bridge_ip and got["client"] not in ips.values()
+            assert got["links"] == ["_Peer"], got["links"]
+            assert not any(is_same_host(h.addr) for h in rec.hosts)
 
         logs = _scheduler_logs(rec)
         assert f"== slurm-{rec.job_id}.out ==" in logs and "== host3 ==" in logs and '"host": "n4"' in logs
@@ -79,6 +97,17 @@ def test_reserve_four_nodes_spawn_and_release(workdir):
     assert not os.path.exists(r.path)
     # Releasing again is harmless.
     release(rec, r.path)
+    if plan is None:
+        pytest.skip(f"Slurm part passed; the nodes share this machine's network stack: {NO_NETNS}")
+
+
+def test_default_client_host_is_this_machines_route_to_the_nodes(slurm_cluster):
+    # This machine's name resolves to loopback here (as in many containers), which no node could
+    # reach: the default is the address that routes to the nodes sinfo names (the bridge's).
+    from monarch_schedulers.slurm import default_client_host
+
+    plan = cluster_plan()
+    assert default_client_host() == (plan.bridge_ip if plan else "127.0.0.1")
 
 
 def _scheduler_logs(rec) -> str:

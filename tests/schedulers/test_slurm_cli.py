@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
-from tests.schedulers.conftest import assert_released, poll
+from monarch_agents.transport import addr_host
+from tests.schedulers.conftest import assert_released, cluster_plan, poll
 
 SLURM = ["--scheduler", "slurm", "--partition", "debug"]
 
@@ -54,6 +55,10 @@ def test_serve_torchrun_gloo_on_four_nodes_status_stop(workdir):
         assert st["scheduler"] == "slurm" and st["job_id"] == served["job_id"] and st["state"] == "RUNNING"
         assert 0 < st["time_left_s"] <= 600
         assert [(h["host"], h["agent"]) for h in st["hosts"]] == [(f"n{i}", "up") for i in range(1, 5)]
+        # The agents listen on their nodes' own addresses (the namespaces'), not the client's.
+        plan = cluster_plan()
+        ips = [h.ip for h in plan.hosts] if plan else ["127.0.0.1"] * 4
+        assert [addr_host(h["addr"]) for h in st["hosts"]] == ips
 
         r = monarch("stop", cwd=workdir, check=True)
         assert f"stopped job 'default' ({served['job_id']})" in r.stderr
