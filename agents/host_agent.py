@@ -32,7 +32,8 @@ from typing import Any, Iterable
 from monarch_agents import messages as m
 from monarch_agents.keys import CLIENT, LOCAL_PROC
 from monarch_agents.runtime import Runtime, install
-from monarch_agents.services import Child, SerialWorker, Service, debug, killpg, procs, runs, shells, telemetry, workspace
+from monarch_agents.services import (Child, SerialWorker, Service, debug, killpg, procs, relay, runs, shells, telemetry,
+                                     workspace)
 from monarch_agents.transport import JobKeys, route_ip
 from monarch_agents.zygote import ZygoteClient
 
@@ -47,6 +48,7 @@ SERVICES: tuple[type[Service], ...] = (
     procs.ProcsService,
     runs.RunsService,
     shells.ShellsService,
+    relay.RelayService,  # listens only where --relay-port is given (a client behind a port-forward)
 )
 
 #: What any member of the job may send a host agent (procs announce themselves; a reply only
@@ -71,8 +73,10 @@ class HostAgent:
 
     def __init__(self, keys: JobKeys, *, host: str, host_rank: int, bind_host: str, log_dir: str,
                  ephemeral: bool, preload: list[str], inherit_stdio: bool,
-                 services: Iterable[type[Service]] = SERVICES, port: int = 0):
+                 services: Iterable[type[Service]] = SERVICES, port: int = 0, relay_port: int = 0):
         self.keys = keys
+        #: Where the relay service stands in for a client outside the cluster (0: no relay).
+        self.relay_port = relay_port
         self.host = host
         self.host_rank = host_rank
         self.log_dir = log_dir
@@ -335,6 +339,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     p.add_argument("--ephemeral", action="store_true", help="exit when the last owner disconnects")
     p.add_argument("--inherit-stdio", action="store_true", help="procs write to this process's stdout/stderr")
     p.add_argument("--preload", default="", help="comma-separated modules the zygote imports once")
+    p.add_argument("--relay-port", type=int, default=0,
+                   help="stand in on this port for a client that reaches hosts only through port-forwards")
     p.add_argument("--info-fd", type=int, default=-1, help="write the address JSON to this fd, then close it")
     args = p.parse_args(argv)
 
@@ -351,7 +357,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     log_dir = args.log_dir or os.path.join(os.path.expanduser("~"), ".monarch", "logs", host)
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
                       ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],
-                      inherit_stdio=args.inherit_stdio, services=services, port=args.port)
+                      inherit_stdio=args.inherit_stdio, services=services, port=args.port,
+                      relay_port=args.relay_port)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()

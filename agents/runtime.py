@@ -106,14 +106,17 @@ class Runtime:
     """This process's endpoint in a monarch job."""
 
     def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = "",
-                 bind_port: int = 0, host_agent: bool = False, admit: Callable[[type, str], bool] | None = None):
+                 bind_port: int = 0, host_agent: bool = False, admit: Callable[[type, str], bool] | None = None,
+                 socks_proxy: str = "", advertise: Callable[[str], str] | None = None):
         """``host_agent``: listen as a host agent (its own server keys); ``admit(type, role)``: which
-        senders' messages are handled (see :class:`~monarch_agents.transport.Mailbox`)."""
+        senders' messages are handled; ``socks_proxy``/``advertise``: for a client reaching its hosts
+        through tunnels (see :class:`~monarch_agents.transport.Mailbox`)."""
         self.keys = keys
         self.name = name
         self.host = host or os.environ.get("MONARCH_HOSTNAME") or _hostname()
         self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, bind_port=bind_port,
-                               name=name, host=host_agent, admit=admit, on_refused=self._on_refused)
+                               name=name, host=host_agent, admit=admit, on_refused=self._on_refused,
+                               socks_proxy=socks_proxy, advertise=advertise)
         self.addr = ""
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)

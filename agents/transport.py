@@ -16,6 +16,12 @@ host did), ``on_peer_lost(addr)`` runs within milliseconds.  For ZeroMQ peers
 socket monitors tell, and ZMTP heartbeats catch peers that vanish without
 closing; a Unix socket simply reads end-of-file.
 
+A client that cannot reach its hosts' addresses, nor be reached by them (outside a Kubernetes
+cluster), gives a ``socks_proxy`` that opens its connections (through port-forward streams) and
+an ``advertise`` function that names an address in the cluster standing for it (a relay, see
+``monarch_agents.tunnel``); that address is marked (:func:`is_relayed`) so that no peer mistakes
+it for a process of its own host.
+
 Security: the ROUTER is a CURVE server, and a ZAP authenticator admits only the
 job's client key, so an unauthenticated peer never gets a message decoded; the
 Unix socket applies the same rule with a key handshake (see ``agents/ipc.py``).
@@ -37,7 +43,7 @@ from typing import Any, Callable
 
 import zmq
 
-from monarch_agents import ipc, wire
+from monarch_agents import ipc, tunnel, wire
 from monarch_agents.zap import KeyGate
 from monarch_agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
 
@@ -112,6 +118,13 @@ def is_same_host(addr: str) -> bool:
 
 #: What a host agent's incarnation starts with: a peer connecting to it uses the host agents' server key.
 _HOST_MARK = "h"
+#: What a relayed address's incarnation starts with: the process is elsewhere, whatever the host says.
+_RELAY_MARK = "r"
+
+
+def is_relayed(addr: str) -> bool:
+    """Whether ``addr`` is a relay standing in for a process elsewhere (reached over TCP, never a Unix socket)."""
+    return addr.partition("#")[2].startswith(_RELAY_MARK)
 
 
 def is_host_agent(addr: str) -> bool:
@@ -167,6 +180,8 @@ class Mailbox:
         host: bool = False,
         admit: Callable[[type, str], bool] | None = None,
         on_refused: Callable[[Any, str], None] | None = None,
+        socks_proxy: str = "",
+        advertise: Callable[[str], str] | None = None,
     ):
         self.keys = keys
         self.on_message = on_message
@@ -189,7 +204,11 @@ class Mailbox:
         self._peers: dict[str, _Peer | ipc.Link] = {}
         self._peers_lock = threading.Lock()
         self._new_monitors: list[tuple[str, zmq.Socket]] = []
-        self._local_ipc = local_ipc
+        #: ``host:port`` of a SOCKS5 proxy every outbound TCP connection goes through ("" for none).
+        self._socks = socks_proxy
+        #: The address peers are told to use instead of the bound one (see the module docstring).
+        self._advertise = advertise
+        self._local_ipc = local_ipc and not socks_proxy and advertise is None
         self._listener: ipc.Listener | None = None
         self._links: dict[int, ipc.Link] = {}  # fd -> link, IO thread only
         self._new_links: list[ipc.Link] = []
@@ -239,7 +258,15 @@ class Mailbox:
         # bound again, and what is known about the dead one (its death, its owner) must not stick
         # to the new one.  ZeroMQ connects to the part before the '#'.
         incarnation = os.urandom(6).hex()
-        self.addr = f"{r.getsockopt_string(zmq.LAST_ENDPOINT)}#{_HOST_MARK if self.host else ''}{incarnation}"
+        endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self._advertise is not None:
+            try:
+                self.addr = f"{self._advertise(endpoint)}#{_RELAY_MARK}{incarnation}"
+            except BaseException:
+                r.close(0)
+                raise
+        else:
+            self.addr = f"{endpoint}#{_HOST_MARK if self.host else ''}{incarnation}"
         self._router = r
         if self._local_ipc:
             try:
@@ -301,7 +328,7 @@ class Mailbox:
                     if p is None:  # declared dead (and its socket closed) since the caller looked
                         raise PeerLost(addr)
                     return p
-            local = self._local_ipc and is_same_host(addr)
+            local = self._local_ipc and not is_relayed(addr) and is_same_host(addr)
             link = ipc.connect(addr, self.keys, is_host_agent(addr)) if local else None
             with self._peers_lock:
                 self._connecting.pop(addr, None)
@@ -332,6 +359,10 @@ class Mailbox:
         s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
         s.setsockopt(zmq.RECONNECT_IVL, 100)
+        if self._socks:
+            s.setsockopt(zmq.SOCKS_PROXY, self._socks.encode())
+            s.setsockopt(zmq.SOCKS_USERNAME, b"monarch")
+            s.setsockopt(zmq.SOCKS_PASSWORD, tunnel.token(self.keys).encode())
         mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         try:
             s.connect(zmq_endpoint(addr))

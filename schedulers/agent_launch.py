@@ -35,6 +35,21 @@ def agent_file(job_dir: str, rank: int | str) -> str:
     return os.path.join(job_dir, "agents", f"{rank}.json")
 
 
+#: Where a scheduler says how clients reach the agents when not at their addresses (kubernetes'
+#: port-forward); absent when they are reached directly.
+ROUTE_FILE = "route.json"
+
+
+def read_route(job_dir: str) -> dict | None:
+    """How a client reaches this job's agents (``monarch_agents.client.ensure_runtime``'s ``route``); None: directly."""
+    try:
+        with open(os.path.join(job_dir, ROUTE_FILE)) as f:
+            route = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return route if isinstance(route, dict) else None
+
+
 def project_root() -> str:
     """Where the ``agents`` package lives, for PYTHONPATH of agents started elsewhere."""
     # realpath: an editable install reaches this file through a link in site-packages.

@@ -23,16 +23,14 @@ import signal
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
 
 from monarch_agents.files import write_atomic
 from monarch_schedulers import netns
 from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.processes import OwnedProcess
 
 _STOP_GRACE_S = 2.0
-#: Two start times this close name the same process (psutil's clock ticks are 10 ms).
-_SAME_START_S = 0.05
 
 
 class LocalScheduler(Scheduler):
@@ -72,7 +70,7 @@ class LocalScheduler(Scheduler):
         job_id = f"local-{tag}"
         os.makedirs(os.path.join(job_dir, "agents"), exist_ok=True)
         plan = self._make_namespaces(tag, request.hosts) if self.netns else None
-        procs: list[_AgentProcess] = []
+        procs: list[OwnedProcess] = []
         try:
             if plan is not None:
                 _write_private(os.path.join(job_dir, "hosts"), netns.hosts_file(plan, [f"host{i}" for i in range(request.hosts)]))
@@ -88,7 +86,7 @@ class LocalScheduler(Scheduler):
                 with open(os.path.join(log_dir, "agent.log"), "ab") as out:
                     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, env=env, cwd=os.getcwd())
-                procs.append(_AgentProcess.of(p.pid))
+                procs.append(OwnedProcess.of(p.pid))
             record = {"job_id": job_id, "agents": [dataclasses.asdict(a) for a in procs]}
             if plan is not None:
                 record["netns"] = plan.to_json()
@@ -125,10 +123,10 @@ class LocalScheduler(Scheduler):
                 return data
         return None
 
-    def _agents(self, job_id: str, job_dir: str | None = None) -> list[_AgentProcess]:
+    def _agents(self, job_id: str, job_dir: str | None = None) -> list[OwnedProcess]:
         data = self._record(job_id, job_dir)
         try:
-            return [_AgentProcess(int(a["pid"]), float(a["started"])) for a in data["agents"]] if data else []
+            return [OwnedProcess(int(a["pid"]), float(a["started"])) for a in data["agents"]] if data else []
         except (KeyError, TypeError, ValueError):
             return []
 
@@ -186,53 +184,6 @@ def _job_dirs_for(job_id: str) -> list[str]:
         return [os.path.join(root, d) for d in os.listdir(root)]
     except OSError:
         return []
-
-
-@dataclass(frozen=True, slots=True)
-class _AgentProcess:
-    """A host agent's process, known by its pid *and* start time.
-
-    A pid alone is not an identity: after a reboot, or once the agent has
-    exited and the pid wrapped around, the same number names an unrelated
-    process, which ``monarch stop`` must never signal.
-    """
-
-    pid: int
-    started: float  # psutil's create_time (seconds since the epoch)
-
-    @classmethod
-    def of(cls, pid: int) -> "_AgentProcess":
-        import psutil
-
-        return cls(pid, psutil.Process(pid).create_time())
-
-    def _process(self):  # -> psutil.Process | None
-        import psutil
-
-        try:
-            p = psutil.Process(self.pid)
-            # create_time is boot time plus a tick count: the same process always reads the same.
-            if abs(p.create_time() - self.started) > _SAME_START_S:
-                return None
-            if p.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet
-                return None
-            return p
-        except psutil.Error:
-            return None
-
-    def alive(self) -> bool:
-        return self._process() is not None
-
-    def signal(self, sig: int) -> None:
-        """Signal the agent if it is still the process we started (never a pid's next owner)."""
-        import psutil
-
-        p = self._process()
-        if p is not None:
-            try:
-                p.send_signal(sig)  # psutil checks the start time again right before signalling
-            except psutil.Error:  # it exited meanwhile
-                pass
 
 
 def create_scheduler(**opts) -> LocalScheduler:

@@ -33,23 +33,23 @@ R = TypeVar("R")
 RUN_JOB_ENV = "MONARCH_RUN_JOB"
 
 
-def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = ()) -> Runtime:
+def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route: dict | None = None) -> Runtime:
     """This client's runtime, started on first use; under ``monarch run script.py``, with the
     reservation's keys (so its hosts and this machine's can be used together), listening where
-    those hosts can reach it."""
+    those hosts can reach it (``route``: through the reservation's port-forward, where it has one)."""
     if keys is None and rt_mod.current() is None:
-        keys, reach = _run_job()
-    return _agents_client.ensure_runtime(keys, reach)
+        keys, reach, route = _run_job()
+    return _agents_client.ensure_runtime(keys, reach, route)
 
 
-def _run_job() -> tuple[JobKeys | None, list[str]]:
+def _run_job() -> tuple[JobKeys | None, list[str], dict | None]:
     path = os.environ.get(RUN_JOB_ENV)
     if not path:
-        return None, []
+        return None, [], None
     from monarch.job.state import load_state
 
     record = load_state(path)
-    return record.keys, [h.addr for h in record.hosts]
+    return record.keys, [h.addr for h in record.hosts], record.route
 
 _local_host: "HostRef | None" = None
 _local_proc: subprocess.Popen | None = None

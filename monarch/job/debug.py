@@ -192,7 +192,7 @@ class DebugClient:
         from monarch_agents.client import ensure_runtime
 
         self.record = record
-        self.rt = ensure_runtime(record.keys, reach=record.agent_addrs)
+        self.rt = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
         self.by_rank = {h.host_rank: h for h in record.hosts}
         self.ids: dict[tuple[int, int], int] = {}
         self.sessions: dict[int, DebugSessionInfo] = {}

@@ -459,7 +459,7 @@ def _host_meshes(record: "JobRecord", sizes: dict[str, int]) -> dict[str, "HostM
     from monarch.actor._mesh import HostMesh
     from monarch.actor._shape import Shape
 
-    ensure_runtime(record.keys, reach=record.agent_addrs)
+    ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
     hosts = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(record.hosts, key=lambda h: h.host_rank)]
     out, i = {}, 0
     for name, n in sizes.items():

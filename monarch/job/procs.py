@@ -16,5 +16,5 @@ def kill_proc(record: JobRecord, host: str, pid: int, signum: int = signal.SIGKI
     target = next((h for h in record.hosts if h.host == host), None)
     if target is None:
         raise MonarchError(f"no host {host!r} in the reservation")
-    rt = ensure_runtime(record.keys)
+    rt = ensure_runtime(record.keys, route=record.route)
     return bool(rt.request(target.addr, lambda port: m.KillProc(pid, signum, port)).get(timeout=timeout_s))

@@ -87,6 +87,17 @@ class JobRecord:
         return len(self.hosts) == self.spec.hosts
 
     @property
+    def route(self) -> dict | None:
+        """How this machine reaches the agents when not at their addresses (a Kubernetes reservation
+        behind a port-forward: ``monarch_agents.client.ensure_runtime``'s ``route``); None: directly.
+
+        Read from the job's folder each time: a port-forward restarted by ``monarch status`` listens
+        on a new port."""
+        from monarch_schedulers.agent_launch import read_route
+
+        return read_route(self.job_dir)
+
+    @property
     def agent_addrs(self) -> list[str]:
         """The host agents' addresses, in host rank order."""
         return [h.addr for h in sorted(self.hosts, key=lambda h: h.host_rank)]
@@ -97,7 +108,7 @@ class JobRecord:
         from monarch.actor._mesh import HostMesh
         from monarch.actor._shape import Shape
 
-        ensure_runtime(self.keys, reach=self.agent_addrs)
+        ensure_runtime(self.keys, reach=self.agent_addrs, route=self.route)
         refs = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)]
         return HostMesh(refs, Shape(("hosts",), (len(refs),)))
 

@@ -333,7 +333,7 @@ class ReservationSync:
 
         spec = WorkspaceSpec(**record.workspace)
         self.record = record
-        self.rt = rt or ensure_runtime(record.keys, reach=record.agent_addrs)
+        self.rt = rt or ensure_runtime(record.keys, reach=record.agent_addrs, route=getattr(record, "route", None))
         hosts = sorted(record.hosts, key=lambda h: h.host_rank)
         targets = [Target(h.addr, h.host, h.host_rank) for h in hosts]
         self.pushers = [WorkspacePusher(self.rt, src, targets, name=name, unreadable=spec.unreadable,

@@ -43,6 +43,10 @@ from monarch_cli.output import err, escape, print_json
 @click.option("--pod-template", type=click.Path(exists=True, dir_okay=False),
               help="Kubernetes: a pod (or pod template) YAML merged under monarch's worker container.")
 @click.option("--attach", help="Kubernetes: adopt running agent pods of this mesh name instead of creating pods.")
+@click.option("--reach", type=click.Choice(["auto", "direct", "port-forward"]),
+              help="Kubernetes: how this machine reaches the pods: their IPs (direct), or port-forward streams "
+                   "through the API server, for a client outside the cluster (default: auto, direct if the "
+                   "pods' IPs answer).")
 @click.option("--output", "-o", type=click.Choice(["yaml", "text"]), help="With --dryrun: the request's format.")
 @click.option("--netns", is_flag=True, help="Local: each host in its own network namespace with its own address "
                                             "(root only), as hosts of a real cluster; removed on stop.")
@@ -62,7 +66,7 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
           bind: str | None, netns: bool, image: str | None, namespace: str | None, kubeconfig: str | None,
           kube_context: str | None, gpus_per_host: int | None, cpu: str | None, memory: str | None,
           node_selector: tuple[str, ...], toleration: tuple[str, ...], service_account: str | None,
-          pod_template: str | None, attach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None,
+          pod_template: str | None, attach: str | None, reach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None,
           workspace: str | None, env_dir: str | None, unreadable: str) -> None:
     """Reserve hosts and start a monarch agent on each; reuses a live reservation of the same shape."""
     from monarch.job.reserve import reserve
@@ -85,7 +89,7 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             raise UsageError("-o/--output goes with --dry-run", "add --dry-run to review what would be created")
         kube = {"image": image, "namespace": namespace, "kubeconfig": kubeconfig, "context": kube_context,
                 "gpus_per_host": gpus_per_host, "cpu": cpu, "memory": memory, "service_account": service_account,
-                "attach": attach}
+                "attach": attach, "reach": reach}
         if scheduler == "kubernetes":
             from monarch_cli.commands._kube import kube_options
 

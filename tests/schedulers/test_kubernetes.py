@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -301,3 +302,97 @@ def test_agent_that_cannot_start_fails_serve_with_its_last_words(cluster, tmp_pa
     assert r.returncode == 4, r.stderr
     assert "keeps exiting" in r.stderr and "exit code 2" in r.stderr and "unrecognized arguments" in r.stderr, r.stderr
     assert kubectl(cluster, "get", "pods", "-o", "name").stdout.strip() == ""  # serve gave them back
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """A laptop outside the cluster: its own network stack, from which the API server answers (on a
+    bridge) and the pods' IPs do not (they are loopback addresses of the cluster's machine)."""
+    from monarch_schedulers import netns
+
+    why = netns.unavailable()
+    if why:
+        pytest.skip(why)
+    plan = netns.create(f"kpf{os.getpid() % 100000}", 1)
+    try:
+        env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"]}
+        c = FakeCluster(str(tmp_path_factory.mktemp("kube-outside")), [IMAGE], env=env, host=plan.bridge_ip).start()
+        try:
+            yield plan.hosts[0], c
+        finally:
+            c.stop()
+    finally:
+        netns.remove(plan)
+
+
+def test_client_outside_the_cluster_reaches_the_pods_through_a_port_forward(outside, tmp_path):
+    from monarch_schedulers import netns
+
+    laptop, cluster = outside
+
+    def on_laptop(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run(netns.enter_argv(laptop, [os.path.join(BIN, "monarch"), *args]), cwd=str(tmp_path),
+                           capture_output=True, text=True, timeout=120)
+        if check and r.returncode != 0:
+            raise AssertionError(f"monarch {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    data = json.loads(on_laptop("--json", *serve_args(cluster)).stdout)
+    assert data["ready"], data
+    name = data["job_id"].split("/")[1]
+    pod_ips = [p["status"]["podIP"] for p in json.loads(kubectl(cluster, "get", "pods", "-o", "json").stdout)["items"]]
+    # The laptop really cannot reach a pod: the forward is needed, not a detour.
+    probe = subprocess.run(netns.enter_argv(laptop, [sys.executable, "-c",
+                           f"import socket; socket.create_connection(('{pod_ips[0]}', 26600), timeout=2)"]),
+                           capture_output=True, text=True, timeout=30)
+    assert probe.returncode != 0
+    st = json.loads(on_laptop("--json", "status").stdout)
+    assert st["state"] == "RUNNING" and "port-forward" in st["reason"], st
+    # Run twice, both ways through the forward: the command goes in, its output comes back.
+    for _ in range(2):
+        out = on_laptop("run", "--", "sh", "-c", "echo rank=$NODE_RANK host=$(hostname)")
+        text = out.stdout + out.stderr
+        assert f"rank=0 host={name}-0" in text and f"rank=1 host={name}-1" in text, text
+    # A controller program: actors on the pods answer it through the relay.
+    actors = on_laptop("run", os.path.join(ROOT, "examples", "actors.py"))
+    assert f"rank 0 on {name}-0" in actors.stdout and f"rank 3 on {name}-1" in actors.stdout, actors.stdout
+    job_dir = next(str(p.parent) for p in tmp_path.joinpath(".monarch").rglob("kubernetes.json"))
+
+    def forwarder() -> int:
+        return json.loads((Path(job_dir) / "kubernetes.json").read_text())["forwarder"]["pid"]
+
+    # Loopback is shared with the machine's other users: the proxy wants the job's token.
+    socks_port = int(json.loads((Path(job_dir) / "route.json").read_text())["socks"].rsplit(":", 1)[1])
+    refused = subprocess.run(netns.enter_argv(laptop, [sys.executable, "-c", SOCKS_WRONG_PASSWORD, str(socks_port)]),
+                             capture_output=True, text=True, timeout=30)
+    assert refused.stdout.strip() == "0101", refused.stdout + refused.stderr
+    # The forward killed: the next command starts it again and goes on.
+    first = forwarder()
+    os.kill(first, 9)
+    out = on_laptop("run", "--", "sh", "-c", "echo again=$NODE_RANK")
+    assert "again=0" in out.stdout + out.stderr and "again=1" in out.stdout + out.stderr
+    assert forwarder() != first and _alive(forwarder())
+    last = forwarder()
+    on_laptop("stop")
+    assert not _alive(last)
+    assert not (Path(job_dir) / "route.json").exists()
+    assert kubectl(cluster, "get", "pods,secrets,statefulsets", "-l", f"monarch.pytorch.org/mesh-name={name}",
+                   "-o", "name").stdout.strip() == ""
+
+
+SOCKS_WRONG_PASSWORD = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+s.sendall(b"\\x05\\x01\\x02")
+assert s.recv(2) == b"\\x05\\x02"
+s.sendall(b"\\x01\\x07monarch\\x05wrong")
+print(s.recv(2).hex())
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -5,7 +5,7 @@ npm without downloads), so the Kubernetes scheduler is tested against this stand
 what the official ``kubernetes`` Python client and the real ``kubectl`` use: discovery
 (``/api``, ``/apis``, ``/api/v1``, ``/apis/apps/v1``, the ``monarch.pytorch.org`` group when its
 CRD is "installed"), namespaced CRUD on pods, services, secrets, events, statefulsets and
-monarchmeshes, ``pods/{name}/log``, label and field selectors, ``watch=true`` streams,
+monarchmeshes, ``pods/{name}/log``, ``pods/{name}/portforward`` (``portforward.py``), label and field selectors, ``watch=true`` streams,
 ``resourceVersion``, 201 on create, 404/409/422 ``Status`` bodies, ``dryRun=All`` and
 ``kubectl get``'s ``Table`` responses. A bearer token is required, as on a real cluster.
 
@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.kube import portforward
 
 MONARCH_GROUP = "monarch.pytorch.org"
 MONARCH_VERSION = "v1alpha1"
@@ -258,24 +260,25 @@ def merge_patch(target: dict, patch: dict) -> dict:
 
 
 class FakeApiServer:
-    """The fake API server on 127.0.0.1; ``crd_installed`` adds the monarch.pytorch.org group."""
+    """The fake API server on ``host`` (127.0.0.1); ``crd_installed`` adds the monarch.pytorch.org group."""
 
-    def __init__(self, token: str, crd_installed: bool = False, tls: tuple[str, str] | None = None):
+    def __init__(self, token: str, crd_installed: bool = False, tls: tuple[str, str] | None = None,
+                 host: str = "127.0.0.1"):
         self.token = token
         self.crd_installed = crd_installed
         self.store = Store()
         self.store.create(_BY_PATH[("", "v1", "namespaces")], "", {"metadata": {"name": "default"}})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd = ThreadingHTTPServer((host, 0), _handler(self))
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         if tls is not None:  # kubectl sends a bearer token only over TLS
             import ssl
 
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(*tls)
             self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-            self.url = f"https://127.0.0.1:{self.port}"
+            self.url = f"https://{host}:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-apiserver", daemon=True)
         self.closed = threading.Event()
         #: Set by the kubelet: (namespace, pod name) -> the path of its container's log file.
@@ -427,6 +430,8 @@ def _handler(server: FakeApiServer):
                                             "metadata": {"resourceVersion": str(store.rv)}, "items": items})
                 if method == "GET" and sub == "log":
                     return self._send(200, server_logs(server, ns, name, q), "text/plain")
+                if method == "GET" and sub == "portforward":
+                    return self._portforward(ns, name, q)
                 if method == "GET":
                     obj = store.get(res, ns, name)
                     if "as=Table" in (self.headers.get("Accept") or ""):
@@ -461,6 +466,19 @@ def _handler(server: FakeApiServer):
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
             except ApiError as e:
                 self._send(e.code, e.status())
+
+        def _portforward(self, ns: str, name: str, q: dict) -> None:
+            pod = server.store.get(_BY_PATH[("", "v1", "pods")], ns, name)
+            if (self.headers.get("Upgrade") or "").lower() != "websocket":
+                raise ApiError(400, "BadRequest", "Upgrade request required")
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or (pod.get("status") or {}).get("phase") != "Running":
+                raise ApiError(400, "BadRequest", f"pod {name} is not running")
+            try:
+                port = int(q.get("ports", ""))
+            except ValueError:
+                raise ApiError(400, "BadRequest", "exactly one port is supported in ports=") from None
+            portforward.serve(self, ip, port, name)
 
         def _watch(self, res: Resource, ns: str, q: dict, items: list[dict]) -> None:
             """A chunked stream of watch events, one JSON object a line, until the timeout or close."""

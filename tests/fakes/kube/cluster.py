@@ -24,10 +24,11 @@ from tests.fakes.kube.kubelet import Kubelet
 
 
 class FakeCluster:
-    def __init__(self, workdir: str, images: list[str], crd_installed: bool = False, env: dict | None = None):
+    def __init__(self, workdir: str, images: list[str], crd_installed: bool = False, env: dict | None = None,
+                 host: str = "127.0.0.1"):
         self.token = secrets.token_hex(16)
-        self.cert, self.key = _self_signed(workdir)
-        self.server = FakeApiServer(self.token, crd_installed=crd_installed, tls=(self.cert, self.key))
+        self.cert, self.key = _self_signed(workdir, host)
+        self.server = FakeApiServer(self.token, crd_installed=crd_installed, tls=(self.cert, self.key), host=host)
         self.controllers = Controllers(self.server)
         self.kubelet = Kubelet(self.server, images, env=env)
         self.kubeconfig = os.path.join(workdir, "kubeconfig")
@@ -54,11 +55,11 @@ class FakeCluster:
         self.server.stop()
 
 
-def _self_signed(workdir: str) -> tuple[str, str]:
-    """A certificate for 127.0.0.1 that the kubeconfig trusts (kubectl sends tokens only over TLS)."""
+def _self_signed(workdir: str, host: str) -> tuple[str, str]:
+    """A certificate for ``host`` that the kubeconfig trusts (kubectl sends tokens only over TLS)."""
     cert, key = os.path.join(workdir, "apiserver.crt"), os.path.join(workdir, "apiserver.key")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=fake-kube",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-addext", f"subjectAltName=IP:{host}", "-addext", "basicConstraints=critical,CA:TRUE",
                     "-keyout", key, "-out", cert], check=True, capture_output=True, timeout=60)
     os.chmod(key, 0o600)
     return cert, key

@@ -1,0 +1,55 @@
+"""Processes that schedulers start on this machine and later stop, known safely."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Two start times this close name the same process (psutil's clock ticks are 10 ms).
+_SAME_START_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedProcess:
+    """A process a scheduler started (a host agent, a port-forward), known by its pid *and* start time.
+
+    A pid alone is not an identity: after a reboot, or once the process has
+    exited and the pid wrapped around, the same number names an unrelated
+    process, which ``monarch stop`` must never signal.
+    """
+
+    pid: int
+    started: float  # psutil's create_time (seconds since the epoch)
+
+    @classmethod
+    def of(cls, pid: int) -> "OwnedProcess":
+        import psutil
+
+        return cls(pid, psutil.Process(pid).create_time())
+
+    def _process(self):  # -> psutil.Process | None
+        import psutil
+
+        try:
+            p = psutil.Process(self.pid)
+            # create_time is boot time plus a tick count: the same process always reads the same.
+            if abs(p.create_time() - self.started) > _SAME_START_S:
+                return None
+            if p.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet
+                return None
+            return p
+        except psutil.Error:
+            return None
+
+    def alive(self) -> bool:
+        return self._process() is not None
+
+    def signal(self, sig: int) -> None:
+        """Signal the process if it is still the process we started (never a pid's next owner)."""
+        import psutil
+
+        p = self._process()
+        if p is not None:
+            try:
+                p.send_signal(sig)  # psutil checks the start time again right before signalling
+            except psutil.Error:  # it exited meanwhile
+                pass

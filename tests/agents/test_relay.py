@@ -1,0 +1,82 @@
+"""The relay that stands in, inside a cluster, for a client reaching it only through port-forwards
+(``monarch_agents.services.relay``), over real sockets."""
+
+from __future__ import annotations
+
+import socket
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from monarch_agents import tunnel
+from monarch_agents.keys import JobKeys
+from monarch_agents.services.relay import RelayService
+
+
+@pytest.fixture
+def relay():
+    keys = JobKeys.generate()
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    agent = SimpleNamespace(keys=keys, relay_port=port, rt=SimpleNamespace(mailbox=SimpleNamespace(bind_host="127.0.0.1")))
+    service = RelayService(agent)
+    yield service, keys, port
+    service.stop(time.monotonic() + 1)
+
+
+def _request(port: int, obj: dict) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    tunnel.send_line(s, obj)
+    return s
+
+
+def test_a_pod_connection_reaches_the_client_through_its_stream(relay):
+    service, keys, port = relay
+    control = _request(port, {"token": tunnel.token(keys), "listen": True})
+    stand_in = tunnel.read_line(control)["port"]
+    pod = socket.create_connection(("127.0.0.1", stand_in), timeout=5)
+    n = tunnel.read_line(control)["conn"]
+    back = _request(port, {"token": tunnel.token(keys), "accept": n})
+    pod.sendall(b"hello from a pod")
+    assert back.recv(100) == b"hello from a pod"
+    back.sendall(b"hello from the client")
+    assert pod.recv(100) == b"hello from the client"
+    assert service.info() == {"port": port, "clients": 1, "tunnels": 1}
+    # The client process ends: its stand-in address closes with it.
+    control.close()
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", stand_in), timeout=1).close()
+        except ConnectionRefusedError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the stand-in port outlived its client")
+    for s in (pod, back):
+        s.close()
+
+
+def test_requests_without_the_jobs_token_get_nothing(relay):
+    _, keys, port = relay
+    other = JobKeys.generate()
+    for req in ({"token": tunnel.token(other), "listen": True}, {"listen": True}, {"token": tunnel.token(other), "accept": 1}):
+        s = _request(port, req)
+        assert s.recv(100) == b""  # closed, no answer
+        s.close()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"\xff" * 5000)  # no line at all: dropped (closed, or reset over the unread bytes)
+    try:
+        assert s.recv(100) == b""
+    except ConnectionResetError:
+        pass
+    s.close()
+    control = _request(port, {"token": tunnel.token(keys), "listen": True})
+    assert "port" in tunnel.read_line(control)
+    control.close()
+
+
+def test_a_proc_cannot_make_the_token():
+    keys = JobKeys.generate()
+    assert tunnel.token(keys.for_procs()) != tunnel.token(keys)
