@@ -353,7 +353,12 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     else:
         keys = JobKeys(**json.loads(sys.stdin.readline()))
     host = args.hostname or os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
-    bind = args.bind or route_ip(args.client_host)
+    try:
+        bind = args.bind or route_ip(args.client_host, fallback=None)
+    except OSError as e:
+        # Loopback instead would be an agent that looks up but that no client can ever reach.
+        sys.exit(f"host agent on {host}: no route from this host to the client host {args.client_host} "
+                 f"({e.strerror or e}); give an address it can reach (`monarch serve --client-host ADDR`)")
     log_dir = args.log_dir or os.path.join(os.path.expanduser("~"), ".monarch", "logs", host)
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
                       ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],

@@ -709,8 +709,12 @@ def _nbytes(f: Any) -> int:
         return len(f)
 
 
-def route_ip(peer_host: str) -> str:
-    """The local IP this host uses to reach ``peer_host`` (binds stay off 0.0.0.0)."""
+def route_ip(peer_host: str, fallback: str | None = "127.0.0.1") -> str:
+    """The local IP this host uses to reach ``peer_host`` (binds stay off 0.0.0.0).
+
+    Where there is no route (or the name does not resolve): ``fallback``, or
+    OSError when it is None.
+    """
     try:
         if ipaddress.ip_address(peer_host).is_loopback:
             return peer_host
@@ -721,6 +725,8 @@ def route_ip(peer_host: str) -> str:
         s.connect((peer_host, 9))
         return s.getsockname()[0]
     except OSError:
-        return "127.0.0.1"
+        if fallback is None:
+            raise
+        return fallback
     finally:
         s.close()

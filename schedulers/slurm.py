@@ -445,10 +445,9 @@ def default_client_host() -> str:
 
     for addr in _node_addrs():
         try:
-            ip = socket.gethostbyname(addr)
+            return route_ip(socket.gethostbyname(addr), fallback=None)
         except OSError:
             continue
-        return route_ip(ip)
     try:
         ip = socket.gethostbyname(socket.gethostname())
         ipaddress.ip_address(ip)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
 from monarch_agents.transport import addr_host
-from tests.schedulers.conftest import assert_released, cluster_plan, poll
+from tests.schedulers.conftest import NO_NETNS, assert_released, cluster_plan, poll
 
 SLURM = ["--scheduler", "slurm", "--partition", "debug"]
 
@@ -180,6 +180,24 @@ def test_run_ended_by_the_time_limit(workdir):
     finally:
         _stop(workdir)
     assert_released(served["job_id"], str(workdir / ".monarch" / "jobs" / "default"))
+
+
+def test_client_host_the_nodes_cannot_reach_fails_serve_in_one_line(workdir):
+    if cluster_plan() is None:
+        pytest.skip(f"the nodes share this machine's network stack, where every address routes: {NO_NETNS}")
+    # TEST-NET-1: a node in its namespace has no route there (its only link is the cluster's bridge).
+    r = monarch("serve", *SLURM, "--hosts", "1", "--time", "5:00", "--client-host", "192.0.2.1", cwd=workdir,
+                timeout=90)
+    try:
+        assert r.returncode != 0
+        assert "no route from this host to the client host 192.0.2.1" in _flat(r.stderr), r.stderr
+        assert "monarch serve --client-host ADDR" in _flat(r.stderr)
+        assert not (workdir / ".monarch" / "job_state.pkl").exists()
+        # The failed job is given back (it leaves the queue once its node has cleaned up).
+        poll(lambda: "monarch-default" not in subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True,
+                                                             text=True).stdout, 20, "the job to leave the queue")
+    finally:
+        _stop(workdir)
 
 
 # -- no cluster needed ----------------------------------------------------------------------------
