@@ -12,8 +12,9 @@ EDITABLE=(--config-settings editable_mode=compat)
 # Workspace mounts are FUSE (pyfuse3 compiles against libfuse3); rsync is the sync benchmark's baseline;
 # the tests check the RDMA choice with Debian's pyverbs (there is no RDMA device here).
 APT=(fuse3 libfuse3-dev pkg-config rsync)
-# The tests put hosts in network namespaces (`monarch serve --netns`): ip (iproute2), nsenter/unshare (util-linux).
-[ "${1:-}" = "--test" ] && APT+=(python3-pyverbs iproute2 util-linux tmux)
+# The tests put hosts in network namespaces (`monarch serve --netns`): ip (iproute2), nsenter/unshare (util-linux);
+# the dashboard's are checked in a real terminal (tmux) and its --web in a real headless browser (chromium).
+[ "${1:-}" = "--test" ] && APT+=(python3-pyverbs iproute2 util-linux tmux chromium)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s "${APT[@]}" >/dev/null 2>&1; then
   (apt-get update -qq || true) >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null
