@@ -58,6 +58,7 @@ from typing import Any
 from monarch_agents.files import write_atomic
 from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import ROUTE_FILE, agent_file, read_route
+from monarch_schedulers import kube_http
 from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
 from monarch_schedulers.processes import OwnedProcess
 
@@ -284,35 +285,59 @@ class KubernetesScheduler(Scheduler):
         state = self._load(job_id, job_dir)
         if state is None:
             return None
-        name = state["name"]
-        pods = self._pods(name)
-        want = int(state.get("hosts") or 0) or None
-        if state["kind"] == "StatefulSet":
-            from kubernetes.client.exceptions import ApiException
-
-            try:
-                sts = self.apps().read_namespaced_stateful_set(name, self.namespace)
-                want = sts.spec.replicas
-            except ApiException as e:
-                if e.status == 404:
-                    return Description(job_id, HostState.ENDED, reason=f"StatefulSet {name} was deleted",
-                                       native_state="Deleted")
-                raise SchedulerError(f"Kubernetes refused to read StatefulSet {name}: {e.status} {_api_message(e)}") from None
-        elif state["kind"] == "MonarchMesh":
-            from kubernetes.client.exceptions import ApiException
-
-            try:
-                mm = self.custom().get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-                want = int(mm["spec"]["replicas"])
-            except ApiException as e:
-                if e.status == 404:
-                    return Description(job_id, HostState.ENDED, reason=f"MonarchMesh {name} was deleted",
-                                       native_state="Deleted")
-                raise SchedulerError(f"Kubernetes refused to read MonarchMesh {name}: {e.status} {_api_message(e)}") from None
+        try:
+            pods, want, gone = self._read_fast(job_dir, state)
+        except kube_http.Unavailable:
+            pods, want, gone = self._read(state)
+            if job_dir and os.path.isdir(job_dir):
+                kube_http.Connection.save(job_dir, self.api().configuration)
+        if gone:
+            return Description(job_id, HostState.ENDED, reason=f"{gone} was deleted", native_state="Deleted")
         nodes = [p.metadata.name for p in pods]
         d = self._describe_pods(job_id, job_dir, state, pods, want, nodes)
         d.details = [_pod_detail(p) for p in pods]
         return d
+
+    def _read(self, state: dict) -> tuple[list, int | None, str]:
+        """The pods, how many there should be, and the top object if it was deleted: official client."""
+        name = state["name"]
+        pods = self._pods(name)
+        want = int(state.get("hosts") or 0) or None
+        if state["kind"] in ("StatefulSet", "MonarchMesh"):
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                if state["kind"] == "StatefulSet":
+                    want = self.apps().read_namespaced_stateful_set(name, self.namespace).spec.replicas
+                else:
+                    mm = self.custom().get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+                    want = int(mm["spec"]["replicas"])
+            except ApiException as e:
+                if e.status == 404:
+                    return pods, want, f"{state['kind']} {name}"
+                raise SchedulerError(f"Kubernetes refused to read {state['kind']} {name}: {e.status} {_api_message(e)}") from None
+        return pods, want, ""
+
+    def _read_fast(self, job_dir: str | None, state: dict) -> tuple[list, int | None, str]:
+        """What :meth:`_read` reads, over plain HTTPS (``kube_http``): no client import on every command."""
+        name, ns = state["name"], self.namespace
+        reader = kube_http.Reader(kube_http.Connection.load(job_dir))
+        try:
+            pods = reader.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"{MESH_LABEL}={name}").items or []
+            pods.sort(key=lambda p: int((p.metadata.labels or {}).get(INDEX_LABEL, "0")))
+            want = int(state.get("hosts") or 0) or None
+            try:
+                if state["kind"] == "StatefulSet":
+                    want = reader.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}").spec.replicas
+                elif state["kind"] == "MonarchMesh":
+                    want = int(reader.get(f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}").spec.replicas)
+            except kube_http.NotFound:
+                return pods, want, f"{state['kind']} {name}"
+            return pods, want, ""
+        except kube_http.NotFound:
+            raise kube_http.Unavailable("pods not listed") from None
+        finally:
+            reader.close()
 
     def _describe_pods(self, job_id: str, job_dir: str | None, state: dict, pods: list, want: int | None,
                        nodes: list[str]) -> Description:
@@ -357,7 +382,7 @@ class KubernetesScheduler(Scheduler):
 
     def _route_text(self, state: dict) -> str:
         if state.get("route") == "port-forward":
-            return f"agents reached through a port-forward (API server {self.api().configuration.host})"
+            return f"agents reached through a port-forward (API server {state.get('api', '?')})"
         if state.get("route") == "direct":
             return "agents reached directly at their pod IPs"
         return "agents not reached yet"
@@ -371,6 +396,7 @@ class KubernetesScheduler(Scheduler):
                 ip = pods[0].status.pod_ip if pods and pods[0].status else None
                 reach = "direct" if ip and _answers(ip, port) else "port-forward"
             state["route"] = reach
+            state["api"] = self.api().configuration.host
             self._save(job_dir, state)
         if state["route"] != "port-forward":
             return

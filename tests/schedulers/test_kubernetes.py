@@ -71,6 +71,17 @@ def test_serve_run_twice_status_stop(cluster, tmp_path):
     assert set(cluster.kubelet.pids()) == pids  # same pods, no new ones
     st = json.loads(monarch("--json", "status", cwd=str(tmp_path)).stdout)
     assert st["state"] == "RUNNING", st
+    # Later commands read the API without importing the official client (0.6 s of CPU each)...
+    conn_file = next(tmp_path.joinpath(".monarch").rglob("kube-connection.json"))
+    assert oct(conn_file.stat().st_mode & 0o777) == "0o600"
+    imports = subprocess.run([sys.executable, "-X", "importtime", "-m", "monarch_cli.main", "status"], cwd=str(tmp_path),
+                             capture_output=True, text=True, timeout=60)
+    assert imports.returncode == 0 and "kubernetes.client" not in imports.stderr, imports.stderr[-2000:]
+    # ...and where that read cannot be used (an expired token), ask through the client, which saves a fresh one.
+    conn = json.loads(conn_file.read_text())
+    conn_file.write_text(json.dumps({**conn, "token": "Bearer expired"}))
+    assert json.loads(monarch("--json", "status", cwd=str(tmp_path)).stdout)["state"] == "RUNNING"
+    assert json.loads(conn_file.read_text())["token"] == conn["token"]
     assert [(h["pod"], h["phase"], h["ready"], h["restarts"], h["node"]) for h in st["scheduler_hosts"]] == [
         (f"{name}-0", "Running", True, 0, "fake-node-1"), (f"{name}-1", "Running", True, 0, "fake-node-1")]
     describe = kubectl(cluster, "describe", "statefulset", name).stdout
@@ -347,7 +358,7 @@ def test_client_outside_the_cluster_reaches_the_pods_through_a_port_forward(outs
                            capture_output=True, text=True, timeout=30)
     assert probe.returncode != 0
     st = json.loads(on_laptop("--json", "status").stdout)
-    assert st["state"] == "RUNNING" and "port-forward" in st["reason"], st
+    assert st["state"] == "RUNNING" and f"port-forward (API server {cluster.server.url})" in st["reason"], st
     # Run twice, both ways through the forward: the command goes in, its output comes back.
     for _ in range(2):
         out = on_laptop("run", "--", "sh", "-c", "echo rank=$NODE_RANK host=$(hostname)")
