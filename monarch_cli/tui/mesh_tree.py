@@ -1,13 +1,17 @@
 """The mesh as a tree: hosts -> proc agents -> actors, and the ranks of the latest run.
 
 Updated in place every refresh (labels change, nodes come and go) so that the cursor,
-what is expanded and the scroll position stay where the user left them.  Hosts start
-expanded when there are few of them; procs start collapsed, so 1,000 procs are 1,000
-lines, not 1,000 subtrees.
+what is expanded and the scroll position stay where the user left them: a refresh only
+relabels the nodes whose label changed (``statistics()`` says how many), and never makes
+Textual rebuild its list of lines unless nodes came, went or were opened.  Hosts start
+expanded when the mesh is small; with more hosts or procs they start collapsed (their
+line counts procs, ranks and failures), so 1,000 procs are a handful of lines until a
+host is opened; a filter opens the hosts it matches in.  Procs start collapsed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
@@ -16,8 +20,20 @@ from textual.widgets import Tree
 from monarch_cli.tui.source import ActorView, HostView, ProcView, Snapshot
 from monarch_cli.tui.text import proc_status, proc_status_words, size, style_of
 
-#: Hosts start expanded up to this many.
+#: Hosts start expanded up to this many ...
 EXPAND_HOSTS_MAX = 8
+#: ... and while the mesh has at most this many procs and ranks in all.
+EXPAND_PROCS_MAX = 128
+
+
+@dataclass(frozen=True)
+class TreeRefresh:
+    """What the last refresh of the tree did."""
+
+    nodes: int
+    added: int
+    removed: int
+    relabelled: int
 
 
 def _matches(needle: str, *hay: Any) -> bool:
@@ -34,11 +50,20 @@ class MeshTree(Tree):
         self._by_key: dict[tuple, Any] = {}
         self.filter_text = ""
         self._last: Snapshot | None = None
+        self._stats = TreeRefresh(0, 0, 0, 0)
+
+    def statistics(self) -> TreeRefresh:
+        """Nodes in the tree, and how many the last refresh added, removed and relabelled."""
+        return self._stats
 
     def set_filter(self, text: str) -> None:
         self.filter_text = text.strip().lower()
         if self._last is not None:
             self.show(self._last)
+            if self.filter_text:  # what matched is in sight, even under a collapsed host
+                for key, node in self._by_key.items():
+                    if key[0] == "host" and node.children and not node.is_expanded:
+                        node.expand()
 
     def show(self, snap: Snapshot) -> None:
         self._last = snap
@@ -46,13 +71,15 @@ class MeshTree(Tree):
                                           f"  {snap.scheduler} {snap.job_id}".rstrip()))
         wanted = list(self._wanted(snap))
         keys = {k for k, *_ in wanted}
-        for key in sorted((k for k in self._by_key if k not in keys), key=len, reverse=True):
+        gone = sorted((k for k in self._by_key if k not in keys), key=len, reverse=True)
+        for key in gone:
             node = self._by_key.pop(key)
             try:
                 node.remove()
             except Exception:  # already gone with its parent
                 pass
-        many = len(snap.hosts) > EXPAND_HOSTS_MAX
+        many = len(snap.hosts) > EXPAND_HOSTS_MAX or len(snap.procs) > EXPAND_PROCS_MAX
+        added = relabelled = 0
         for key, parent, label, data, leaf in wanted:
             node = self._by_key.get(key)
             if node is None:
@@ -62,11 +89,15 @@ class MeshTree(Tree):
                 else:
                     node = under.add(label, data=data, expand=key[0] == "host" and not many)
                 self._by_key[key] = node
+                added += 1
             else:
-                if str(node.label) != str(label) or node.label.style != label.style:
+                if node.label != label:  # text and every span's style
                     node.set_label(label)
+                    relabelled += 1
                 node.data = data
-        self.root.expand()
+        if not self.root.is_expanded:  # expand() makes Textual rebuild every line, even when open
+            self.root.expand()
+        self._stats = TreeRefresh(len(self._by_key), added, len(gone), relabelled)
 
     def _wanted(self, snap: Snapshot):
         """(key, parent key, label, data, leaf) for every node, parents first."""
