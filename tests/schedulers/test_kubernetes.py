@@ -175,6 +175,11 @@ def test_pod_deleted_during_run_fails_the_run_naming_the_pod(cluster, tmp_path):
         assert f"pod {name}-1" in err and "deleted" in err, err
         st = monarch("status", cwd=str(tmp_path), check=False)
         assert f"pod {name}-1" in st.stdout + st.stderr
+        # On request, serve replaces the broken reservation: new pods, and runs work again.
+        again = json.loads(monarch("--json", *serve_args(cluster, 2), "--replace", cwd=str(tmp_path)).stdout)
+        assert again["ready"] and again["job_id"].split("/")[1] != name
+        assert kubectl(cluster, "get", "statefulset", name, check=False).returncode != 0  # the old one is gone
+        monarch("run", "--", "true", cwd=str(tmp_path))
     finally:
         monarch("stop", cwd=str(tmp_path), check=False)
     assert not cluster.kubelet.running
