@@ -369,6 +369,9 @@ def test_client_outside_the_cluster_reaches_the_pods_through_a_port_forward(outs
         out = on_laptop("run", "--", "sh", "-c", "echo rank=$NODE_RANK host=$(hostname)")
         text = out.stdout + out.stderr
         assert f"rank=0 host={name}-0" in text and f"rank=1 host={name}-1" in text, text
+    shell = on_laptop("shell", "--host", "1", "--", "sh", "-c", "hostname; exit 3", check=False)
+    assert shell.returncode == 3 and f"{name}-1" in shell.stdout, shell.stdout + shell.stderr
+    assert "rank=1" in on_laptop("logs").stdout
     # A controller program: actors on the pods answer it through the relay.
     actors = on_laptop("run", os.path.join(ROOT, "examples", "actors.py"))
     assert f"rank 0 on {name}-0" in actors.stdout and f"rank 3 on {name}-1" in actors.stdout, actors.stdout
