@@ -96,15 +96,17 @@ class Forwarder:
 
     # -- the SOCKS5 proxy (what ZeroMQ's ZMQ_SOCKS_PROXY speaks) ---------------------------
 
-    def serve_socks(self, ls: socket.socket) -> None:
+    def serve(self, ls: socket.socket, handle, name: str) -> None:
+        """Accept on ``ls`` until it is closed; each connection to ``handle`` on a thread of its own."""
         while not self.stopped.is_set():
             try:
                 conn, _ = ls.accept()
             except OSError:
                 return
-            threading.Thread(target=self._socks, args=(conn,), name="socks", daemon=True).start()
+            threading.Thread(target=handle, args=(conn,), name=name, daemon=True).start()
 
-    def _socks(self, conn: socket.socket) -> None:
+    def socks(self, conn: socket.socket) -> None:
+        """One SOCKS5 connection: authenticated, then carried to the pod it names."""
         try:
             conn.settimeout(10)
             ver, n = _recv_exact(conn, 2)
@@ -159,15 +161,7 @@ class Forwarder:
 
     # -- the relay control (one stream per client process) -------------------------------
 
-    def serve_control(self, ls: socket.socket) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = ls.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._client, args=(conn,), name="relay-client", daemon=True).start()
-
-    def _client(self, conn: socket.socket) -> None:
+    def client(self, conn: socket.socket) -> None:
         """One client process: a relay address for its local endpoint, for as long as it stays connected."""
         control = None
         try:
@@ -282,8 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     control.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: fw.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: fw.stopped.set())
-    threading.Thread(target=fw.serve_socks, args=(socks,), daemon=True).start()
-    threading.Thread(target=fw.serve_control, args=(control,), daemon=True).start()
+    threading.Thread(target=fw.serve, args=(socks, fw.socks, "socks"), daemon=True).start()
+    threading.Thread(target=fw.serve, args=(control, fw.client, "relay-client"), daemon=True).start()
     write_atomic(os.path.join(a.job_dir, ROUTE_FILE), json.dumps(
         {"via": "port-forward", "socks": "127.0.0.1:%d" % socks.getsockname()[1], "control": control_path,
          "pid": os.getpid(), "api": fw.core.api_client.configuration.host}).encode())
