@@ -7,7 +7,8 @@ forwarded the moment they arrive (on the agent's IO thread) and stored by one
 worker thread, so the agent keeps answering while chunks are written.
 
 At start it unmounts any mount an earlier agent of this job's host left over
-its store (the agent was killed), and empties the store's temp folder.  Each
+its store (the agent was killed), and empties the store's temp folder.  Its root
+(mode 0700) is made when the first chunk arrives, not before.  Each
 mount is a FUSE mount process (restarted if it dies) or, where FUSE cannot be
 used, a materialized directory; the reason is logged once and shown in status.
 
@@ -73,7 +74,7 @@ class WorkspaceService:
         self._send = send
         self._reply = reply
         self._addr = addr
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        # The root is made with the first chunk (see _store_batch): a host never synced to leaves nothing.
         self.store = ChunkStore(os.path.join(self.root, "store"))
         self.stale_unmounted = unmount_stale(self.store.root)
         self.store.clean()
@@ -119,6 +120,7 @@ class WorkspaceService:
         stored = 0
         corrupt = []
         try:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
             for cid, data in msg.chunks():
                 if self.store.has(cid):
                     continue

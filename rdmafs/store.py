@@ -3,7 +3,8 @@
 Layout under ``root``: ``chunks/<2 hex>/<id>`` (read-only files, written to
 ``tmp/`` and renamed in, so a reader or a killed writer never leaves half a
 chunk), and ``tmp/`` (emptied by :meth:`ChunkStore.clean` when its writer starts).  A chunk is accepted
-only if its bytes hash to its id.
+only if its bytes hash to its id.  Nothing is made on disk before the first chunk is stored: a
+host that never receives a workspace (most of them) leaves no folder behind, even if killed.
 
 What it does not do: share chunks between users, or bound its size (``gc``
 drops what no kept generation uses).
@@ -27,15 +28,20 @@ class ChunkStore:
         self.root = os.path.abspath(root)
         self._chunks = os.path.join(self.root, "chunks")
         self._tmp = os.path.join(self.root, "tmp")
-        os.makedirs(self._chunks, exist_ok=True)
-        os.makedirs(self._tmp, exist_ok=True)
+        self._made = False
         # Chunks seen on disk: a chunk leaves only through gc, so a commit of 10,000 files does not stat them all.
         self._seen: set[str] = set()
 
     def clean(self) -> None:
         """Remove what a killed writer left in ``tmp/`` (only the store's one writer calls this, at start)."""
         shutil.rmtree(self._tmp, ignore_errors=True)
-        os.makedirs(self._tmp, exist_ok=True)
+        self._made = False
+
+    def _make(self) -> None:
+        if not self._made:
+            os.makedirs(self._chunks, exist_ok=True)
+            os.makedirs(self._tmp, exist_ok=True)
+            self._made = True
 
     def path(self, cid: str) -> str:
         return os.path.join(self._chunks, cid[:2], cid)
@@ -64,6 +70,7 @@ class ChunkStore:
             return False
         tmp = os.path.join(self._tmp, uuid.uuid4().hex)
         try:
+            self._make()
             os.makedirs(os.path.dirname(final), exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
             try:
@@ -90,33 +97,41 @@ class ChunkStore:
     def gc(self, keep: set[str], older_than: float | None = None) -> int:
         """Remove every chunk not in ``keep`` (and, if given, stored before ``older_than``); returns how many."""
         removed = 0
-        for sub in os.listdir(self._chunks):
-            d = os.path.join(self._chunks, sub)
-            for name in os.listdir(d):
-                if name in keep:
+        for d, name in self._files():
+            if name in keep:
+                continue
+            p = os.path.join(d, name)
+            try:
+                if older_than is not None and os.stat(p).st_mtime >= older_than:
                     continue
-                p = os.path.join(d, name)
-                try:
-                    if older_than is not None and os.stat(p).st_mtime >= older_than:
-                        continue
-                except OSError:
-                    continue
-                _unlink(p)
-                self._seen.discard(name)
-                removed += 1
+            except OSError:
+                continue
+            _unlink(p)
+            self._seen.discard(name)
+            removed += 1
         return removed
 
     def statistics(self) -> dict:
         count = size = 0
-        for sub in os.listdir(self._chunks):
-            d = os.path.join(self._chunks, sub)
-            for name in os.listdir(d):
-                count += 1
-                try:
-                    size += os.stat(os.path.join(d, name)).st_size
-                except OSError:
-                    pass
+        for d, name in self._files():
+            count += 1
+            try:
+                size += os.stat(os.path.join(d, name)).st_size
+            except OSError:
+                pass
         return {"chunks": count, "bytes": size}
+
+    def _files(self) -> list[tuple[str, str]]:
+        """(folder, chunk id) of every stored chunk (none before the first was stored)."""
+        out = []
+        try:
+            subs = os.listdir(self._chunks)
+        except FileNotFoundError:
+            return out
+        for sub in subs:
+            d = os.path.join(self._chunks, sub)
+            out += [(d, name) for name in os.listdir(d)]
+        return out
 
 
 def _unlink(path: str) -> None:

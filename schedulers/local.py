@@ -113,6 +113,15 @@ class LocalScheduler(Scheduler):
         return netns.NetnsPlan.from_json(data["netns"]) if data and data.get("netns") else None
 
     def _record(self, job_id: str, job_dir: str | None = None) -> dict | None:
+        found = self._found(job_id, job_dir)
+        return found[1] if found else None
+
+    def _job_dir(self, job_id: str, job_dir: str | None = None) -> str | None:
+        found = self._found(job_id, job_dir)
+        return found[0] if found else None
+
+    def _found(self, job_id: str, job_dir: str | None) -> tuple[str, dict] | None:
+        """(job folder, its local.json) of ``job_id``."""
         for d in filter(None, [job_dir, *_job_dirs_for(job_id)]):
             try:
                 with open(os.path.join(d, "local.json")) as f:
@@ -120,7 +129,7 @@ class LocalScheduler(Scheduler):
             except (OSError, ValueError):
                 continue
             if isinstance(data, dict) and data.get("job_id") == job_id:
-                return data
+                return d, data
         return None
 
     def _agents(self, job_id: str, job_dir: str | None = None) -> list[OwnedProcess]:
@@ -151,6 +160,13 @@ class LocalScheduler(Scheduler):
             time.sleep(0.02)
         for a in agents:
             a.signal(signal.SIGKILL)
+        # An agent stopped in order removed its workspace store; one killed earlier (-9, OOM) could not.
+        found = self._job_dir(job_id, job_dir)
+        if found is not None:
+            from monarch_agents.services.workspace import remove_workspace  # rdmafs: only on stop
+
+            for i in range(len(self._agents(job_id, found))):
+                remove_workspace(os.path.join(found, "logs", f"host{i}"))
         plan = self.namespaces(job_id, job_dir)
         if plan is not None:
             netns.remove(plan)

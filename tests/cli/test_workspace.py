@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from monarch_rdmafs.mount import SUBTYPE, fuse_unavailable_reason
@@ -86,6 +87,23 @@ def test_workspace_is_mounted_everywhere_runs_start_in_it_and_run_pushes_changes
     assert set(_rdmafs_mounts()) <= before
     for mnt in mounts.values():
         assert not os.path.exists(mnt)
+
+
+def test_stop_removes_the_store_of_a_host_agent_killed_with_sigkill(workdir):
+    _project(workdir)
+    before = set(_rdmafs_mounts())
+    r = monarch("--json", "serve", "--hosts", "2", "--workspace", ".", cwd=workdir, check=True)
+    served = json.loads(r.stdout)
+    pids = [h["pid"] for h in served["hosts"]]
+    # <temp dir>/monarch-<uid>/ws-<tag>/mnt/workspace: the store and mounts of each host live in its ws-<tag>.
+    roots = [os.path.dirname(os.path.dirname(m)) for m in served["workspace"]["mounts"].values()]
+    assert len(set(roots)) == 2 and all(os.path.isdir(os.path.join(r, "store")) for r in roots)
+    os.kill(pids[1], signal.SIGKILL)  # it cannot remove its store now
+    while psutil.pid_exists(pids[1]) and psutil.Process(pids[1]).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.02)
+    assert monarch("stop", cwd=workdir).returncode == 0
+    assert [r for r in roots if os.path.exists(r)] == []
+    assert set(_rdmafs_mounts()) <= before
 
 
 def test_env_dir_is_synced_beside_and_leads_path(workdir, fuse_ok):

@@ -20,6 +20,7 @@ import pytest
 
 import monarch.actor
 from monarch.actor import ActorError, Channel, MeshFailure, SupervisionError, this_host
+from monarch_agents.services.workspace import default_workspace_root
 from tests.helpers import ROOT, start_host_agent, wait_gone
 from tests.monarch.actors import Owner, Worker
 
@@ -183,6 +184,8 @@ def test_kill9_of_the_host_agent(client, tmp_path, faults):
     assert wait_gone(family) == []
     assert sorted(faults.get(timeout=T).rank for _ in pids) == [0, 1]
     pm.stop().get(timeout=T)  # stopping what is already gone is fine
+    # It never received a workspace, so it made no store in the host's temp dir that nobody would remove.
+    assert not os.path.exists(default_workspace_root(agent.info["log_dir"]))
 
 
 CLIENT = textwrap.dedent('''

@@ -33,7 +33,7 @@ def test_a_corrupted_chunk_is_refused(tmp_path):
     with pytest.raises(CorruptChunk):
         s.put(chunk_id(good), bytes(bad))
     assert not s.has(chunk_id(good))
-    assert os.listdir(os.path.join(s.root, "tmp")) == []
+    assert [f for _, _, files in os.walk(s.root) for f in files] == []  # not even half a chunk in tmp/
 
 
 def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_chunk(tiny_disk):
@@ -64,7 +64,12 @@ def test_gc_keeps_what_is_used_and_what_is_recent(tmp_path):
 
 def test_clean_removes_what_a_killed_writer_left(tmp_path):
     s = ChunkStore(str(tmp_path / "s"))
+    kept = b"a whole chunk"
+    s.put(chunk_id(kept), kept)
     with open(os.path.join(s.root, "tmp", "half"), "wb") as f:
         f.write(b"half a chunk")
-    ChunkStore(str(tmp_path / "s")).clean()
-    assert os.listdir(os.path.join(s.root, "tmp")) == []
+    fresh = ChunkStore(str(tmp_path / "s"))
+    fresh.clean()
+    assert not os.path.exists(os.path.join(s.root, "tmp", "half"))
+    assert fresh.has(chunk_id(kept)) and fresh.get(chunk_id(kept)) == kept
+    assert fresh.put(chunk_id(b"next"), b"next")  # tmp/ is made again for the next chunk
