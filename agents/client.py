@@ -22,6 +22,13 @@ from monarch_agents.transport import addr_host, route_ip
 _lock = threading.RLock()
 #: The control stream that keeps this process's relayed address open (see :func:`_relayed_address`).
 _relay_control = None
+#: The ``route`` this process's runtime was started with (for helper processes that must go the same way).
+_route: dict | None = None
+
+
+def current_route() -> dict | None:
+    """How this process's runtime reaches its hosts when not directly (see :func:`ensure_runtime`)."""
+    return _route
 
 
 def bind_address(reach: Iterable[str] = ()) -> str:
@@ -50,6 +57,8 @@ def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route
                                    "use one reservation per process (or load the job before calling this_host())")
             return rt
         keys = keys or JobKeys.generate()
+        global _route
+        _route = route
         if route and route.get("via") == "port-forward":
             rt = Runtime(keys, bind_host="127.0.0.1", name="client", socks_proxy=route["socks"],
                          advertise=lambda endpoint: _relayed_address(route["control"], endpoint))
@@ -106,7 +115,8 @@ def close_runtime() -> None:
     from monarch_agents import transport
 
     with _lock:
-        global _relay_control
+        global _relay_control, _route
+        _route = None
         rt = rt_mod.current()
         if rt is not None:
             rt.close()

@@ -35,7 +35,7 @@ class GatherMount:
 
     def __init__(self, host_mesh: Any, remote_mount_point: str, local_mount_point: str):
         from monarch.remotemount import point_key
-        from monarch_agents.client import ensure_runtime
+        from monarch_agents.client import current_route, ensure_runtime
         from monarch_rdmafs.mount import fuse_unavailable_reason, prepare_mount_point
 
         why = fuse_unavailable_reason()
@@ -50,7 +50,9 @@ class GatherMount:
             raise ValueError("a mesh of several hosts needs named dimensions for gather_mount")
         self._local_mount_point = os.path.abspath(local_mount_point)
         prepare_mount_point(self._local_mount_point)
-        config = {"keys": rt.keys.as_dict(), "hosts": hosts, "mountpoint": self._local_mount_point}
+        # The mount's own process reaches the hosts as this one does (a Kubernetes port-forward too).
+        config = {"keys": rt.keys.as_dict(), "hosts": hosts, "mountpoint": self._local_mount_point,
+                  "route": current_route()}
         self._proc = subprocess.Popen([sys.executable, "-m", "monarch.gather_mount"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, start_new_session=True)
         assert self._proc.stdin is not None and self._proc.stdout is not None
@@ -152,7 +154,8 @@ def _main() -> None:
 
     _die_with_parent()
     config = json.loads(sys.stdin.buffer.readline())
-    rt = ensure_runtime(JobKeys(**config["keys"]), reach=[addr for addr, _, _ in config["hosts"]])
+    rt = ensure_runtime(JobKeys(**config["keys"]), reach=[addr for addr, _, _ in config["hosts"]],
+                        route=config.get("route"))
     ops = GatherFS(_Hosts(rt, config["hosts"]))
     mnt = config["mountpoint"]
     options = set(pyfuse3.default_options) | {"fsname=monarch-gather", "ro"}

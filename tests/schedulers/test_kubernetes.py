@@ -372,6 +372,16 @@ def test_client_outside_the_cluster_reaches_the_pods_through_a_port_forward(outs
     shell = on_laptop("shell", "--host", "1", "--", "sh", "-c", "hostname; exit 3", check=False)
     assert shell.returncode == 3 and f"{name}-1" in shell.stdout, shell.stdout + shell.stderr
     assert "rank=1" in on_laptop("logs").stdout
+    # A gather mount's own process goes through the port-forward too: each pod's files, read here.
+    from monarch_rdmafs.mount import fuse_unavailable_reason
+
+    if not fuse_unavailable_reason():
+        (tmp_path / "gather.py").write_text(GATHER_PROGRAM)
+        for i in range(2):
+            (tmp_path / "served" / f"hosts_{i}").mkdir(parents=True)
+            (tmp_path / "served" / f"hosts_{i}" / "who").write_text(f"pod{i}")
+        seen = on_laptop("run", str(tmp_path / "gather.py"), str(tmp_path / "served"))
+        assert "seen: pod0 pod1" in seen.stdout, seen.stdout + seen.stderr
     # A controller program: actors on the pods answer it through the relay.
     actors = on_laptop("run", os.path.join(ROOT, "examples", "actors.py"))
     assert f"rank 0 on {name}-0" in actors.stdout and f"rank 3 on {name}-1" in actors.stdout, actors.stdout
@@ -415,3 +425,13 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+GATHER_PROGRAM = """
+import os, sys
+from monarch.gather_mount import gather_mount
+from monarch.job import job_load
+
+with gather_mount(job_load().state().hosts, sys.argv[1] + "/$SUBDIR", os.path.abspath("seen")):
+    print("seen:", " ".join(open(f"seen/hosts_{i}/who").read() for i in range(2)))
+"""
