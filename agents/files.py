@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600)."""
+def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600).
+
+    ``durable=False`` skips the fsync (a few ms): readers still never see half a file, but a
+    crash of the machine may lose it.  For files on a hot path that a reader can do without.
+    """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -14,7 +18,8 @@ def write_atomic(path: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -3,9 +3,10 @@
 Each ``RunCommand`` is one rank of a run: its stdout and stderr go, live, to the
 run's reply port as ``RunOutput`` and into ``<log_dir>/runs/<run id>/<rank>.stdout``
 (``.stderr``) for ``monarch logs``; then one ``RunExited`` says how it ended and a
-``<rank>.exit`` file marks the log complete.  ``<rank>.order`` says in which order the two
-streams' bytes came: one record per chunk, the stream (``o`` or ``e``) and the chunk's length
-(``<cI``), so a reader can interleave them as a terminal showed them.
+``<rank>.exit`` file (:class:`RankExit` as JSON, written whole or not at all) marks the log
+complete.  ``<rank>.order`` says in which order the two streams' bytes came: one record per
+chunk, the stream (``o`` or ``e``) and the chunk's length (``<cI``), so a reader can interleave
+them as a terminal showed them.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import selectors
 import struct
 import threading
 import time
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from monarch_agents import messages as m
+from monarch_agents.files import write_atomic
 from monarch_agents.names import open_private, path_component
 from monarch_agents.services import Child, Service, killpg, stop_children
 
@@ -33,6 +36,27 @@ _KILL_GRACE_S = 1.0
 _READ_LOG_MAX = 4 << 20
 #: One record of ``<rank>.order``: b"o" (stdout) or b"e" (stderr), then the chunk's length.
 ORDER_RECORD = struct.Struct("<cI")
+
+
+@dataclass
+class RankExit:
+    """How a rank ended: the content of its ``<rank>.exit`` file."""
+
+    code: int
+    reason: str
+    ended: float
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> "RankExit | None":
+        """The exit file's record; None if it is empty or not one (damaged: the disk filled, say)."""
+        try:
+            d = json.loads(data)
+            return cls(int(d["code"]), str(d.get("reason", "")), float(d["ended"]))
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 class CommandChild(Child):
@@ -122,10 +146,12 @@ class _Run(CommandChild):
         if tel is not None:
             tel.rank_ended(self.run_id, self.rank, code, reason)
         try:
-            with open_private(os.path.join(self.run_dir, f"{self.rank}.exit"), "w") as f:
-                json.dump({"code": code, "reason": reason, "ended": time.time()}, f)
-        except OSError:
-            pass
+            # Whole or not at all: `monarch logs --list` may read it at any moment.  No fsync: it is
+            # on the path of every run's end, and a reader does without it (the run shows "exit ?").
+            write_atomic(os.path.join(self.run_dir, f"{self.rank}.exit"),
+                         RankExit(code, reason, time.time()).to_bytes(), durable=False)
+        except OSError as e:
+            log.warning("could not write the exit file of run %s rank %d: %s", self.run_id, self.rank, e)
 
 
 class RunsService(Service):

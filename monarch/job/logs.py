@@ -13,14 +13,16 @@ agents (read through ``ReadLog``, any size, in bounded pieces); actor programs r
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from monarch_agents.services.runs import ORDER_RECORD
+from monarch_agents.files import write_atomic
+from monarch_agents.services.runs import ORDER_RECORD, RankExit
 from monarch.job.state import JobRecord
+
+__all__ = ["Chunk", "LogReader", "ProgramLog", "RankExit", "STREAMS", "local_fetch", "program_run_dir"]
 
 #: Both streams, in the order chunks came; or one of them.
 STREAMS = ("stdout", "stderr")
@@ -164,7 +166,5 @@ class ProgramLog:
     def close(self, exit_code: int, reason: str) -> None:
         for f in self.files.values():
             f.close()
-        tmp = os.path.join(self.dir, "0.exit.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"code": exit_code, "reason": reason, "ended": time.time()}, f)
-        os.replace(tmp, os.path.join(self.dir, "0.exit"))
+        write_atomic(os.path.join(self.dir, "0.exit"), RankExit(exit_code, reason, time.time()).to_bytes(),
+                     durable=False)

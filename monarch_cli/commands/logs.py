@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -148,10 +147,12 @@ def _list(record, history: list[dict], as_json: bool) -> None:
         if "exit_code" not in r:
             _ask_agents_how_it_ended(record, r)
         ended = r.get("ended")
+        unknown = r.get("exit_unknown")
         rows.append({"run_id": r["run_id"], "kind": r.get("kind", "command"), "argv": r["argv"],
                      "started": r["started"], "ended": ended, "exit_code": r.get("exit_code"),
                      "duration_s": round(ended - r["started"], 3) if ended else None,
-                     "running": ended is None})
+                     "running": ended is None and not unknown,
+                     **({"exit_unknown": unknown} if unknown else {})})
     if as_json:
         print_json(rows)
         return
@@ -159,27 +160,44 @@ def _list(record, history: list[dict], as_json: bool) -> None:
         code = "running" if r["running"] else f"exit {r['exit_code']}" if r["exit_code"] is not None else "exit ?"
         took = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
         when = time.strftime("%H:%M:%S", time.localtime(r["started"]))
-        sys.stdout.write(f"{r['run_id']}  {when}  {code:>8}  {took:>8}  {' '.join(r['argv'])}\n")
+        why = f"  ({r['exit_unknown']})" if r.get("exit_unknown") else ""
+        sys.stdout.write(f"{r['run_id']}  {when}  {code:>8}  {took:>8}  {' '.join(r['argv'])}{why}\n")
 
 
 def _ask_agents_how_it_ended(record, run: dict) -> None:
     """A run this command did not see end (detached, or its `monarch run` was killed): its ranks'
-    exit files say; noted in the history so the next --list need not ask."""
+    exit files say; noted in the history so the next --list need not ask.
+
+    A rank without an exit file is still running (or its agent is gone): the run shows as running.
+    One whose exit file is there but unreadable (damaged) ended in a way nobody can tell: the run
+    shows "exit ?" with the reason, and is not noted, so a later --list looks again.
+    """
+    from monarch.job.logs import RankExit
     from monarch.job.run import record_run_end
 
     fetch = _fetcher(record, run)
     exits = []
-    for rank in _targets(record, run):
+    damaged = []
+    for rank, host in _targets(record, run).items():
         try:
-            data, _ = fetch(rank, "exit", 0)
-            exits.append(json.loads(data))
+            data, done = fetch(rank, "exit", 0)
         except Exception:
-            return  # still running, or its agent is gone: unknown for now
+            return  # its agent is gone: unknown for now
+        if not done:
+            return  # still running
+        parsed = RankExit.parse(data)
+        if parsed is None:
+            damaged.append(f"rank {rank} on {host}")
+        else:
+            exits.append(parsed)
+    if damaged:
+        run["exit_unknown"] = f"unreadable exit file of {', '.join(damaged)}"
+        return
     if not exits:
         return
-    failed = sorted((e for e in exits if e["code"] != 0), key=lambda e: e["ended"])
-    code = failed[0]["code"] if failed else 0
+    failed = sorted((e for e in exits if e.code != 0), key=lambda e: e.ended)
+    code = failed[0].code if failed else 0
     code = code if code >= 0 else 128 - code
-    ended = max(e["ended"] for e in exits)
+    ended = max(e.ended for e in exits)
     run.update(exit_code=code, ended=ended)
     record_run_end(record, run["run_id"], code, ended)

@@ -97,3 +97,23 @@ def test_list_learns_how_a_detached_run_ended(workdir):
     monarch("logs", "--run", run_id, "-f", cwd=workdir, check=True)  # until it ended
     runs = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
     assert runs[-1]["run_id"] == run_id and runs[-1]["exit_code"] == 4 and not runs[-1]["running"]
+
+
+def test_list_says_exit_unknown_for_a_damaged_exit_file_and_looks_again_later(workdir):
+    monarch("serve", cwd=workdir, check=True)
+    r = monarch("--json", "run", "--detach", "--", "sh", "-c", "exit 4", cwd=workdir, check=True)
+    run_id = json.loads(r.stdout)["run_id"]
+    monarch("logs", "--run", run_id, "-f", cwd=workdir, check=True)  # until it ended
+    [exit_file] = list((workdir / ".monarch").rglob(f"runs/{run_id}/0.exit"))
+    whole = exit_file.read_bytes()
+    assert json.loads(whole)["code"] == 4
+    assert [p.name for p in exit_file.parent.iterdir() if ".tmp" in p.name] == []  # renamed in, nothing left
+    exit_file.write_bytes(whole[: len(whole) // 2])  # half a record, as a non-atomic writer could leave it
+    runs = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
+    assert runs[-1]["run_id"] == run_id and runs[-1]["exit_code"] is None and not runs[-1]["running"]
+    assert "unreadable exit file of rank 0 on host0" in runs[-1]["exit_unknown"]
+    listing = monarch("logs", "--list", cwd=workdir, check=True).stdout
+    assert "exit ?" in listing and "unreadable exit file" in listing and "Traceback" not in listing
+    exit_file.write_bytes(whole)  # not noted as ended meanwhile: the next --list reads it again
+    runs = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
+    assert runs[-1]["exit_code"] == 4 and "exit_unknown" not in runs[-1]
