@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -13,6 +14,9 @@ from monarch_cli.output import print_json
 
 _POLL_S = 0.25
 _READ_TIMEOUT_S = 10.0
+#: How long after a run was recorded its ranks may still be on their way to their hosts (a detached
+#: `monarch run` has let go as its messages leave); past it, a rank its host has no record of never started.
+_START_GRACE_S = 5.0
 
 
 @click.command("logs")
@@ -63,7 +67,9 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
         from monarch.job.logs import STREAMS, LogReader
 
         streams = ("stdout",) if only_stdout else ("stderr",) if only_stderr else STREAMS
-        reader = LogReader(_fetcher(record, entry), sorted(targets), streams)
+        fetch = _fetcher(record, entry)
+        _wait_started(record, entry, targets, fetch, follow)
+        reader = LogReader(fetch, sorted(targets), streams)
         show_prefix = len(targets) > 1 if prefix is None else prefix
         if o.json:
             collected: dict[int, dict[str, bytearray]] = {i: {"stdout": bytearray(), "stderr": bytearray(),
@@ -80,6 +86,34 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
         for c in (reader.follow(_POLL_S) if follow else reader.poll()):
             out.write(c.rank, c.stream, c.data)
         out.flush()
+
+
+def _wait_started(record, entry: dict, targets: dict[int, str], fetch, follow: bool) -> None:
+    """Return once every target rank has a record on its host (with -f, waiting for one about to
+    start); raise if a rank's host has none and the run is past starting (so -f never waits forever).
+
+    A run in the history that its host knows nothing of: its `monarch run` was killed before the
+    command reached the host, or the host was replaced or its logs removed since.
+    """
+    from monarch.errors import RunError
+    from monarch.job.logs import program_run_dir
+
+    def started(rank: int) -> bool:
+        if entry.get("kind") == "program":
+            return os.path.isdir(program_run_dir(record, entry["run_id"]))
+        return bool(fetch(rank, "json", 0)[0])  # the host's start record of the rank, written first
+
+    while True:
+        missing = [r for r in sorted(targets) if not started(r)]
+        if not missing:
+            return
+        if time.time() - entry["started"] > _START_GRACE_S:
+            where = "this machine" if entry.get("kind") == "program" else ", ".join(targets[r] for r in missing)
+            raise RunError(f"run {entry['run_id']} never started on {where}: its host agent has no record of it",
+                           "`monarch logs --list` shows the runs; `monarch run -- CMD` starts one")
+        if not follow:
+            return  # just recorded: nothing to show yet
+        time.sleep(_POLL_S)
 
 
 def _targets(record, entry: dict) -> dict[int, str]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
+from monarch.errors import ExitCode
 from tests.cli.conftest import MONARCH, ROOT, monarch
 
 # 6 MiB of bytes that are not text (every byte value, NULs and lone CRs included), more than one
@@ -117,3 +119,23 @@ def test_list_says_exit_unknown_for_a_damaged_exit_file_and_looks_again_later(wo
     exit_file.write_bytes(whole)  # not noted as ended meanwhile: the next --list reads it again
     runs = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
     assert runs[-1]["exit_code"] == 4 and "exit_unknown" not in runs[-1]
+
+
+def test_logs_of_a_run_that_is_not_there_fail_at_once_even_with_follow(workdir):
+    monarch("serve", "--hosts", "2", cwd=workdir, check=True)
+    r = monarch("logs", "-f", cwd=workdir, timeout=30)  # "the last run", and there is none yet
+    assert r.returncode == ExitCode.USAGE and r.stderr.count("\n") <= 2 and "no runs yet" in r.stderr
+    assert monarch("run", "--", "true", cwd=workdir).returncode == 0
+    r = monarch("--json", "logs", "-f", "--run", "20990101-000000-typo00", cwd=workdir, timeout=30)
+    doc = json.loads(r.stdout)
+    assert r.returncode == ExitCode.USAGE and "no run '20990101-000000-typo00'" in doc["error"]
+    assert "monarch logs --list" in doc["hint"]
+    # A run the history knows but host1 does not (its logs were removed, or the host replaced since):
+    # -f says so instead of waiting for output that will never come.
+    [run] = json.loads(monarch("logs", "--list", "--json", cwd=workdir, check=True).stdout)
+    [gone] = list((workdir / ".monarch").rglob(f"logs/host1/runs/{run['run_id']}"))
+    shutil.rmtree(gone)
+    r = monarch("logs", "-f", "--run", run["run_id"], cwd=workdir, timeout=60)
+    assert r.returncode == ExitCode.RUN and "Traceback" not in r.stderr
+    assert f"run {run['run_id']} never started on host1" in r.stderr and "host0" not in r.stderr.splitlines()[0]
+    assert monarch("logs", "-f", "--run", run["run_id"], "--rank", "0", cwd=workdir).returncode == 0  # host0 has it
