@@ -1,6 +1,7 @@
 """What `monarch dashboard` costs while it watches a reservation, in one run.
 
     .venv/bin/python benchmarks/dashboard_bench.py [--hosts 4] [--procs 64] [--seconds 10] [--json]
+    .venv/bin/python benchmarks/dashboard_bench.py --frozen [--procs 1000] [--seconds 10] [--json]
 
 Serves a local reservation of ``--hosts`` hosts in a temp dir, and a client that holds
 ``--procs`` proc agents (spread over the hosts, one actor mesh on them) plus a run of
@@ -13,6 +14,15 @@ wall time (user + system):
 
 Prints the dashboard's own CPU/s, the agents' CPU/s under each, a poll's p50/p90, and the
 ratios to idle and to poll-only.
+
+``--frozen``: the dashboard's own refresh cost at ``--procs`` (1,000) against the 64-proc
+case, on 4 hosts, when a live reservation that large does not fit the machine.  Both are
+the recorded real reservation of tests/tui/frozen_source.py scaled up (one actor per
+proc), read through the dashboard's SQL.  Each runs the real app (headless, 120x40) for
+``--seconds`` at one refresh a second, twice: steady (nothing changes) and churn (every
+proc's rss moves each refresh, as a live one's does, so every proc's label changes).
+Prints per refresh: the CPU of the poll (its SQL, in the poll thread), of applying it to
+the widgets (``apply_snapshot``, UI thread) and of the whole process, and 1,000/64 ratios.
 """
 
 from __future__ import annotations
@@ -114,13 +124,103 @@ def dashboard(source, seconds: float) -> dict:
     return {"polls": app.polls}
 
 
+def frozen_refresh(directory: str, seconds: float, churn: bool) -> dict:
+    """CPU per refresh of the real app on a frozen reservation: poll thread, apply_snapshot, whole process."""
+    from monarch_cli.tui.app import DashboardApp
+    from monarch_cli.tui.mesh_tree import MeshTree
+    from tests.tui.frozen_source import FrozenReservationSource
+
+    source = FrozenReservationSource(directory)
+    source.poll()  # warm: imports, the tables read once
+    cpu = {"poll": 0.0, "apply": 0.0, "refreshes": 0, "relabelled": 0}
+    poll = source.poll
+
+    def timed_poll():
+        t = time.thread_time()
+        snap = poll()
+        if churn:
+            for p in snap.procs:
+                if p.rss_bytes:
+                    p.rss_bytes += 1_000_000 * (cpu["refreshes"] + 1)
+        cpu["poll"] += time.thread_time() - t
+        return snap
+
+    source.poll = timed_poll
+    app = DashboardApp(source, refresh_s=1.0)
+    apply = app.apply_snapshot
+
+    def timed_apply(snap, logs):
+        t = time.thread_time()
+        apply(snap, logs)
+        cpu["apply"] += time.thread_time() - t
+        cpu["refreshes"] += 1
+        cpu["relabelled"] += app.query_one(MeshTree).statistics().relabelled
+
+    app.apply_snapshot = timed_apply
+
+    async def go() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            while cpu["refreshes"] < 2:  # the first refresh builds the tree: not a steady-state one
+                await pilot.pause(0.1)
+            for k in ("poll", "apply", "relabelled"):
+                cpu[k] = 0.0
+            cpu["refreshes"] = 0
+            c0, w0 = own_cpu(), time.monotonic()
+            end = w0 + seconds
+            while time.monotonic() < end:
+                await pilot.pause(0.2)
+            cpu["process_per_s"] = (own_cpu() - c0) / (time.monotonic() - w0)
+
+    asyncio.run(go())
+    n = max(1, cpu["refreshes"])
+    return {"refreshes": cpu["refreshes"], "poll_ms": 1000 * cpu["poll"] / n, "apply_ms": 1000 * cpu["apply"] / n,
+            "relabelled_per_refresh": cpu["relabelled"] / n, "process_cpu_per_s": cpu["process_per_s"]}
+
+
+def frozen_main(args: argparse.Namespace) -> None:
+    from tests.tui.frozen_source import FROZEN_DIR, scale_procs
+
+    work = tempfile.mkdtemp(prefix="dash-bench-frozen-")
+    results: dict = {}
+    try:
+        for procs in (64, args.procs):
+            d = os.path.join(work, str(procs))
+            scale_procs(FROZEN_DIR, d, 4, procs)
+            for mode in ("steady", "churn"):
+                results[f"{procs}/{mode}"] = frozen_refresh(d, args.seconds, mode == "churn")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"frozen reservation, 4 hosts, 64 vs {args.procs} procs (one actor each); {args.seconds:g} s each, "
+          f"1 refresh/s (machine load {os.getloadavg()[0]:.1f})")
+    print(f"{'procs/mode':16}{'refreshes':>10}{'relabelled':>11}{'poll ms':>9}{'apply ms':>10}{'process CPU/s':>15}")
+    for key, r in results.items():
+        print(f"{key:16}{r['refreshes']:>10}{r['relabelled_per_refresh']:>11.0f}{r['poll_ms']:>9.1f}"
+              f"{r['apply_ms']:>10.1f}{r['process_cpu_per_s']:>15.3f}")
+    for mode in ("steady", "churn"):
+        big, small = results[f"{args.procs}/{mode}"], results[f"64/{mode}"]
+        print(f"{mode}: {args.procs}/64 procs: poll {big['poll_ms'] / max(small['poll_ms'], 1e-6):.1f}x, "
+              f"apply {big['apply_ms'] / max(small['apply_ms'], 1e-6):.1f}x, "
+              f"process CPU {big['process_cpu_per_s'] / max(small['process_cpu_per_s'], 1e-6):.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
-    ap.add_argument("--procs", type=int, default=64, help="proc agents in all (spread over the hosts)")
+    ap.add_argument("--procs", type=int, default=None,
+                    help="proc agents in all, spread over the hosts (default 64; with --frozen 1000)")
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--frozen", action="store_true",
+                    help="the app's refresh cost on a recorded reservation scaled to --procs, against 64 procs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.frozen:
+        args.procs = args.procs or 1000
+        frozen_main(args)
+        return
+    args.procs = args.procs or 64
     per_host = max(1, args.procs // args.hosts)
 
     work = tempfile.mkdtemp(prefix="dash-bench-")
