@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.cli.conftest import monarch
+from tests.helpers import stop_client
 
 MEGABYTE = 1 << 20
 BAD_OUTPUT = ("import os\n"
@@ -40,7 +41,10 @@ def job(tmp_path_factory):
     monarch("serve", "--hosts", "1", cwd=d, check=True)
     r = monarch("run", "--", "python3", "-c", BAD_OUTPUT, cwd=d, timeout=60)
     assert r.returncode == 0, r.stderr
+    # One runtime per process, bound to one job's keys: drop the one an earlier module's job left.
+    stop_client()
     yield d
+    stop_client()
     monarch("stop", "--force", cwd=d, timeout=60)
 
 
