@@ -3,9 +3,11 @@
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import termios
 import time
 
 import psutil
@@ -167,6 +169,39 @@ def test_shell_runs_on_a_pty_and_passes_the_exit_code(workdir):
     assert "tty-on host1" in r.stdout
     r = monarch("shell", "--host", "5", cwd=workdir, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and "no host rank 5" in r.stderr
+
+
+def test_shell_whose_host_agent_is_killed_ends_with_one_line_and_restores_the_terminal(no_leaked_processes, workdir):
+    r = monarch("--json", "serve", "--hosts", "2", cwd=workdir, check=True)
+    agents = [h["pid"] for h in json.loads(r.stdout)["hosts"]]
+    # A real terminal: the shell puts it in raw mode and must give it back however it ends.
+    master, slave = os.openpty()
+    before = termios.tcgetattr(slave)
+    p = subprocess.Popen([*MONARCH, "shell", "--host", "1", "--", "sh", "-c", "echo shell-up; exec sleep 37"],
+                         cwd=workdir, stdin=slave, stdout=slave, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
+    try:
+        seen = b""
+        while b"shell-up" not in seen:
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready, f"the shell never started: {seen!r}"
+            seen += os.read(master, 4096)
+        sleepers = _rank_procs("sleep 37")
+        assert len(sleepers) == 1
+        os.kill(agents[1], signal.SIGKILL)
+        assert p.wait(timeout=30) == 5  # ExitCode.AGENT, as for `monarch run`
+        err = p.stderr.read()
+        assert "Traceback" not in err
+        first, *rest = err.strip().splitlines()
+        assert first.startswith("error: host agent on host1 died") and len(rest) <= 1, err
+        assert termios.tcgetattr(slave) == before  # not left raw: the terminal still echoes and edits
+        assert _wait_gone(sleepers + [agents[1]]) == []  # the shell's command went with its agent
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(master)
+        os.close(slave)
 
 
 def _start_run(workdir, *cmd):
