@@ -170,7 +170,7 @@ all_idle() { # DIR
     [[ $(wc -l <<<"$states") -eq ${#NODES[@]} ]] && ! grep -vqE '^[^ ]+ idle$' <<<"$states"
 }
 
-need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root (munged runs as munge, slurmd as root)"; }
+need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root (munged runs as munge, slurmd as root, and the nodes' network namespaces need it)"; }
 
 cmd_install() {
     if command -v slurmctld >/dev/null 2>&1; then
