@@ -52,21 +52,25 @@ def sync(ctx: click.Context, name: str | None, watch: bool, source: str | None, 
         ready = False
         # yield_on_timeout: the first (empty) yield says the watcher runs; then an edit made since the
         # sync above is pushed, and "watching" is true when it is printed.
-        for changes in watchfiles.watch(*roots, watch_filter=_interesting, debounce=_WATCH_DEBOUNCE_MS,
-                                        step=_WATCH_STEP_MS, raise_interrupt=False, yield_on_timeout=True,
-                                        rust_timeout=_WATCH_IDLE_MS):
-            if not changes and ready:
-                continue
-            try:
-                results = rs.sync()
-            except WorkspaceError as e:
-                err.print(f"[bold red]error:[/] {escape(e.message)}")
-                continue
-            if any(r.changed for r in results):
-                _report(o, results, len(record.hosts))
-            if not ready:
-                ready = True
-                err.print(f"watching {', '.join(escape(r) for r in roots)} (Ctrl-C stops)")
+        # Ctrl-C while a sync runs (not inside the watcher, which swallows it) ends the watch as quietly.
+        try:
+            for changes in watchfiles.watch(*roots, watch_filter=_interesting, debounce=_WATCH_DEBOUNCE_MS,
+                                            step=_WATCH_STEP_MS, raise_interrupt=False, yield_on_timeout=True,
+                                            rust_timeout=_WATCH_IDLE_MS):
+                if not changes and ready:
+                    continue
+                try:
+                    results = rs.sync()
+                except WorkspaceError as e:
+                    err.print(f"[bold red]error:[/] {escape(e.message)}")
+                    continue
+                if any(r.changed for r in results):
+                    _report(o, results, len(record.hosts))
+                if not ready:
+                    ready = True
+                    err.print(f"watching {', '.join(escape(r) for r in roots)} (Ctrl-C stops)")
+        except KeyboardInterrupt:
+            return
 
 
 def _interesting(change, path: str) -> bool:
