@@ -125,7 +125,7 @@ class KubernetesScheduler(Scheduler):
 
             host = getattr(self.api().configuration, "host", "?")
             if isinstance(e, HTTPError):
-                raise SchedulerError(f"cannot reach the Kubernetes API at {host} to {what}: {_first_line(e)}",
+                raise SchedulerError(f"cannot reach the Kubernetes API at {host} to {what}: {_connection_error(e)}",
                                      "check --kubeconfig/--context, or that the cluster is up") from None
             raise SchedulerError(f"unexpected answer from the Kubernetes API at {host} to {what}: {_first_line(e)}") from None
 
@@ -682,6 +682,18 @@ def _api_message(e) -> str:
         return json.loads(e.body).get("message") or e.reason
     except (TypeError, ValueError):
         return e.reason or ""
+
+
+def _connection_error(e: BaseException) -> str:
+    """urllib3's failure as a person says it ("Connection refused", a TLS or name error), not its
+    retry pool's repr: the OS's words where there are some, else its message without object reprs."""
+    first = getattr(e, "reason", None) or e  # MaxRetryError carries the last attempt's error
+    x: BaseException | None = first
+    while x is not None:
+        if isinstance(x, OSError) and x.strerror:
+            return x.strerror
+        x = x.__cause__ or x.__context__
+    return re.sub(r"<[^<>]* object at 0x[0-9a-f]+>:?\s*", "", _first_line(first)) or type(first).__name__
 
 
 def _first_line(e: BaseException) -> str:

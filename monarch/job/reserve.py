@@ -133,13 +133,13 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
     keys = JobKeys.generate()
     write_keys(job_dir, keys)
     sched = scheduler_for(spec)
-    request = sched.dryrun(spec, job_dir)
-    progress("submitting", 0, spec.hosts, None)
     try:
+        request = sched.dryrun(spec, job_dir)
+        progress("submitting", 0, spec.hosts, None)
         job_id = sched.allocate(request)
     except BaseException:
         # A refused submission reserved nothing: leave no keys or half-made job folder behind.
-        shutil.rmtree(job_dir, ignore_errors=True)
+        _remove_job_dir(job_dir)
         raise
     # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs.
     keys = read_keys(job_dir)
@@ -148,7 +148,7 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
         save_state(path, record)
     except BaseException:
         release(record, None)
-        shutil.rmtree(job_dir, ignore_errors=True)
+        _remove_job_dir(job_dir)
         raise
     if wait:
         try:
@@ -236,6 +236,18 @@ def release(record: JobRecord, path: str | None) -> None:
     finally:
         if path:
             remove_state(path)
+
+
+def _remove_job_dir(job_dir: str) -> None:
+    """Remove a job folder, and the ``jobs/`` and ``.monarch/`` above it if this left them empty
+    (a first `serve` that failed leaves the directory as it found it)."""
+    shutil.rmtree(job_dir, ignore_errors=True)
+    jobs = os.path.dirname(os.path.abspath(job_dir))
+    for d in (jobs, os.path.dirname(jobs)):
+        try:
+            os.rmdir(d)  # only if empty: another context's files keep it
+        except OSError:
+            return
 
 
 def release_without_state(job_dir: str) -> list[str]:

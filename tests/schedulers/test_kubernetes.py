@@ -221,6 +221,57 @@ def test_attach_to_pre_provisioned_pods(cluster, tmp_path):
     assert not cluster.kubelet.running
 
 
+def _left_in(work: Path) -> list[str]:
+    """What a command left in ``work`` (a failed first serve: not even an empty ``.monarch/``)."""
+    return sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+
+
+def test_attach_to_pods_whose_keys_secret_is_missing(cluster, tmp_path):
+    """The pods run, but their Secret (the job's keys) was deleted: one line, nothing reserved, pods left alone."""
+    import yaml
+
+    from monarch_agents.keys import JobKeys
+    from monarch.job.state import JobSpec
+    from monarch_schedulers.kubernetes import KubernetesScheduler
+
+    sched = KubernetesScheduler(kubeconfig=cluster.kubeconfig)
+    objs = sched.manifests(JobSpec("kubernetes", 1, 1, {"image": IMAGE}), "keyless-mesh",
+                           json.dumps(JobKeys.generate().as_dict()), use_crd=False)
+    (tmp_path / "mesh.yaml").write_text(yaml.safe_dump_all(objs))
+    kubectl(cluster, "apply", "--validate=false", "-f", str(tmp_path / "mesh.yaml"))
+    try:
+        kubectl(cluster, "delete", "secret", "keyless-mesh-keys")
+        work = tmp_path / "work"
+        work.mkdir()
+        r = monarch("serve", "--scheduler", "kubernetes", "--hosts", "1", "--attach", "keyless-mesh",
+                    "--kubeconfig", cluster.kubeconfig, "--timeout", "60", cwd=str(work), check=False)
+        assert r.returncode == 4, r.stderr  # ExitCode.SCHEDULER
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
+        assert "keyless-mesh-keys" in r.stderr.splitlines()[0], r.stderr
+        assert _left_in(work) == []
+        pods = kubectl(cluster, "get", "pods", "-l", "monarch.pytorch.org/mesh-name=keyless-mesh", "-o", "name").stdout
+        assert len(pods.split()) == 1  # not ours: left as they were
+    finally:
+        kubectl(cluster, "delete", "--ignore-not-found", "-f", str(tmp_path / "mesh.yaml"))
+
+
+def test_attach_with_an_unreachable_api_server(tmp_path):
+    """A kubeconfig whose server does not answer (nothing listens on port 1): one line, nothing left."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "down",
+        "clusters": [{"name": "down", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "down", "context": {"cluster": "down", "user": "u"}}]}))
+    r = monarch("serve", "--scheduler", "kubernetes", "--hosts", "2", "--attach", "some-mesh",
+                "--kubeconfig", str(kubeconfig), "--timeout", "60", cwd=str(tmp_path), check=False, timeout=60)
+    assert r.returncode == 4, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
+    first = r.stderr.splitlines()[0]
+    assert "https://127.0.0.1:1" in first and first.endswith("Connection refused"), r.stderr  # not urllib3's pool
+    assert _left_in(tmp_path) == ["kubeconfig"]
+
+
 def test_bad_input(cluster, tmp_path):
     r = monarch("serve", "--scheduler", "kubernetes", "--hosts", "1", "--kubeconfig", cluster.kubeconfig,
                 cwd=str(tmp_path), check=False)
