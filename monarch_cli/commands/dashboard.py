@@ -21,8 +21,10 @@ def _command(name: str) -> click.Command:
     def dashboard(ctx: click.Context, name: str | None, web: bool, port: int, bind: str) -> None:
         """Every host, proc, actor and rank of the reservation, live: runs, logs, SQL, stacks, debug sessions.
 
-        Keys: 1-6 switch views, / filters the tree, s takes stacks, x stops a run, e jumps to the first
-        error in the logs, q quits. `--web --port 8000` serves the same app on http://127.0.0.1:8000.
+        Keys: 1-6 switch views, / filters the tree, s takes stacks, x stops a run, k kills a proc,
+        o opens `monarch shell` on the selected host, Enter on a debug session attaches to it (a pdb
+        pane), e jumps to the first error in the logs, q quits. When the reservation is replaced
+        (`monarch stop`, then `monarch serve`), the dashboard starts again on the new one. `--web --port 8000` serves the same app on http://127.0.0.1:8000.
         """
         from monarch.job.state import StatePaths
 
@@ -35,11 +37,34 @@ def _command(name: str) -> click.Command:
                 from monarch.errors import UsageError
 
                 raise UsageError("the dashboard needs a terminal", "run it in a terminal, or `monarch dashboard --web`")
-            from monarch_cli.tui.app import run_dashboard
+            from monarch_cli.tui.app import REPLACED, run_dashboard
 
-            run_dashboard(name, path=path)
+            if run_dashboard(name, path=path) == REPLACED:
+                relaunch()
 
     return dashboard
+
+
+def relaunch_argv() -> list[str]:
+    """This very command line (interpreter, its options, `-m` or script, arguments), to start it again."""
+    return [sys.executable, *sys.orig_argv[1:]]
+
+
+def relaunch() -> None:
+    """Start this command again in this process (same pid and terminal): a new client, for the new job's keys.
+
+    Called once the Textual app has given the terminal back; the runtime of the old job (its
+    threads and sockets) goes with the old program image.
+    """
+    import os
+
+    from monarch_cli.output import err
+
+    err.print("the reservation was replaced: starting the dashboard again on the new one")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = relaunch_argv()
+    os.execv(argv[0], argv)
 
 
 def _serve_web(path: str, bind: str, port: int) -> None:

@@ -2,29 +2,35 @@
 
 A thread polls the reservation (``ReservationSource.poll``) about once a second and hands
 each snapshot to the UI thread; the widgets update in place.  A reservation that is gone
-shows a banner and polling goes on, so the app recovers when a new one replaces it.
+shows a banner and polling goes on; when a new live reservation replaces it, the app exits
+with :data:`REPLACED` and ``monarch dashboard`` starts again on the new one (one process
+talks to one job: its keys).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
 import threading
 import time
 from typing import Any
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane, Tree
 
-from monarch_cli.tui.confirm import ConfirmScreen
+from monarch_cli.tui.confirm import ConfirmScreen, NoticeScreen
 from monarch_cli.tui.debug_view import DebugView
 from monarch_cli.tui.details import DetailsPane
 from monarch_cli.tui.header import ReservationHeader
 from monarch_cli.tui.logs_view import LogsView
 from monarch_cli.tui.mesh_tree import MeshTree
+from monarch_cli.tui.pdb_pane import PdbPane
 from monarch_cli.tui.runs_view import RunsView
-from monarch_cli.tui.source import ProcView, ReservationSource, Snapshot
+from monarch_cli.tui.source import ActorView, HostView, ProcView, ReservationSource, Snapshot
 from monarch_cli.tui.sql_console import SqlConsole
 from monarch_cli.tui.stacks_view import StacksView, group_stacks
 
@@ -35,6 +41,8 @@ REFRESH_S = 1.0
 #: that pane's TabPane then makes its own tab active again (Enter on a run came back to Runs).
 TAB_FOCUS = {"mesh": "#mesh-tree", "runs": "#runs-table", "logs": "#log-view", "sql": "#sql-input",
              "stacks": "#stacks-view", "debug": "#debug-view"}
+#: What :meth:`DashboardApp.run` returns when a new live reservation replaced the one shown.
+REPLACED = "replaced"
 
 
 class DashboardApp(App):
@@ -56,6 +64,7 @@ class DashboardApp(App):
         Binding("e", "first_error", "First error", show=False),
         Binding("x", "stop_run", "Stop run"),
         Binding("k", "kill_proc", "Kill proc"),
+        Binding("o", "open_shell", "Shell on host"),
         Binding("escape", "unfocus", "Back", show=False),
     ]
 
@@ -68,6 +77,8 @@ class DashboardApp(App):
         self.polls = 0
         self._stop = threading.Event()
         self._logs_run: str | None = None
+        #: The last `monarch shell` command line the shell action ran or showed.
+        self.shell_command = ""
 
     def compose(self) -> ComposeResult:
         yield ReservationHeader(id="header")
@@ -89,6 +100,7 @@ class DashboardApp(App):
                 yield StacksView(id="stacks-view")
             with TabPane("Debug", id="debug"):
                 yield DebugView(id="debug-view")
+                yield PdbPane(id="pdb-pane")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -128,6 +140,11 @@ class DashboardApp(App):
     def apply_snapshot(self, snap: Snapshot, logs: tuple[str | None, list[dict]] | None) -> None:
         self.snapshot = snap
         self.polls += 1
+        if snap.replaced_by and not self.is_web:
+            self.exit(REPLACED)  # `monarch dashboard` starts again, a client of the new job
+            return
+        if snap.replaced_by:  # each browser tab runs its own app process: a reload starts a new one
+            snap.banner = f"{snap.banner}; reload the page to watch it"
         self.query_one(ReservationHeader).show(snap)
         banner = self.query_one("#banner", Static)
         banner.update(f"⚠ {snap.banner}" if snap.banner else "")
@@ -160,7 +177,8 @@ class DashboardApp(App):
 
     def action_tab(self, tab: str) -> None:
         # Focus first (at once, not after a refresh): the old pane must hold no focus when it hides.
-        widget = self.query_one(TAB_FOCUS[tab])
+        pdb = self.query_one(PdbPane)
+        widget = pdb.query_one("#pdb-input") if tab == "debug" and pdb.has_class("-open") else self.query_one(TAB_FOCUS[tab])
         widget.screen.set_focus(widget)
         self.query_one("#tabs", TabbedContent).active = tab
 
@@ -215,6 +233,16 @@ class DashboardApp(App):
         groups, errors = group_stacks(result.table.to_pylist())
         self.call_from_thread(self.query_one(StacksView).show_groups, groups, errors, result.missing_hosts)
 
+    @on(DebugView.Attach)
+    def _attach_debug(self, event: DebugView.Attach) -> None:
+        self.query_one(DebugView).add_class("-with-pane")
+        self.query_one(PdbPane).attach(event.session_id)
+
+    @on(PdbPane.Closed)
+    def _pdb_closed(self) -> None:
+        self.query_one(DebugView).remove_class("-with-pane")
+        self.query_one(DebugView).focus()
+
     def action_stop_run(self) -> None:
         snap = self.snapshot
         run = None
@@ -264,6 +292,54 @@ class DashboardApp(App):
         self.call_from_thread(self.notify, f"killed proc {pid} on {host}" if found else f"proc {pid} was no longer running")
 
 
-def run_dashboard(name: str | None, *, path: str | None = None) -> None:
-    """Run the app in this terminal until the user quits."""
-    DashboardApp(ReservationSource(name, path=path)).run()
+    def action_open_shell(self) -> None:
+        host = self._selected_host()
+        if host is None:
+            self.notify("select a host (or a proc on it) in the mesh tree first", severity="warning")
+            return
+        if not host.answering:
+            self.notify(f"no shell on {host.host}: its host agent does not answer ({host.why_silent or 'no answer'})",
+                        severity="error")
+            return
+        argv, env = self.source.shell_command(host.host_rank)
+        shown = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "monarch", *map(shlex.quote, argv[3:])])
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.open_shell(host.host, argv, env, shown)
+
+        self.push_screen(ConfirmScreen(f"Open a shell on {host.host} (monarch shell --host {host.host_rank})? "
+                                       "The dashboard comes back when it exits."), answered)
+
+    def _selected_host(self) -> HostView | None:
+        node = self.query_one(MeshTree).cursor_node
+        data = node.data if node is not None else None
+        if isinstance(data, HostView):
+            return data
+        if isinstance(data, (ProcView, ActorView)) and self.snapshot is not None:
+            return next((h for h in self.snapshot.hosts if h.host == data.host), None)
+        return None
+
+    def open_shell(self, host: str, argv: list[str], env: dict[str, str], shown: str) -> None:
+        """Run `monarch shell` in this terminal (the app suspended), or say the command where that cannot be."""
+        self.shell_command = shown
+        try:
+            with self.suspend():  # raises under --web and where the driver cannot lend the terminal
+                print(f"monarch shell on {host} (exit the shell to return to the dashboard)", flush=True)
+                code = subprocess.call(argv, env={**os.environ, **env})
+        except SuspendNotSupported:
+            self.push_screen(NoticeScreen(f"This dashboard cannot lend its terminal. Open the shell on {host} "
+                                          "in a terminal with:", shown))
+            return
+        except OSError as e:
+            self.notify(f"could not start monarch shell: {e}", severity="error")
+            return
+        if code == 0:
+            self.notify(f"the shell on {host} exited")
+        else:
+            self.notify(f"monarch shell on {host} exited with code {code}", severity="error")
+
+
+def run_dashboard(name: str | None, *, path: str | None = None) -> str | None:
+    """Run the app in this terminal until the user quits; :data:`REPLACED` when a new reservation replaced it."""
+    return DashboardApp(ReservationSource(name, path=path)).run()

@@ -1,11 +1,11 @@
-"""A yes/no question before an action that cannot be undone (stop a run)."""
+"""A yes/no question before an action that cannot be undone (stop a run), and a notice to read and close."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Grid
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label
+from textual.widgets import Button, Label, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -29,3 +29,27 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+class NoticeScreen(ModalScreen[None]):
+    """``message`` and a line to copy (a command to run elsewhere); Enter, Esc or OK closes it."""
+
+    BINDINGS = [("escape", "close", "Close"), ("enter", "close", "Close")]
+
+    def __init__(self, message: str, line: str):
+        super().__init__()
+        self.message = message
+        self.line = line
+
+    def compose(self) -> ComposeResult:
+        with Grid(id="notice-dialog"):
+            yield Label(self.message, id="notice-message")
+            yield Static(self.line, id="notice-line", markup=False)
+            yield Button("OK", variant="primary", id="notice-ok")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -10,9 +10,12 @@ next poll recovers when a new reservation replaced it.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from monarch.errors import StateError
 
 #: Seconds a query of the dashboard may take before the hosts that did not answer are greyed.
 POLL_TIMEOUT_S = 5.0
@@ -105,10 +108,20 @@ class Snapshot:
     actors: list[ActorView] = field(default_factory=list)
     runs: list[RunView] = field(default_factory=list)
     debug: list[Any] = field(default_factory=list)
+    #: The job id of a new live reservation that replaced the one shown (the dashboard starts again on it).
+    replaced_by: str | None = None
 
     @property
     def silent_hosts(self) -> list[str]:
         return [h.host for h in self.hosts if not h.answering]
+
+
+class ReservationReplaced(StateError):
+    """The state file now holds another live reservation (a new job id and keys)."""
+
+    def __init__(self, name: str, job_id: str):
+        super().__init__(f"the reservation was replaced by {name!r} ({job_id})", "the dashboard starts again on it")
+        self.job_id = job_id
 
 
 class ReservationSource:
@@ -124,12 +137,14 @@ class ReservationSource:
         self._alive_checked = 0.0
         self._description: Any = None
         self._debug: Any = None
+        #: The poll thread refreshes the debug sessions while the pdb pane attaches to one.
+        self._debug_lock = threading.Lock()
+        self._replaced_seen: tuple[tuple | None, float, StateError | None] = (None, 0.0, None)
 
     # -- the reservation ----------------------------------------------------------------
 
     def record(self) -> Any:
         """The live JobRecord, or raise MonarchError saying why there is none."""
-        from monarch.errors import StateError
         from monarch.job.reserve import describe
         from monarch.job.state import load_state
 
@@ -140,10 +155,8 @@ class ReservationSource:
         key = (st.st_ino, st.st_mtime_ns)
         if key != self._record_key:
             record = load_state(self.path)
-            if self._record is not None and record.job_id != self._record.job_id:
-                # One process talks to one job (its keys): a replacement is watched by a new dashboard.
-                raise StateError(f"the reservation was replaced by {record.name!r} ({record.job_id})",
-                                 "restart `monarch dashboard` to watch the new one")
+            if self._record is not None and (record.job_id, record.keys) != (self._record.job_id, self._record.keys):
+                raise self._replacement(record, key)
             self._record = record
             self._record_key = key
             self._alive_checked = 0.0
@@ -159,13 +172,42 @@ class ReservationSource:
             self._alive_checked = now
         return self._record
 
+    def _replacement(self, record: Any, key: tuple) -> StateError:
+        """What to say of another reservation in the state file: ReservationReplaced once it is live.
+
+        One process talks to one job (its keys), so a live replacement is watched by a new dashboard;
+        a `monarch serve` still starting has written a record without all its hosts.
+        """
+        from monarch.job.reserve import describe
+
+        now = time.monotonic()
+        seen_key, seen_at, said = self._replaced_seen
+        if seen_key == key and said is not None and now - seen_at < DESCRIBE_EVERY_S:
+            return said  # the scheduler may be slow to ask (squeue, kubectl): not every poll
+        if not record.ready:
+            said = StateError(f"the reservation is being replaced by {record.name!r} ({record.job_id})",
+                              "waiting for its hosts")
+        else:
+            d = describe(record)
+            if d is not None and d.state.alive:
+                said = ReservationReplaced(record.name, record.job_id)
+            else:
+                said = StateError(f"the reservation was replaced by {record.name!r} ({record.job_id}), which is gone too",
+                                  "`monarch serve` to reserve again")
+        self._replaced_seen = (key, now, said)
+        return said
+
     # -- polling ------------------------------------------------------------------------
 
-    def query(self, sql: str, *, timeout_s: float = POLL_TIMEOUT_S, row_limit: int | None = None) -> Any:
-        """Run SQL over every host's telemetry, as `monarch query` does."""
+    def query(self, sql: str, *, timeout_s: float = POLL_TIMEOUT_S, row_limit: int | None = None,
+              skip_hosts: frozenset[str] = frozenset()) -> Any:
+        """Run SQL over every host's telemetry (but ``skip_hosts``), as `monarch query` does."""
         from monarch.job.telemetry import query
 
-        return query(self.record(), sql, row_limit=row_limit, timeout_s=timeout_s)
+        record = self.record()
+        if skip_hosts:
+            record = replace(record, hosts=[h for h in record.hosts if h.host not in skip_hosts])
+        return query(record, sql, row_limit=row_limit, timeout_s=timeout_s)
 
     def poll(self) -> Snapshot:
         """Everything the tree, header, runs and debug views show, in one snapshot."""
@@ -176,6 +218,7 @@ class ReservationSource:
             record = self.record()
         except MonarchError as e:
             snap.banner = str(e)
+            snap.replaced_by = e.job_id if isinstance(e, ReservationReplaced) else None
             return snap
         except Exception as e:  # a state file of another version, a scheduler command that failed ...
             snap.banner = f"cannot read the reservation: {e}"
@@ -205,9 +248,13 @@ class ReservationSource:
                     if val is not None and hasattr(v, k):
                         setattr(v, k, val)
             snap.hosts.append(v)
+        # A host that did not answer now is not waited for again in this poll (each query would wait
+        # POLL_TIMEOUT_S for it: a refresh of half a minute); the next poll asks it again.
+        silent = frozenset(h.host for h in snap.hosts if not h.answering)
+        skip = {"skip_hosts": silent} if silent else {}
 
         runs = self.query("SELECT run_id, argv, hosts, num_ranks, status, failed_ranks, started, ended "
-                          "FROM runs ORDER BY started DESC LIMIT 50")
+                          "FROM runs ORDER BY started DESC LIMIT 50", **skip)
         snap.runs = [RunView(**r) for r in runs.table.to_pylist()]
         latest = snap.runs[0].run_id if snap.runs else None
 
@@ -215,11 +262,11 @@ class ReservationSource:
         procs = self.query("SELECT host, pid, kind, mesh, run_id, rank, status, exit_code, signal, reason, rss_bytes "
                            "FROM procs WHERE kind = 'proc' AND status <> 'exited' "
                            + (f"OR kind = 'rank' AND run_id = '{_sql_str(latest)}' " if latest else "")
-                           + "ORDER BY host, kind, rank, pid")
+                           + "ORDER BY host, kind, rank, pid", **skip)
         snap.procs = [ProcView(**r) for r in procs.table.to_pylist()]
         if latest:
             ranks = self.query(f"SELECT run_id, rank, host, argv, pid, exit_code, signal, reason, started, ended "
-                               f"FROM run_ranks WHERE run_id = '{_sql_str(latest)}' ORDER BY rank")
+                               f"FROM run_ranks WHERE run_id = '{_sql_str(latest)}' ORDER BY rank", **skip)
             snap.runs[0].ranks = ranks.table.to_pylist()
             argv = {(r["host"], r["pid"]): r["argv"] for r in snap.runs[0].ranks}
             for p in snap.procs:
@@ -235,13 +282,12 @@ class ReservationSource:
                 "ON s.actor_id = a.id "
                 "LEFT JOIN (SELECT to_actor_id, count(*) AS calls, sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) "
                 "AS failed_calls FROM messages GROUP BY to_actor_id) m ON m.to_actor_id = a.id "
-                "ORDER BY a.host, a.pid, a.full_name", row_limit=5000)
+                "ORDER BY a.host, a.pid, a.full_name", row_limit=5000, **skip)
             for r in actors.table.to_pylist():
                 if (r["host"], r["pid"]) in live:
                     r["status"] = r["status"] or "Created"
                     snap.actors.append(ActorView(**r))
 
-        silent = {h.host for h in snap.hosts if not h.answering}
         for h in snap.hosts:
             if h.host in silent:
                 h.why_silent = h.why_silent or "no answer"
@@ -249,12 +295,35 @@ class ReservationSource:
     def _poll_debug(self, record: Any, snap: Snapshot) -> None:
         from monarch.job.debug import DebugClient
 
-        if self._debug is None:
-            self._debug = DebugClient(record)
-        snap.debug = self._debug.refresh()
+        with self._debug_lock:
+            if self._debug is None:
+                self._debug = DebugClient(record)
+            snap.debug = self._debug.refresh()
         paused = {(s.host, s.pid) for s in snap.debug}
         for p in snap.procs:
             p.in_debugger = (p.host, p.pid) in paused
+
+    def attach_debug(self, session_id: int) -> Any:
+        """Hold debug session ``session_id`` (an id the sessions list shows): a ``monarch.job.debug.Attachment``.
+
+        Raises ``DebugError`` (one line) when the session has ended or another debugger holds it.
+        """
+        from monarch.job.debug import DebugClient
+
+        record = self.record()
+        with self._debug_lock:
+            if self._debug is None:
+                self._debug = DebugClient(record)
+            client = self._debug
+            info = client.find(session_id)
+        return client.attach(info)
+
+    def shell_command(self, host_rank: int) -> tuple[list[str], dict[str, str]]:
+        """The `monarch shell` that opens a shell on ``host_rank`` of this very reservation: (argv, env)."""
+        import sys
+
+        return ([sys.executable, "-m", "monarch_cli.main", "shell", "--host", str(int(host_rank))],
+                {"MONARCH_JOB": os.path.abspath(self.path)})
 
     def logs(self, run_id: str | None, limit: int = LOG_LINES) -> list[dict]:
         """The newest ``limit`` lines of a run (every line of procs too when ``run_id`` is None), oldest first."""

@@ -1,17 +1,22 @@
 """`monarch dashboard` driven with Textual's pilot against a real local reservation of 2 hosts.
 
-One reservation serves the module: a failing run (rank 1 raises) and a long one give the
-tree, runs, logs and SQL views something real to show; the last tests stop the long run
-from the dashboard and stop the reservation under it (the banner).
+One reservation serves the module (one process talks to one job, so every pilot test of a
+real reservation is here): a failing run (rank 1 raises) and a long one give the tree, runs,
+logs and SQL views something real to show; later tests stop the long run from the dashboard,
+hold ranks paused in breakpoint() in the pdb pane, ask for a shell on a host, and the last one
+stops the reservation under the app (the banner) and serves a new one in its place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -290,6 +295,170 @@ async def test_actors_in_the_tree_and_kill_a_proc_with_confirmation(job):
             holder.wait(10)
 
 
+#: Each rank stops in pdb inside step(); rank r returns (40 + r) * 2 + 1.
+PAUSED = textwrap.dedent("""\
+    import os
+    rank = int(os.environ["NODE_RANK"])
+    secret = 40 + rank
+    def step(x):
+        y = x * 2
+        breakpoint()
+        return y + 1
+    print("result", rank, step(secret), flush=True)
+""")
+
+
+
+def notices(app) -> str:
+    """The notifications shown (Textual keeps them on the app; its toasts are drawn from these)."""
+    return "\n".join(n.message for n in app._notifications)
+
+
+def pdb_log(app) -> str:
+    return "\n".join(app.query_one("#pdb-log").lines)
+
+
+async def select_host(pilot, app, host: str) -> None:
+    from monarch_cli.tui.mesh_tree import MeshTree
+    from monarch_cli.tui.source import HostView
+
+    tree = app.query_one(MeshTree)
+    tree.focus()
+    await pilot.press("home")
+    for _ in range(30):
+        node = tree.cursor_node
+        if node is not None and isinstance(node.data, HostView) and node.data.host == host:
+            return
+        await pilot.press("down")
+    raise AssertionError(f"no {host} in the tree")
+
+
+@pytest.mark.asyncio
+async def test_pdb_pane_attach_commands_detach_continue_and_an_ended_session(job):
+    (job / "paused.py").write_text(PAUSED)
+    out, err = open(job / "run.out", "w"), open(job / "run.err", "w")
+    run = subprocess.Popen([*MONARCH, "run", "--", sys.executable, "paused.py"], cwd=job, stdout=out, stderr=err,
+                           env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
+    try:
+        app = make_app(job)
+        async with app.run_test(size=(120, 40)) as pilot:
+            from monarch_cli.tui.debug_view import DebugView
+
+            try:
+                await until(pilot, lambda: app.snapshot and len(app.snapshot.debug) == 2
+                            and all(s.waiting for s in app.snapshot.debug), what="two ranks waiting in pdb")
+            except AssertionError:
+                raise AssertionError(f"no two ranks in pdb: {app.snapshot}\n{(job / 'run.err').read_text()}") from None
+            by_rank = {s.rank: s.id for s in app.snapshot.debug}
+            await pilot.press("6")
+            table = app.query_one(DebugView)
+            assert table.has_focus and table.row_count == 2
+            table.move_cursor(row=[int(table.get_row_at(i)[0]) for i in range(2)].index(by_rank[1]))
+            await pilot.press("enter")
+            status = app.query_one("#pdb-status")
+            await until(pilot, lambda: "attached to" in shown(status), what="the attach")
+            assert f"session {by_rank[1]}" in shown(status) and "rank 1 on host1" in shown(status)
+            line = app.query_one("#pdb-input")
+            assert line.has_focus
+
+            async def pdb(command: str, expect: str) -> str:
+                before = len(app.query_one("#pdb-log").lines)
+                line.value = command
+                await pilot.press("enter")
+                await until(pilot, lambda: expect in "\n".join(app.query_one("#pdb-log").lines[before:]),
+                            what=f"{expect!r} after {command!r}")
+                return "\n".join(app.query_one("#pdb-log").lines[before:])
+
+            assert "(Pdb) p secret" in await pdb("p secret", "41")
+            trace = await pdb("bt", "step()")
+            assert "<module>()" in trace and "-> return y + 1" in trace
+            await pdb("p y", "82")
+            await pdb("n", "--Return--")
+            # The session is held by this dashboard while attached.
+            await until(pilot, lambda: any(s.held_by for s in app.snapshot.debug if s.rank == 1), what="held by")
+            # Esc detaches: the rank stays paused, held by nobody.
+            await pilot.press("escape")
+            assert "detached from" in shown(status)
+            await until(pilot, lambda: [(s.rank, s.held_by) for s in app.snapshot.debug] == [(0, ""), (1, "")],
+                        what="both ranks still paused, free")
+            assert run.poll() is None
+            # Attach again: the last output comes back, and `c` lets the rank run on.
+            await pilot.press("escape")  # closes the pane
+            assert table.has_focus
+            await pilot.press("enter")
+            await until(pilot, lambda: "attached to" in shown(status), what="the second attach")
+            assert "<last pdb output follows>" in pdb_log(app)
+            line.value = "c"
+            await pilot.press("enter")
+            await until(pilot, lambda: "ended:" in shown(status), what="the session to end")
+            assert "session ended" in pdb_log(app)
+            await until(pilot, lambda: [s.rank for s in app.snapshot.debug] == [0], what="rank 1 gone from the list")
+            # An attach to the session that ended: one readable line in the pane, the app goes on.
+            table.post_message(DebugView.Attach(by_rank[1]))
+            await until(pilot, lambda: "cannot attach" in shown(status), what="the error line")
+            assert f"session {by_rank[1]} has ended" in shown(status)
+            polls = app.polls
+            await until(pilot, lambda: app.polls > polls + 1, what="polls after the error")
+            # Rank 0 through the pane too; the run then ends well.
+            await pilot.press("escape")
+            table.focus()
+            await pilot.pause(0.1)
+            table.move_cursor(row=0)
+            await pilot.press("enter")
+            await until(pilot, lambda: "rank 0 on host0" in shown(status) and "attached" in shown(status),
+                        what="the attach to rank 0")
+            line.value = "c"
+            await pilot.press("enter")
+            await until(pilot, lambda: "ended:" in shown(status), what="rank 0's session to end")
+        assert run.wait(30) == 0
+        printed = (job / "run.out").read_text()
+        assert "result 0 81" in printed and "result 1 83" in printed
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+            try:
+                run.wait(10)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait(10)
+        out.close()
+        err.close()
+
+
+@pytest.mark.asyncio
+async def test_shell_on_a_host_with_confirmation_names_the_command_where_the_terminal_cannot_be_lent(job, tmp_path):
+    app = make_app(job)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot and len(app.snapshot.hosts) == 2, what="the hosts")
+        await pilot.press("o")  # the root is selected: no host yet
+        await until(pilot, lambda: "select a host" in notices(app), what="the hint")
+        await select_host(pilot, app, "host1")
+        await pilot.press("o")
+        await pilot.pause(0.2)
+        assert "Open a shell on host1 (monarch shell --host 1)" in shown(app.screen.query_one("#confirm-question"))
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert app.shell_command == ""
+        await pilot.press("o")
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        # The pilot's terminal cannot be lent to a shell (nor can a browser's): the exact command is shown.
+        await until(pilot, lambda: app.screen.query("#notice-line"), what="the command")
+        command = shown(app.screen.query_one("#notice-line")).strip()
+        state = os.path.join(job, ".monarch", "job_state.pkl")
+        assert command == f"MONARCH_JOB={shlex.quote(state)} monarch shell --host 1"
+        await pilot.press("enter")
+        polls = app.polls
+        await until(pilot, lambda: app.polls > polls + 1, what="polls after the notice")
+        assert app.is_running and app.query_one("#mesh-tree").has_focus
+    # That command, run from elsewhere with a command for the shell, lands on host1 of this reservation.
+    env_part, rest = command.split(" ", 1)
+    argv = [*MONARCH, *shlex.split(rest)[1:], "sh", "-c", "echo shell-on-$MONARCH_HOST_RANK"]
+    r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONPATH": ROOT, env_part.split("=", 1)[0]: state})
+    assert r.returncode == 0 and "shell-on-1" in r.stdout, r.stderr
+
+
 @pytest.mark.asyncio
 async def test_web_serves_the_same_app_on_loopback(job):
     import socket
@@ -371,21 +540,39 @@ def test_in_a_real_terminal_with_tmux(job):
 
 
 @pytest.mark.asyncio
-async def test_a_reservation_that_goes_away_shows_a_banner(job, tmp_path):
-    # Last of the module's reservation: stops it under the running app, then serves a new one.
+async def test_a_silent_agent_gets_no_shell_a_reservation_gone_shows_a_banner_and_a_replaced_one_restarts(job):
+    from monarch_cli.tui.app import REPLACED
+
     app = make_app(job)
-    async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.snapshot and app.snapshot.hosts, what="a snapshot")
-        r = monarch("stop", cwd=job, timeout=60)
-        assert r.returncode == 0, r.stderr
-        banner = app.query_one("#banner")
-        await until(pilot, lambda: banner.has_class("-visible"), what="the banner")
-        assert "no reservation" in shown(banner) and "monarch serve" in shown(banner)
-        assert app.is_running
-        # A new reservation in its place: the banner says so (one process talks to one job's keys).
-        monarch("serve", "--hosts", "2", cwd=job, check=True)
-        await until(pilot, lambda: "replaced" in shown(banner), what="the replaced banner")
-        assert app.is_running
+    agent = None
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.snapshot and len(app.snapshot.hosts) == 2
+                        and all(h.agent_pid for h in app.snapshot.hosts), what="the hosts")
+            agent = next(h.agent_pid for h in app.snapshot.hosts if h.host == "host1")
+            os.kill(agent, signal.SIGSTOP)  # alive for the scheduler, but it answers nobody
+            await until(pilot, lambda: any(h.host == "host1" and not h.answering for h in app.snapshot.hosts),
+                        what="host1 greyed")
+            await select_host(pilot, app, "host1")
+            await pilot.press("o")
+            await until(pilot, lambda: "no shell on host1: its host agent does not answer" in notices(app),
+                        what="the refusal")
+            assert not app.screen.query("#confirm-question")
+            os.kill(agent, signal.SIGCONT)
+            agent = None
+            old = app.snapshot.job_id
+            assert monarch("stop", cwd=job, timeout=60).returncode == 0
+            banner = app.query_one("#banner")
+            await until(pilot, lambda: banner.has_class("-visible"), what="the banner")
+            assert "no reservation" in shown(banner) and "monarch serve" in shown(banner)
+            assert app.is_running
+            monarch("serve", "--hosts", "2", cwd=job, check=True)
+            # A new live reservation in its place: the app ends, asking `monarch dashboard` to start again.
+            await until(pilot, lambda: app.return_value == REPLACED, what="the app to ask for a restart")
+        assert app.snapshot.replaced_by and app.snapshot.replaced_by != old
+    finally:
+        if agent is not None:
+            os.kill(agent, signal.SIGCONT)
 
 
 @pytest.mark.asyncio
