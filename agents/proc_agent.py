@@ -675,7 +675,7 @@ def finalize() -> None:
         path = getattr(mod, "__file__", None)
         spec = getattr(mod, "__spec__", None)
         top = (getattr(spec, "name", None) or name).split(".")[0]  # __main__ is the zygote here
-        if not path or os.path.realpath(path).startswith(system) or top in _OUR_PACKAGES:
+        if not path or os.path.realpath(path).startswith(system) or _kept(top):
             continue
         d = getattr(mod, "__dict__", None)
         if not isinstance(d, dict):
@@ -690,8 +690,10 @@ def finalize() -> None:
     gc.collect()
 
 
-_OUR_PACKAGES = {"monarch", "monarch_agents", "monarch_schedulers", "monarch_rdmafs", "monarch_telemetry",
-                 "monarch_cli", "pytest", "_pytest"}
+def _kept(top: str) -> bool:
+    """Packages whose objects ``finalize`` leaves alone: the workbench's own (``monarch`` and every
+    ``monarch_*``, matched by prefix so this layer names none above it) and pytest's."""
+    return top == "monarch" or top.startswith("monarch_") or top in ("pytest", "_pytest")
 
 _agent: ProcAgent | None = None
 

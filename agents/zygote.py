@@ -291,8 +291,9 @@ def main() -> None:
     fd = int(os.environ.pop("MONARCH_ZYGOTE_FD"))
     preload = [m for m in os.environ.pop("MONARCH_ZYGOTE_PRELOAD", "").split(",") if m]
     sock = socket.socket(fileno=fd)
-    # Everything a proc agent needs, imported once here instead of once per proc.
-    for mod in ["monarch_agents.proc_agent", "monarch.actor", *preload]:
+    # Everything a proc agent needs, imported once here instead of once per proc; the API its user
+    # code imports is named by whoever started the host agent (--preload), a layer above this one.
+    for mod in ["monarch_agents.proc_agent", *preload]:
         try:
             importlib.import_module(mod)
         except Exception as e:  # a missing optional library only costs speed

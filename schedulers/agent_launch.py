@@ -22,13 +22,22 @@ def read_keys(job_dir: str) -> JobKeys:
         return JobKeys(**json.load(f))
 
 
-def agent_argv(job_dir: str, *, python: str | None = None, extra: list[str] | None = None) -> list[str]:
-    """``python -m monarch_agents.host_agent`` with the job's files; rank and hostname are added per host."""
+def agent_argv(job_dir: str, *, python: str | None = None, extra: list[str] | None = None,
+               preload: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """``python -m monarch_agents.host_agent`` with the job's files; rank and hostname are added per host.
+
+    ``preload``: modules its zygote imports once (a scheduler's ``agent_preload``)."""
     return [
         python or sys.executable, "-m", "monarch_agents.host_agent",
         "--keys-file", os.path.join(job_dir, "keys.json"),
+        *preload_args(preload),
         *(extra or []),
     ]
+
+
+def preload_args(preload: tuple[str, ...] | list[str]) -> list[str]:
+    """The host agent's ``--preload`` argument for ``preload`` (none for an empty list)."""
+    return ["--preload", ",".join(preload)] if preload else []
 
 
 def agent_file(job_dir: str, rank: int | str) -> str:

@@ -59,6 +59,9 @@ class Scheduler(abc.ABC):
     """Obtain and release hosts. Backends implement these five methods."""
 
     name: str = ""
+    #: Modules every host agent's zygote imports once (``--preload``), so procs start with them
+    #: loaded; set by the layer above (the Python API its procs run), which this one may not name.
+    agent_preload: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def dryrun(self, spec: Any, job_dir: str) -> AllocateRequest:

@@ -50,7 +50,8 @@ class LocalScheduler(Scheduler):
             cmds.append(f"# bridge {p.bridge} at the first free /24 of {netns.SUPERNET} (shown as 10.213.0.0/24);"
                         f" host i in netns monarch-{tag}-h<i>")
         for i in range(spec.hosts):
-            argv = agent_argv(job_dir, extra=self._extra(job_dir, i, p.hosts[i].ip if self.netns else self.bind))
+            argv = agent_argv(job_dir, preload=self.agent_preload,
+                              extra=self._extra(job_dir, i, p.hosts[i].ip if self.netns else self.bind))
             if self.netns:
                 argv = netns.enter_argv(p.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
             cmds.append(" ".join(argv))
@@ -80,7 +81,8 @@ class LocalScheduler(Scheduler):
             for i in range(request.hosts):
                 log_dir = os.path.join(job_dir, "logs", f"host{i}")
                 os.makedirs(log_dir, exist_ok=True)
-                argv = agent_argv(job_dir, extra=self._extra(job_dir, i, plan.hosts[i].ip if plan else self.bind))
+                argv = agent_argv(job_dir, preload=self.agent_preload,
+                                  extra=self._extra(job_dir, i, plan.hosts[i].ip if plan else self.bind))
                 if plan is not None:
                     argv = netns.enter_argv(plan.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
                 with open(os.path.join(log_dir, "agent.log"), "ab") as out:

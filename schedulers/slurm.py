@@ -324,7 +324,7 @@ class SlurmScheduler(Scheduler):
                              "an address or host name the compute nodes can reach, e.g. --client-host 10.0.0.5")
         agent_file = os.path.join(job_dir, "agents", "$SLURM_NODEID.json")
         log_dir = os.path.join(logs, "host$SLURM_NODEID")
-        agent = agent_argv(job_dir, python=str(opts.get("python") or self.python), extra=[
+        agent = agent_argv(job_dir, python=str(opts.get("python") or self.python), preload=self.agent_preload, extra=[
             "--host-rank", "$SLURM_NODEID", "--hostname", "$SLURMD_NODENAME",
             "--client-host", client_host, *(["--bind", str(opts["bind"])] if opts.get("bind") else []),
             "--agent-file", agent_file, "--log-dir", log_dir,

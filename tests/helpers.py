@@ -157,7 +157,8 @@ def start_host_agent(keys, tmp_path, hostname: str = "testhost", extra: list[str
     log_path = os.path.join(str(tmp_path), f"{hostname}-agent.log")
     r, w = os.pipe()
     cmd = [sys.executable, "-m", module, "--hostname", hostname, "--bind", "127.0.0.1",
-           "--info-fd", str(w), "--log-dir", os.path.join(str(tmp_path), "logs"), *(extra or [])]
+           "--info-fd", str(w), "--log-dir", os.path.join(str(tmp_path), "logs"), "--preload", "monarch.actor",
+           *(extra or [])]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(w,), cwd=ROOT)
     os.close(w)

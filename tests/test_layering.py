@@ -1,13 +1,17 @@
 """The layering, kept true: monarch_cli -> monarch -> agents; monarch -> schedulers; agents -> rdmafs, telemetry.
 
 Every import in the source is read (top-level and inside functions, ``importlib.import_module``,
-``__import__`` and ``sys.modules`` look-ups by name), so a lazy import cannot slip past.
+``__import__`` and ``sys.modules`` look-ups by name), so a lazy import cannot slip past; and in the
+lower layers, every string that names a module of a layer above (``"monarch.actor"`` handed to a
+child process to import, say), which is a dependency all the same.  Docstrings may mention them;
+logger names such as ``"monarch.host_agent"`` name no module and pass.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -48,6 +52,48 @@ def imported_names(source: str) -> list[tuple[int, str]]:
     return out
 
 
+#: The installed top-level names -> the folder that holds them.
+FOLDER_OF = {"monarch": "monarch", "monarch_cli": "monarch_cli", "monarch_agents": "agents",
+             "monarch_schedulers": "schedulers", "monarch_rdmafs": "rdmafs", "monarch_telemetry": "telemetry"}
+#: Lower layers, where a string naming an upper layer's module is a hidden import.
+STRING_CHECKED = ("agents", "schedulers", "rdmafs", "telemetry")
+_DOTTED = re.compile(r"(?<![\w.])(monarch(?:_[a-z]+)?)((?:\.[A-Za-z_]\w*)*)")
+
+
+def _is_module(top: str, rest: list[str], root: str = ROOT) -> bool:
+    """Whether ``top.rest[0]...`` (or a shorter prefix of it, one part at least) is a module in this checkout."""
+    base = os.path.join(root, FOLDER_OF[top])
+    for n in range(len(rest), 0, -1):
+        path = os.path.join(base, *rest[:n])
+        if os.path.isdir(path) or os.path.isfile(path + ".py"):
+            return True
+    return False
+
+
+def module_strings(source: str, forbidden: set[str], root: str = ROOT) -> list[tuple[int, str]]:
+    """(line, name) for every string constant, docstrings aside, naming a module of ``forbidden``:
+    ``"monarch_cli"`` or ``"monarch_cli.x"`` whatever follows; ``"monarch.x"`` when monarch/x is a module."""
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docstrings:
+            continue
+        for m in _DOTTED.finditer(node.value):
+            top, rest = m.group(1), [p for p in m.group(2).split(".") if p]
+            if top not in forbidden or top not in FOLDER_OF:
+                continue
+            # Bare "monarch" is the product's name everywhere; any other top-level name is a module.
+            if (top != "monarch" and not rest) or (rest and _is_module(top, rest, root)):
+                out.append((node.lineno, m.group(0)))
+    return sorted(out)
+
+
 def _sources(folder: str):
     base = os.path.join(ROOT, folder)
     for dirpath, dirnames, filenames in os.walk(base):
@@ -66,6 +112,27 @@ def test_no_import_against_the_arrows(folder):
                 if module.split(".")[0] in FORBIDDEN[folder]:
                     bad.append(f"{os.path.relpath(path, ROOT)}:{line} imports {module}")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder", STRING_CHECKED)
+def test_no_upper_module_named_in_a_string(folder):
+    bad = []
+    for path in _sources(folder):
+        with open(path) as f:
+            for line, name in module_strings(f.read(), FORBIDDEN[folder]):
+                bad.append(f"{os.path.relpath(path, ROOT)}:{line} names {name!r}")
+    assert not bad, "modules of an upper layer named in strings (pass them in from that layer):\n" + "\n".join(bad)
+
+
+def test_the_string_check_sees_module_names_and_not_logger_names():
+    src = ('"""Docstring: monarch.actor is the API."""\n'
+           'PRELOAD = ["monarch_agents.proc_agent", "monarch.actor"]\n'
+           'def f():\n    """monarch.job.state in a docstring."""\n'
+           '    run(["python", "-m", "monarch_cli.main"], env={"M": "monarch.job.state.JobSpec"})\n'
+           'log = logging.getLogger("monarch.host_agent")\nLABEL = "monarch.pytorch.org/mesh-name"\n'
+           'NAME = "monarch"\nCLI = "monarch_cli"\n')
+    assert module_strings(src, {"monarch", "monarch_cli"}) == [
+        (2, "monarch.actor"), (5, "monarch.job.state.JobSpec"), (5, "monarch_cli.main"), (9, "monarch_cli")]
 
 
 def test_the_check_sees_every_kind_of_import():

@@ -90,7 +90,8 @@ def local_host() -> HostRef:
         if _local_host is not None:
             return _local_host
         rt = ensure_runtime()
-        preload = [m for m in _PRELOADABLE if m in sys.modules]
+        # This API for every proc; torch and numpy where this program already paid for them.
+        preload = ["monarch.actor", *(m for m in _PRELOADABLE if m in sys.modules)]
         r, w = os.pipe()
         hostname = os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
         cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),

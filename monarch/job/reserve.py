@@ -69,6 +69,11 @@ class Reservation:
     reused: bool
 
 
+#: What every host agent's zygote imports once, so each proc starts with Monarch's API loaded
+#: (user actors import it); named here because agents/ and schedulers/ may not name this layer.
+AGENT_PRELOAD = ("monarch.actor",)
+
+
 def scheduler_for(record_or_spec: JobRecord | JobSpec):
     spec = record_or_spec.spec if isinstance(record_or_spec, JobRecord) else record_or_spec
     opts = {}
@@ -78,7 +83,9 @@ def scheduler_for(record_or_spec: JobRecord | JobSpec):
         opts["netns"] = True
     if spec.scheduler == "kubernetes":
         opts = {k: spec.options[k] for k in ("namespace", "kubeconfig", "context") if spec.options.get(k)}
-    return create_scheduler(spec.scheduler, **opts)
+    sched = create_scheduler(spec.scheduler, **opts)
+    sched.agent_preload = AGENT_PRELOAD
+    return sched
 
 
 def describe(record: JobRecord) -> Description | None:

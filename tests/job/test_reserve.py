@@ -34,3 +34,13 @@ def test_job_load_and_a_released_job(reservation):
     release(reservation.record, None)
     with pytest.raises(StateError, match="is gone"):
         job.state()
+
+
+def test_agents_started_for_a_reservation_preload_the_actor_api(tmp_path):
+    """The monarch layer names what the agents' zygotes import (agents/ and schedulers/ may not)."""
+    from monarch.job.reserve import scheduler_for
+    from monarch.job.state import JobSpec
+
+    spec = JobSpec("local", 2, 1, {})
+    text = scheduler_for(spec).dryrun(spec, str(tmp_path / "job")).text
+    assert text.count("--preload monarch.actor") == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 
 from monarch.actor import (
@@ -36,6 +37,11 @@ class Worker(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def loaded(self, module: str) -> bool:
+        """Whether ``module`` was imported in this proc (before it, in its zygote, counts)."""
+        return module in sys.modules
 
     @endpoint
     def echo(self, value):

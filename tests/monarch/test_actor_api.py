@@ -193,6 +193,22 @@ def test_two_hosts(client, tmp_path):
             a.stop()
 
 
+def test_a_host_agents_preload_is_imported_by_its_zygote_for_every_proc(client, tmp_path, workers):
+    """agents/ names no module of the layer above: what the zygote imports comes from --preload."""
+    from tests.helpers import start_host_agent
+
+    # colorsys: a module nothing here imports, so only the preload can have put it in a proc.
+    agent = start_host_agent(client.keys, tmp_path, hostname="preloaded",
+                             extra=["--preload", "monarch.actor,colorsys"])
+    try:
+        pm = agent.host_mesh().spawn_procs(per_host={"gpus": 2})
+        assert pm.spawn("preloaded", Worker).loaded.call("colorsys").get(timeout=T).values() == [True, True]
+        pm.stop().get(timeout=T)
+    finally:
+        agent.stop()
+    assert not any(workers.loaded.call("colorsys").get(timeout=T).values())  # this_host()'s agent: not asked
+
+
 def test_spawn_on_a_slice_of_a_proc_mesh(procs, workers):
     all_pids = workers.pid.call().get(timeout=T).values()
     half = procs.slice(gpus=slice(2, 4)).spawn("half", Worker)
