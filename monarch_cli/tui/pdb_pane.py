@@ -2,8 +2,8 @@
 
 It talks to the session as `monarch debug`'s ``attach`` does (``monarch.job.debug``:
 ``DebugClient.attach`` and the ``Attachment`` it returns): lines typed go to the rank's
-pdb, its output comes back.  ``detach`` (or Esc) leaves the rank paused in pdb for the
-next debugger; ``c`` lets it run on and ends the session.
+pdb, its output comes back, Ctrl-C interrupts the command it runs.  ``detach`` (or Esc)
+leaves the rank paused in pdb for the next debugger; ``c`` lets it run on and ends the session.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ PANE_LINES = 5000
 class PdbPane(Vertical):
     """Enter on a session attaches here; type pdb commands (bt, p x, n, c); Esc detaches."""
 
-    BINDINGS = [Binding("escape", "leave", "Detach")]
+    BINDINGS = [
+        Binding("escape", "leave", "Detach"),
+        # Before the line's own ctrl+c (copy): in a debugger it stops the rank's running command.
+        Binding("ctrl+c", "interrupt", "Interrupt", priority=True),
+    ]
 
     class Closed(Message):
         """The pane was closed (the sessions table takes the keys again)."""
@@ -163,6 +167,12 @@ class PdbPane(Vertical):
         self._write([self.prompt + line])
         self.set_class(False, "-waiting")
         a.send_line(line)
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C: as at a local pdb, the rank's running command gets KeyboardInterrupt."""
+        if self.attachment is not None:
+            self._write(["^C"])
+            self.attachment.interrupt()
 
     def action_leave(self) -> None:
         """Esc: detach (the rank stays paused in pdb); Esc again, or with nothing held, closes the pane."""

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import time
 
 import pytest
 
-from tests.cli.conftest import MONARCH, ROOT, monarch
+from tests.cli.conftest import monarch
+from tests.tui.tmux import Tmux, needs_tmux
 
 
 @pytest.fixture(scope="module")
@@ -25,62 +23,6 @@ def job(tmp_path_factory):
     monarch("serve", "--hosts", "2", cwd=d, check=True)
     yield d
     monarch("stop", "--force", cwd=d, timeout=60)
-
-
-class Tmux:
-    """A dashboard in a real terminal (a tmux server of its own: this test's environment): keys in, screen out."""
-
-    def __init__(self, cwd, cols: int = 110, rows: int = 32):
-        self.server = f"monarch-dash-{os.getpid()}-{time.monotonic_ns()}"
-        self.session = "dash"
-        env = {**os.environ, "PYTHONPATH": ROOT, "TERM": "xterm-256color", "SHELL": "/bin/sh"}
-        cmd = " ".join(shlex.quote(a) for a in [*MONARCH, "dashboard"])
-        self.tmux("new-session", "-d", "-s", self.session, "-x", str(cols), "-y", str(rows), "-c", str(cwd), cmd,
-                  env=env)
-
-    def tmux(self, *args: str, env=None) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", self.server, *args], capture_output=True, text=True, env=env)
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", self.session).stdout
-
-    def keys(self, *keys: str) -> None:
-        assert self.tmux("send-keys", "-t", self.session, *keys).returncode == 0
-
-    def wait_for(self, pred, what: str, timeout: float = 40) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if pred(screen):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; the screen:\n{screen}")
-
-    def dashboard_pid(self) -> int:
-        """The dashboard's process: the pane's own, or its one child where a shell started it."""
-        import psutil
-
-        pane = psutil.Process(int(self.tmux("display", "-p", "-t", self.session, "#{pane_pid}").stdout))
-        for p in [pane, *pane.children()]:
-            if "monarch_cli.main" in p.cmdline():
-                return p.pid
-        raise AssertionError(f"no dashboard process under the pane: {pane.cmdline()}")
-
-    def quit(self) -> None:
-        self.keys("q")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.tmux("has-session", "-t", self.session).returncode != 0:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"q did not quit the dashboard; the screen:\n{self.screen()}")
-
-    def kill(self) -> None:
-        self.tmux("kill-server")
-
-
-needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
 @needs_tmux
