@@ -54,37 +54,46 @@ class PdbPane(Vertical):
         self.label = ""
         #: pdb's prompt (the partial last line of its output while it waits for a command).
         self.prompt = "(Pdb) "
+        #: Attach requests so far; an answer to an older one (the user moved on) is let go at once.
+        self._asked = 0
 
     # -- attaching --------------------------------------------------------------------------
 
     def attach(self, session_id: int) -> None:
         """Hold session ``session_id`` (detaching from the one held before, which stays paused)."""
         self.detach()
+        self._asked += 1
         self.add_class("-open")
         self.query_one("#pdb-log", Log).clear()
         self._status(Text(f"attaching to session {session_id}…", "dim"))
-        self._hold(session_id)
+        self._hold(session_id, self._asked)
 
-    @work(thread=True, exclusive=True, group="pdb-attach")
-    def _hold(self, session_id: int) -> None:
+    @work(thread=True, group="pdb-attach")
+    def _hold(self, session_id: int, asked: int) -> None:
         from monarch.errors import MonarchError
 
         try:
             a = self.app.source.attach_debug(session_id)
         except MonarchError as e:
-            self.app.call_from_thread(self._failed, session_id, e.message)
+            self.app.call_from_thread(self._failed, session_id, asked, e.message)
             return
         except Exception as e:  # a runtime or transport error: still one line, not a crash
-            self.app.call_from_thread(self._failed, session_id, (str(e).strip().splitlines() or [type(e).__name__])[0])
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self.app.call_from_thread(self._failed, session_id, asked, why)
             return
-        self.app.call_from_thread(self._attached, session_id, a)
+        self.app.call_from_thread(self._attached, session_id, asked, a)
 
-    def _failed(self, session_id: int, why: str) -> None:
+    def _failed(self, session_id: int, asked: int, why: str) -> None:
+        if asked != self._asked or not self.has_class("-open"):
+            return
         self._status(Text.assemble(("cannot attach to session ", "bold red"), (str(session_id), "bold red"),
                                    (f": {safe(why, 300)}", "red"), ("  (Esc closes)", "dim")))
         self.query_one("#pdb-input", Input).focus()
 
-    def _attached(self, session_id: int, a: Any) -> None:
+    def _attached(self, session_id: int, asked: int, a: Any) -> None:
+        if asked != self._asked or not self.has_class("-open"):
+            a.detach()  # closed or asked for another session meanwhile: the rank stays paused
+            return
         info = a.info
         self.attachment = a
         self.label = f"session {session_id}: {info.actor or info.name} rank {info.rank} on {info.host}"
@@ -182,6 +191,7 @@ class PdbPane(Vertical):
             self._write([f"detached from {label}: it waits in pdb for the next debugger"])
             self._status(Text.assemble(("detached from ", "bold"), label, ("  (Esc closes)", "dim")))
             return
+        self._asked += 1  # an attach still under way is let go when it answers
         self.remove_class("-open")
         self.post_message(self.Closed())
 

@@ -412,8 +412,19 @@ async def test_pdb_pane_attach_commands_detach_continue_and_an_ended_session(job
             assert f"session {by_rank[1]} has ended" in shown(status)
             polls = app.polls
             await until(pilot, lambda: app.polls > polls + 1, what="polls after the error")
-            # Rank 0 through the pane too; the run then ends well.
             await pilot.press("escape")
+            # Closed while an attach is under way: the answer is let go, the rank stays paused and free.
+            from monarch_cli.tui.pdb_pane import PdbPane
+
+            pane = app.query_one(PdbPane)
+            pane.attach(by_rank[0])
+            pane.action_leave()
+            await pilot.pause(1.0)
+            polls = app.polls
+            await until(pilot, lambda: app.polls > polls + 1, what="polls after the attach let go")
+            assert pane.attachment is None and not pane.has_class("-open")
+            assert [(s.rank, s.held_by) for s in app.snapshot.debug] == [(0, "")]
+            # Rank 0 through the pane too; the run then ends well.
             table.focus()
             await pilot.pause(0.1)
             table.move_cursor(row=0)
