@@ -12,6 +12,7 @@ host is opened; a filter opens the hosts it matches in.  Procs start collapsed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich.text import Text
@@ -36,6 +37,11 @@ class TreeRefresh:
     relabelled: int
 
 
+def _fields(view: Any) -> tuple:
+    """A view's values (flat dataclasses of scalars), to tell whether its label can have changed."""
+    return tuple(view.__dict__.values())
+
+
 def _matches(needle: str, *hay: Any) -> bool:
     return any(needle in str(h).lower() for h in hay if h is not None)
 
@@ -48,6 +54,8 @@ class MeshTree(Tree):
         self.show_root = True
         self.guide_depth = 3
         self._by_key: dict[tuple, Any] = {}
+        #: What each node's label was made from: an unchanged one is not made again.
+        self._made_from: dict[tuple, tuple] = {}
         self.filter_text = ""
         self._last: Snapshot | None = None
         self._stats = TreeRefresh(0, 0, 0, 0)
@@ -67,40 +75,44 @@ class MeshTree(Tree):
 
     def show(self, snap: Snapshot) -> None:
         self._last = snap
-        self.root.set_label(Text.assemble((f"{snap.name or 'reservation'}", "bold"),
-                                          f"  {snap.scheduler} {snap.job_id}".rstrip()))
+        root = Text.assemble((f"{snap.name or 'reservation'}", "bold"), f"  {snap.scheduler} {snap.job_id}".rstrip())
+        if self.root.label != root:
+            self.root.set_label(root)
         wanted = list(self._wanted(snap))
         keys = {k for k, *_ in wanted}
         gone = sorted((k for k in self._by_key if k not in keys), key=len, reverse=True)
         for key in gone:
             node = self._by_key.pop(key)
+            self._made_from.pop(key, None)
             try:
                 node.remove()
             except Exception:  # already gone with its parent
                 pass
         many = len(snap.hosts) > EXPAND_HOSTS_MAX or len(snap.procs) > EXPAND_PROCS_MAX
         added = relabelled = 0
-        for key, parent, label, data, leaf in wanted:
+        for key, parent, made_from, make_label, data, leaf in wanted:
             node = self._by_key.get(key)
             if node is None:
                 under = self.root if parent is None else self._by_key[parent]
                 if leaf:
-                    node = under.add_leaf(label, data=data)
+                    node = under.add_leaf(make_label(), data=data)
                 else:
-                    node = under.add(label, data=data, expand=key[0] == "host" and not many)
+                    node = under.add(make_label(), data=data, expand=key[0] == "host" and not many)
                 self._by_key[key] = node
                 added += 1
-            else:
+            elif self._made_from.get(key) != made_from:
+                label = make_label()
                 if node.label != label:  # text and every span's style
                     node.set_label(label)
                     relabelled += 1
-                node.data = data
+            self._made_from[key] = made_from
+            node.data = data
         if not self.root.is_expanded:  # expand() makes Textual rebuild every line, even when open
             self.root.expand()
         self._stats = TreeRefresh(len(self._by_key), added, len(gone), relabelled)
 
     def _wanted(self, snap: Snapshot):
-        """(key, parent key, label, data, leaf) for every node, parents first."""
+        """(key, parent key, what its label is made from, how to make it, data, leaf) for every node, parents first."""
         needle = self.filter_text
         actors: dict[tuple, list[ActorView]] = {}
         for a in snap.actors:
@@ -120,12 +132,15 @@ class MeshTree(Tree):
             if needle and not children and not _matches(needle, h.host):
                 continue
             hkey = ("host", h.host)
-            yield hkey, None, self._host_label(h, procs, failed), h, False
+            counts = (sum(p.kind == "proc" for p in procs), sum(p.kind == "rank" for p in procs), failed)
+            yield hkey, None, (_fields(h), counts), partial(self._host_label, h, procs, failed), h, False
             for p, acts in children:
                 pkey = (p.kind, h.host, p.pid)
-                yield pkey, hkey, self._proc_label(p, acts), p, not acts
+                made_from = (_fields(p), len(acts), sum(a.status == "Failed" for a in acts))
+                yield pkey, hkey, made_from, partial(self._proc_label, p, acts), p, not acts
                 for a in acts:
-                    yield ("actor", h.host, p.pid, a.full_name), pkey, self._actor_label(a), a, True
+                    yield (("actor", h.host, p.pid, a.full_name), pkey, _fields(a), partial(self._actor_label, a), a,
+                           True)
 
     @staticmethod
     def _host_label(h: HostView, procs: list[ProcView], failed: int) -> Text:

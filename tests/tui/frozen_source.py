@@ -40,8 +40,6 @@ class FrozenReservationSource(ReservationSource):
         self._record = SimpleNamespace(name=self.meta["name"], job_id=self.meta["job_id"], hosts=hosts,
                                        spec=SimpleNamespace(scheduler=self.meta["scheduler"]))
         self._description = SimpleNamespace(time_left_s=self.meta["time_left_s"])
-        #: Every query asked, in order.
-        self.queries: list[str] = []
         self._tables: dict | None = None
         #: What stop_run / kill_proc were asked to do.
         self.actions: list[tuple] = []
@@ -55,7 +53,6 @@ class FrozenReservationSource(ReservationSource):
         from monarch.job.telemetry import QueryResult
         from monarch_telemetry import engine, parquet
 
-        self.queries.append(sql)
         if self._tables is None:
             self._tables = parquet.load(os.path.join(self.directory, "telemetry"))
         try:
