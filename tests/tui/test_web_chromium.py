@@ -26,10 +26,11 @@ from tests.cli.conftest import MONARCH, ROOT, monarch
 
 CHROMIUM = shutil.which("chromium")
 #: Without the background-networking flags Chromium dials out at start (updates, sync, QUIC
-#: probes); on a closed network that stalls it, and it is no part of the test.
+#: probes); on a closed network that stalls it, and it is no part of the test.  --no-sandbox: CI
+#: runs as root; --disable-dev-shm-usage: a container's /dev/shm can be too small for it.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,800", "--remote-debugging-port=0"]
+                  "--disable-dev-shm-usage", "--window-size=1280,800", "--remote-debugging-port=0"]
 
 #: Runs in the page before its own scripts: keeps the terminal that textual-serve's client makes
 #: (it sets ``this.terminal``, then ``this.fitAddon``, in its constructor) as window.__monarchTerminal.
