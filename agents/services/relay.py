@@ -46,8 +46,17 @@ class RelayService(Service):
         self._closed = False
         self.clients = 0
         self.tunnels = 0
+        #: Why the relay is not listening ("" while it is, or when it was not asked for).
+        self.error = ""
         if self.port:
-            ls = self._listen(self.port)
+            try:
+                ls = self._listen(self.port)
+            except OSError as e:
+                # The agent still serves clients that reach it directly; one behind a port-forward
+                # is told the relay does not answer, and this says why.
+                self.error = f"cannot listen on port {self.port}: {e.strerror or e}"
+                log.warning("relay: %s", self.error)
+                return
             threading.Thread(target=self._serve, args=(ls,), name="relay", daemon=True).start()
 
     def _listen(self, port: int) -> socket.socket:
@@ -57,6 +66,8 @@ class RelayService(Service):
         return ls
 
     def info(self) -> dict:
+        if self.error:
+            return {"port": self.port, "error": self.error}
         return {"port": self.port, "clients": self.clients, "tunnels": self.tunnels} if self.port else {}
 
     def stop(self, deadline: float) -> None:

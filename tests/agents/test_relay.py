@@ -80,3 +80,15 @@ def test_requests_without_the_jobs_token_get_nothing(relay):
 def test_a_proc_cannot_make_the_token():
     keys = JobKeys.generate()
     assert tunnel.token(keys.for_procs()) != tunnel.token(keys)
+
+
+def test_a_taken_port_leaves_the_agent_serving_and_says_why():
+    taken = socket.create_server(("127.0.0.1", 0))
+    agent = SimpleNamespace(keys=JobKeys.generate(), relay_port=taken.getsockname()[1],
+                            rt=SimpleNamespace(mailbox=SimpleNamespace(bind_host="127.0.0.1")))
+    service = RelayService(agent)
+    try:
+        assert "cannot listen on port" in service.info()["error"]
+    finally:
+        service.stop(time.monotonic() + 1)
+        taken.close()

@@ -42,7 +42,6 @@ def _project(workdir) -> None:
 
 def test_workspace_is_mounted_everywhere_runs_start_in_it_and_run_pushes_changes(workdir, fuse_ok):
     _project(workdir)
-    before = set(_rdmafs_mounts())
     r = monarch("--json", "serve", "--hosts", "2", "--workspace", ".", cwd=workdir)
     assert r.returncode == 0, r.stderr
     served = json.loads(r.stdout)
@@ -84,14 +83,14 @@ def test_workspace_is_mounted_everywhere_runs_start_in_it_and_run_pushes_changes
     assert "last sync" in r.stdout and mounts["host0"] in r.stdout
     # Stop leaves no mount behind.
     assert monarch("stop", cwd=workdir).returncode == 0
-    assert set(_rdmafs_mounts()) <= before
+    # Ours only: tests of other sessions on this machine may hold mounts of their own meanwhile.
+    assert not set(_rdmafs_mounts()) & set(mounts.values())
     for mnt in mounts.values():
         assert not os.path.exists(mnt)
 
 
 def test_stop_removes_the_store_of_a_host_agent_killed_with_sigkill(workdir):
     _project(workdir)
-    before = set(_rdmafs_mounts())
     r = monarch("--json", "serve", "--hosts", "2", "--workspace", ".", cwd=workdir, check=True)
     served = json.loads(r.stdout)
     pids = [h["pid"] for h in served["hosts"]]
@@ -103,7 +102,7 @@ def test_stop_removes_the_store_of_a_host_agent_killed_with_sigkill(workdir):
         time.sleep(0.02)
     assert monarch("stop", cwd=workdir).returncode == 0
     assert [r for r in roots if os.path.exists(r)] == []
-    assert set(_rdmafs_mounts()) <= before
+    assert [m for m in _rdmafs_mounts() if any(m.startswith(r + os.sep) for r in roots)] == []
 
 
 def test_env_dir_is_synced_beside_and_leads_path(workdir, fuse_ok):

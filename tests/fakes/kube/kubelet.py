@@ -2,7 +2,7 @@
 
 As a real kubelet would, it pulls the image (only images in ``images`` exist; any other gives
 ``ErrImagePull`` then ``ImagePullBackOff``), waits for the Secrets the pod mounts
-(``ContainerCreating``), gives the pod an IP of its own (127.1.0.x: one loopback address per
+(``ContainerCreating``), gives the pod an IP of its own (127.N.0.x, N random per cluster: one loopback address per
 pod, so each agent binds its own address), fills ``env`` (values, ``fieldRef`` to
 ``metadata.name``/``metadata.namespace``/``status.podIP``/``metadata.labels['...']``) and expands
 ``$(VAR)`` in command and args, mounts each Secret volume read-only at its ``mountPath`` (files
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import re
 import shutil
 import signal
@@ -66,6 +67,9 @@ class Kubelet:
         self.root = tempfile.mkdtemp(prefix="fake-kubelet-")
         self.running: dict[tuple[str, str], _Running] = {}
         self._next_ip = 2
+        # A /16 of loopback of this cluster's own: fake clusters of concurrent test runs on one
+        # machine share its network stack, and two pods at one address would fight for its ports.
+        self._net = random.randint(1, 254)
         self.made_dirs: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
@@ -171,7 +175,7 @@ class Kubelet:
                 self.made_dirs.append(m["mountPath"])
             binds += [src, m["mountPath"]]
         if not r.ip:
-            r.ip = f"127.1.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
+            r.ip = f"127.{self._net}.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
             self._next_ip += 1
         env = self._env(pod, c, r.ip)
         argv = [_expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
