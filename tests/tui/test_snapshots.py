@@ -164,3 +164,25 @@ def test_debug_sessions(snap_compare, size):
         await freeze(pilot)
 
     assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.fixture(scope="module")
+def thousand_procs(tmp_path_factory):
+    from tests.tui.frozen_source import FROZEN_DIR, scale_procs
+
+    d = str(tmp_path_factory.mktemp("thousand") / "reservation")
+    scale_procs(FROZEN_DIR, d, 4, 1000)
+    return d
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mesh_tree_of_a_thousand_procs_starts_collapsed(snap_compare, size, thousand_procs):
+    from monarch_cli.tui.app import DashboardApp
+
+    async def before(pilot):
+        await first_poll(pilot)
+        await pilot.press("down")  # host0: its counts in the details
+        await freeze(pilot)
+
+    app = DashboardApp(FrozenReservationSource(thousand_procs), refresh_s=0.2)
+    assert snap_compare(app, terminal_size=size, run_before=before)
