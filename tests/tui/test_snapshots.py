@@ -23,9 +23,10 @@ SIZES = [(80, 24), (120, 40)]
 
 
 @pytest.fixture(autouse=True)
-def utc(monkeypatch):
+def same_everywhere(monkeypatch):
     # The header prints the snapshot's time in local time: the same everywhere only in one zone.
     monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.delenv("NO_COLOR", raising=False)  # an App made with it set draws without colours
     time.tzset()
     yield
     monkeypatch.undo()
