@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
@@ -39,6 +40,8 @@ class RunsView(Vertical):
         self.query_one("#ranks-table", DataTable).add_columns("rank", "host", "pid", "exit", "signal", "took", "reason")
         self._runs: list[RunView] = []
         self._now = 0.0
+        #: Ranks of older runs, fetched when one is selected (a poll brings only the newest run's).
+        self._ranks_of: dict[str, list[dict]] = {}
 
     @property
     def selected(self) -> RunView | None:
@@ -63,12 +66,30 @@ class RunsView(Vertical):
         self._show_ranks()
 
     def _show_ranks(self) -> None:
+        run = self.selected
+        if run is not None and not run.ranks and (run.run_id not in self._ranks_of or run.ended is None):
+            self.fetch_ranks(run.run_id)  # a run still going is asked again at each refresh
+        self._draw_ranks(run)
+
+    @work(thread=True, exclusive=True, group="ranks")
+    def fetch_ranks(self, run_id: str) -> None:
+        try:
+            rows = self.app.source.run_ranks(run_id)
+        except Exception:  # the next refresh asks again; the banner says what is wrong with the reservation
+            return
+        self.app.call_from_thread(self._got_ranks, run_id, rows)
+
+    def _got_ranks(self, run_id: str, rows: list[dict]) -> None:
+        self._ranks_of[run_id] = rows
+        if self.selected is not None and self.selected.run_id == run_id:
+            self._draw_ranks(self.selected)
+
+    def _draw_ranks(self, run: RunView | None) -> None:
         ranks = self.query_one("#ranks-table", DataTable)
         ranks.clear()
-        run = self.selected
         if run is None:
             return
-        for r in run.ranks:
+        for r in run.ranks or self._ranks_of.get(run.run_id, []):
             code = r["exit_code"]
             ranks.add_row(str(r["rank"]), r["host"], str(r["pid"]),
                           Text("-" if code is None else str(code), "bold red" if code else "green"),

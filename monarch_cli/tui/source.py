@@ -325,6 +325,12 @@ class ReservationSource:
         return ([sys.executable, "-m", "monarch_cli.main", "shell", "--host", str(int(host_rank))],
                 {"MONARCH_JOB": os.path.abspath(self.path)})
 
+    def run_ranks(self, run_id: str) -> list[dict]:
+        """Every rank of one run (the runs view asks for an older run's when it is selected)."""
+        r = self.query(f"SELECT run_id, rank, host, argv, pid, exit_code, signal, reason, started, ended "
+                       f"FROM run_ranks WHERE run_id = '{_sql_str(run_id)}' ORDER BY rank")
+        return r.table.to_pylist()
+
     def logs(self, run_id: str | None, limit: int = LOG_LINES) -> list[dict]:
         """The newest ``limit`` lines of a run (every line of procs too when ``run_id`` is None), oldest first."""
         where = f"WHERE run_id = '{_sql_str(run_id)}' " if run_id else ""

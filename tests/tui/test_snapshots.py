@@ -85,6 +85,23 @@ def test_runs(snap_compare, size):
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_runs_an_older_run_selected(snap_compare, size):
+    async def before(pilot):
+        from textual.widgets import DataTable
+
+        app = pilot.app
+        await first_poll(pilot)
+        await pilot.press("2", "down")  # the failed run, older than the paused one: its ranks are asked for
+        ranks = app.query_one("#ranks-table", DataTable)
+        await until(pilot, lambda: ranks.row_count == 2, "the older run's ranks")
+        row = [str(c) for c in ranks.get_row_at(1)]
+        assert (row[0], row[1], row[3], row[6]) == ("1", "host1", "1", "exited with code 1"), row
+        await freeze(pilot)
+
+    assert snap_compare(make_app(), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_logs_of_the_failed_run(snap_compare, size):
     # Its ranks printed an escape sequence, NUL and BEL bytes and a 5,000-char line: drawn tamed.
     from monarch_cli.tui.logs_view import LogsView
