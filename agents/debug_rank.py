@@ -321,6 +321,7 @@ class _Input:
     def readline(self, size: int = -1) -> str:
         link = self.link
         p = link.pdb
+        _forget_caught_interrupt()
         link.send(READ, _where(getattr(p, "curframe", None)))
         while True:
             try:
@@ -341,6 +342,22 @@ class _Input:
 
     def isatty(self) -> bool:
         return False
+
+
+def _forget_caught_interrupt() -> None:
+    """Undo the mark an interrupted pdb command leaves, so the program does not die of SIGINT at exit.
+
+    A KeyboardInterrupt that leaves an ``eval()`` of a string (how pdb runs ``p``, ``pp``,
+    ``display``, ``whatis`` ...) marks the interpreter as stopped by an unhandled Ctrl-C, even
+    though pdb caught it and the program goes on; when the program later ends, CPython honours
+    the mark by killing itself with SIGINT (the exit status of bpo-1054041), and ``monarch run``
+    then stops the other ranks.  Every string ``eval()`` that returns clears the mark, which is
+    why any completed ``p x`` hid the bug.  pdb asks for its next command only after the
+    interrupted one is over, so clearing it here, each time, covers an interrupt followed at
+    once by ``c`` or ``n``.  (An interrupt landing inside this very eval propagates out of
+    ``readline``; pdb says --KeyboardInterrupt-- and asks again, clearing it again.)
+    """
+    eval("None")
 
 
 def _pdb_class() -> type:

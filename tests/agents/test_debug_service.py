@@ -77,6 +77,53 @@ def test_a_session_relayed_through_the_agent(client, agent):
     assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
 
 
+def _until_waiting(inbox) -> bytes:
+    out = b""
+    while True:
+        msg = inbox.next(m.DebugOutput)
+        out += msg.data
+        if msg.waiting:
+            return out
+
+
+INTERRUPTED = "x = 5\nbreakpoint()\ny = x + 1\nprint('after', y, flush=True)\n"
+
+
+@pytest.mark.parametrize("then", [["c"], ["n", "c"]], ids=["then-continue", "then-next"])
+def test_an_interrupted_command_then_continue_or_next_at_once_exits_0(client, agent, then):
+    """Ctrl-C stops the command pdb runs; `c` or `n` right after it (no other command between) lets the
+    rank run to its end with exit 0, as with no interrupt.  (CPython marks an interrupted `eval()` of a
+    string, pdb's `p`, as an unhandled Ctrl-C, and kills itself with SIGINT at exit unless it is cleared.)"""
+    inbox = StreamInbox(client)
+    _run(client, agent, inbox, [sys.executable, "-c", INTERRUPTED])
+    sid = inbox.next(m.DebugWaiting).session["sid"]
+    r = client.request(agent.addr, lambda port: m.DebugAttach(sid, client.addr, "tester", port, inbox.port.ref)).get(timeout=T)
+    if not r["waiting"]:
+        _until_waiting(inbox)
+    # The rank's own stdout says when the command runs: the interrupt lands inside it, not before.
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"p print('sleeping', flush=True) or __import__('time').sleep(60)\n"))
+    printed = ""
+    while printed != "sleeping\n":  # (the line may come in pieces)
+        printed += _output(inbox)
+        assert "sleeping\n".startswith(printed), printed
+    client.send(agent.addr, m.DebugInterrupt(sid, client.addr))
+    assert _until_waiting(inbox) == b"*** KeyboardInterrupt\n(Pdb) "
+    if then[0] == "n":
+        client.send(agent.addr, m.DebugInput(sid, client.addr, b"n\n"))
+        assert _until_waiting(inbox) == b"> <string>(4)<module>()\n(Pdb) "  # stepped to the print
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"c\n"))
+    seen: dict = {}
+    while m.RunExited not in seen:
+        msg = inbox.q.get(timeout=T)
+        if type(msg) is m.RunOutput:
+            seen[m.RunOutput] = seen.get(m.RunOutput, b"") + msg.data
+        else:
+            seen[type(msg)] = msg
+    assert seen[m.DebugEnded].reason == "rank 0 continued"
+    assert seen[m.RunOutput] == b"after 6\n"
+    assert seen[m.RunExited].exit_code == 0
+
+
 def test_only_the_agents_children_may_open_a_session(client, agent):
     inbox = StreamInbox(client)
     _run(client, agent, inbox, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
