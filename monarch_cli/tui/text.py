@@ -21,10 +21,20 @@ def style_of(status: str) -> str:
 
 
 def safe(line: str, limit: int = MAX_LINE) -> str:
-    """A line as it may be drawn: control bytes (escape sequences of binary output) shown as '?', cut at ``limit``."""
+    """A line as it may be drawn: carriage returns overwrite as a terminal's do (a progress bar shows its
+    last state), other control bytes (escape sequences of binary output) shown as '?', cut at ``limit``."""
+    if "\r" in line:
+        line = _overwrite(line)
     if len(line) > limit:
         line = line[:limit] + f"… ({len(line) - limit} more chars)"
     return _CONTROL.sub("?", line.replace("\t", "    "))
+
+
+def _overwrite(line: str) -> str:
+    shown = ""
+    for part in line.split("\r"):
+        shown = part + shown[len(part):]
+    return shown
 
 
 def size(n: int | None) -> str:
