@@ -41,6 +41,8 @@ from monarch_schedulers.agent_launch import ROUTE_FILE, read_keys
 log = logging.getLogger("monarch.kube_forward")
 
 CONTROL_SOCKET = "forward.sock"
+#: A Unix socket's path must fit in sun_path (108 bytes, with its NUL); deeper job folders use a short one.
+_MAX_SOCKET_PATH = 100
 MESH_LABEL = "monarch.pytorch.org/mesh-name"
 INDEX_LABEL = "apps.kubernetes.io/pod-index"
 #: How often it checks that its reservation still exists (the job folder and the pods' owner).
@@ -237,6 +239,20 @@ class Forwarder:
         return os.path.exists(os.path.join(self.job_dir, "kubernetes.json"))
 
 
+def control_socket_path(job_dir: str) -> str:
+    """Where the control socket of ``job_dir``'s forwarder listens: in the job folder where the path fits
+    a Unix socket's, else under this user's folder in the temp dir, named by the job folder."""
+    path = os.path.join(job_dir, CONTROL_SOCKET)
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    import hashlib
+    import tempfile
+
+    short = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
+    os.makedirs(short, mode=0o700, exist_ok=True)
+    return os.path.join(short, f"forward-{hashlib.sha256(os.fsencode(job_dir)).hexdigest()[:16]}.sock")
+
+
 def _recv_exact(s: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
@@ -262,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     fw = Forwarder(a.job_dir, a.mesh, a.namespace, a.relay_port, a.kubeconfig, a.context)
     fw.refresh()
     socks = socket.create_server(("127.0.0.1", 0))
-    control_path = os.path.join(a.job_dir, CONTROL_SOCKET)
+    control_path = control_socket_path(a.job_dir)
     try:
         os.unlink(control_path)
     except FileNotFoundError:

@@ -454,9 +454,9 @@ class KubernetesScheduler(Scheduler):
         if job_dir:
             from monarch_schedulers import kube_forward
 
-            for f in (ROUTE_FILE, kube_forward.CONTROL_SOCKET):
+            for path in (os.path.join(job_dir, ROUTE_FILE), kube_forward.control_socket_path(job_dir)):
                 try:
-                    os.unlink(os.path.join(job_dir, f))
+                    os.unlink(path)
                 except OSError:
                     pass
 

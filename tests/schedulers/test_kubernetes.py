@@ -398,6 +398,9 @@ def test_client_outside_the_cluster_reaches_the_pods_through_a_port_forward(outs
     from monarch_schedulers import netns
 
     laptop, cluster = outside
+    # A deep project folder: the job folder's path is too long for a Unix socket's.
+    tmp_path = tmp_path / ("deep-project-folder-" * 4)
+    tmp_path.mkdir()
 
     def on_laptop(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         r = subprocess.run(netns.enter_argv(laptop, [os.path.join(BIN, "monarch"), *args]), cwd=str(tmp_path),
