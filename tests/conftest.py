@@ -9,7 +9,11 @@ no test script.
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -25,6 +29,17 @@ def no_leaked_processes():
     if left:
         kill_tree(left)
         pytest.fail(f"test left processes running: {left}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _third_party_temp_folders():
+    """torchrun leaves a ``torchelastic_*`` folder in the temp dir for each run, and Chromium its
+    ``org.chromium.Chromium.*``: their own behaviour, but this suite's folders, so they go with it."""
+    patterns = [os.path.join(tempfile.gettempdir(), p) for p in ("torchelastic_*", "org.chromium.Chromium.*")]
+    before = {d for p in patterns for d in glob.glob(p)}
+    yield
+    for d in {d for p in patterns for d in glob.glob(p)} - before:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # -- the session check --------------------------------------------------------------
