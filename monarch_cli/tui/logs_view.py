@@ -50,7 +50,7 @@ class LogFilter:
 def format_line(row: dict) -> str:
     who = f"{row['host']}/{row['rank']}" if row.get("rank") is not None else f"{row['host']}/{row.get('proc') or '?'}"
     mark = "!" if row.get("stream") == "stderr" else " "
-    return f"{who}{mark} {safe(row.get('line') or '')}"
+    return f"{who}{mark} {safe(row.get('line') or '', total=row.get('line_chars'))}"
 
 
 class LogsView(Vertical):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from monarch.errors import StateError
+from monarch_cli.tui.text import MAX_LINE
 
 #: Seconds a query of the dashboard may take before the hosts that did not answer are greyed.
 POLL_TIMEOUT_S = 5.0
@@ -334,7 +335,10 @@ class ReservationSource:
     def logs(self, run_id: str | None, limit: int = LOG_LINES) -> list[dict]:
         """The newest ``limit`` lines of a run (every line of procs too when ``run_id`` is None), oldest first."""
         where = f"WHERE run_id = '{_sql_str(run_id)}' " if run_id else ""
-        r = self.query(f"SELECT time, host, run_id, rank, proc, stream, line FROM logs {where}"
+        # Only what can be drawn travels: a rank that prints megabyte lines would otherwise send up to
+        # 128 KiB a row, thousands of rows, every second. The full length says how much was cut.
+        r = self.query(f"SELECT time, host, run_id, rank, proc, stream, substr(line, 1, {MAX_LINE + 1}) AS line, "
+                       f"character_length(line) AS line_chars FROM logs {where}"
                        f"ORDER BY time DESC LIMIT {int(limit)}", timeout_s=5.0)
         rows = r.table.to_pylist()
         rows.reverse()

@@ -20,13 +20,17 @@ def style_of(status: str) -> str:
     return STATUS_STYLE.get(status.lower(), "")
 
 
-def safe(line: str, limit: int = MAX_LINE) -> str:
+def safe(line: str, limit: int = MAX_LINE, total: int | None = None) -> str:
     """A line as it may be drawn: carriage returns overwrite as a terminal's do (a progress bar shows its
-    last state), other control bytes (escape sequences of binary output) shown as '?', cut at ``limit``."""
+    last state), other control bytes (escape sequences of binary output) shown as '?', cut at ``limit``.
+
+    ``total``: the whole line's length when only its start was fetched."""
     if "\r" in line:
         line = _overwrite(line)
-    if len(line) > limit:
-        line = line[:limit] + f"… ({len(line) - limit} more chars)"
+        total = None  # the overwritten start is what is drawn; its length is what counts
+    total = len(line) if total is None else max(total, len(line))
+    if total > limit:
+        line = line[:limit] + f"… ({total - limit} more chars)"
     return _CONTROL.sub("?", line.replace("\t", "    "))
 
 

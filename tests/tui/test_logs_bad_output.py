@@ -81,6 +81,9 @@ async def test_binary_and_very_long_lines_are_drawn_tamed(job):
             return total
 
         await until(pilot, lambda: ys() == MEGABYTE, "the whole megabyte, in pieces")
+        # Only what is drawn travels from the agents: no row of the megabyte is fetched whole.
+        rows = app.source.logs(None)
+        assert rows and max(len(r["line"] or "") for r in rows) <= MAX_LINE + 1
         lines = list(log.lines)
         assert not [line for line in lines if CONTROL.search(line)], "a control byte reached the screen"
         # Its \r (byte 13) overwrote "raw " as a terminal would; what follows it is drawn.
