@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
+from tests.tui.pilot import shown, until
 from tests.tui.tmux import Tmux, needs_tmux
 
 FAIL_RANK1 = ("import os, sys, time\n"
@@ -49,26 +50,6 @@ def make_app(job, refresh_s: float = 0.3):
     from monarch_cli.tui.source import ReservationSource
 
     return DashboardApp(ReservationSource(path=os.path.join(job, ".monarch", "job_state.pkl")), refresh_s=refresh_s)
-
-
-async def until(pilot, cond, timeout: float = 40.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.1)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def shown(widget) -> str:
-    """The text a Static shows (Text, Table or Group), as plain text."""
-    import io
-
-    from rich.console import Console
-
-    c = Console(width=200, file=io.StringIO(), record=True)
-    c.print(widget.content)
-    return c.export_text()
 
 
 def tree_text(app) -> list[str]:
@@ -306,7 +287,6 @@ PAUSED = textwrap.dedent("""\
         return y + 1
     print("result", rank, step(secret), flush=True)
 """)
-
 
 
 def notices(app) -> str:

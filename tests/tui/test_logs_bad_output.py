@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import pytest
 
 from tests.cli.conftest import monarch
 from tests.helpers import stop_client
+from tests.tui.pilot import until
 
 MEGABYTE = 1 << 20
 BAD_OUTPUT = ("import os\n"
@@ -46,15 +46,6 @@ def job(tmp_path_factory):
     yield d
     stop_client()
     monarch("stop", "--force", cwd=d, timeout=60)
-
-
-async def until(pilot, cond, what: str, timeout: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.1)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.asyncio

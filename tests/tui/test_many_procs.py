@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 
 import pytest
 
 from tests.tui.frozen_source import FROZEN_DIR, FrozenReservationSource, scale_procs
+from tests.tui.pilot import shown, until
 
 HOSTS, PROCS = 4, 1000
 
@@ -26,26 +26,6 @@ def big(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("big") / "reservation")
     scale_procs(FROZEN_DIR, d, HOSTS, PROCS)
     return d
-
-
-async def until(pilot, cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def rendered(widget) -> str:
-    """The text a Static shows, as plain text."""
-    import io
-
-    from rich.console import Console
-
-    c = Console(width=200, file=io.StringIO(), record=True)
-    c.print(widget.content)
-    return c.export_text()
 
 
 def count_line_builds(tree) -> dict:
@@ -122,16 +102,16 @@ async def test_a_thousand_procs_collapsed_refreshed_in_place_navigable_and_filte
         await pilot.pause(0.1)
         second = tree.cursor_node.data
         assert isinstance(second, ProcView) and second.host == "host0" and second.kind == "proc"
-        assert re.search(rf"pid\s+{second.pid}\b", rendered(app.query_one("#details")))
+        assert re.search(rf"pid\s+{second.pid}\b", shown(app.query_one("#details")))
         await pilot.press("shift+left", "shift+down", "shift+down", "shift+down")
         await pilot.pause(0.1)
         assert tree.cursor_node is hosts[3]
-        assert re.search(r"host host3\b", rendered(app.query_one("#details")))
+        assert re.search(r"host host3\b", shown(app.query_one("#details")))
         # The filter keeps the one failed proc of 1,000, its host opened to show it.
         await pilot.press("slash")
         await pilot.press(*"failed")
         await until(pilot, lambda: tree.statistics().nodes < 10, "the filter")
-        shown = [n.data for n in tree._by_key.values() if isinstance(n.data, ProcView) and n.data.kind == "proc"]
-        assert [(p.host, p.pid) for p in shown] == [(victim.host, victim.pid)]
+        kept = [n.data for n in tree._by_key.values() if isinstance(n.data, ProcView) and n.data.kind == "proc"]
+        assert [(p.host, p.pid) for p in kept] == [(victim.host, victim.pid)]
         assert host.is_expanded
         assert tree.last_line + 1 < 10

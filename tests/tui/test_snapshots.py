@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.tui.frozen_source import FrozenReservationSource
+from tests.tui.pilot import until
 
 SIZES = [(80, 24), (120, 40)]
 
@@ -37,15 +38,6 @@ def make_app():
     from monarch_cli.tui.app import DashboardApp
 
     return DashboardApp(FrozenReservationSource(), refresh_s=0.2)
-
-
-async def until(pilot, cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def first_poll(pilot) -> None:
