@@ -162,16 +162,20 @@ class LocalScheduler(Scheduler):
             time.sleep(0.02)
         for a in agents:
             a.signal(signal.SIGKILL)
-        # An agent stopped in order removed its workspace store; one killed earlier (-9, OOM) could not.
-        found = self._job_dir(job_id, job_dir)
-        if found is not None:
-            from monarch_agents.services.workspace import remove_workspace  # rdmafs: only on stop
-
-            for i in range(len(self._agents(job_id, found))):
-                remove_workspace(os.path.join(found, "logs", f"host{i}"))
         plan = self.namespaces(job_id, job_dir)
-        if plan is not None:
-            netns.remove(plan)
+        try:
+            # An agent stopped in order removed its workspace store; one killed earlier (-9, OOM) could not.
+            found = self._job_dir(job_id, job_dir)
+            if found is not None:
+                from monarch_agents.services.workspace import remove_workspace  # rdmafs: only on stop
+
+                for i in range(len(self._agents(job_id, found))):
+                    remove_workspace(os.path.join(found, "logs", f"host{i}"))
+        finally:
+            # Whatever that cleanup met (a broken install, a busy mount), the namespaces and the
+            # bridge go: nothing else removes them.
+            if plan is not None:
+                netns.remove(plan)
 
     def logs(self, job_id: str, host: int | None = None, job_dir: str | None = None) -> str:
         out = []
