@@ -189,10 +189,8 @@ class DebugClient:
     """This process's view of the job's debug sessions, with ids stable for its lifetime."""
 
     def __init__(self, record: JobRecord):
-        from monarch_agents.client import ensure_runtime
-
         self.record = record
-        self.rt = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+        self.rt = record.runtime()
         self.by_rank = {h.host_rank: h for h in record.hosts}
         self.ids: dict[tuple[int, int], int] = {}
         self.sessions: dict[int, DebugSessionInfo] = {}

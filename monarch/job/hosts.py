@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 
 from monarch_agents import messages as m
-from monarch_agents.client import ensure_runtime
 from monarch.job.state import HostRecord, JobRecord
 
 
@@ -28,7 +27,7 @@ class AgentStatus:
 
 def ping_agents(record: JobRecord, timeout: float) -> list[AgentStatus]:
     """Ping every host agent of ``record`` at once; all answers (or failures) within ``timeout`` seconds."""
-    rt = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+    rt = record.runtime()
     t0 = time.monotonic()
     futures = [(h, rt.request(h.addr, lambda port: m.Ping(port))) for h in record.hosts]
     out = []
@@ -44,5 +43,5 @@ def read_log(record: JobRecord, host: HostRecord, run_id: str, stream: str, offs
              timeout: float = 5.0) -> dict[int, tuple[bytes, bool]]:
     """Bytes of ``stream`` ("stdout"/"stderr") of run ``run_id`` on ``host`` from ``offset``, per rank it
     ran there, each with whether that rank has finished (its log is complete)."""
-    rt = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+    rt = record.runtime()
     return rt.request(host.addr, lambda port: m.ReadLog(run_id, stream, offset, port)).get(timeout=timeout)

@@ -455,11 +455,11 @@ def _spec_only(job: Job) -> Job:
 
 def _host_meshes(record: "JobRecord", sizes: dict[str, int]) -> dict[str, "HostMesh"]:
     """The reservation's hosts split, in host-rank order, into meshes of ``sizes`` (``{hosts: n}`` each)."""
-    from monarch.actor._client import HostRef, ensure_runtime
+    from monarch.actor._client import HostRef
     from monarch.actor._mesh import HostMesh
     from monarch.actor._shape import Shape
 
-    ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+    record.runtime()
     hosts = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(record.hosts, key=lambda h: h.host_rank)]
     out, i = {}, 0
     for name, n in sizes.items():

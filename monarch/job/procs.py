@@ -11,10 +11,9 @@ from monarch.job.state import JobRecord
 def kill_proc(record: JobRecord, host: str, pid: int, signum: int = signal.SIGKILL, timeout_s: float = 5.0) -> bool:
     """Signal proc agent ``pid`` on ``host``; its owner sees it die as any proc death. False: no such live proc there."""
     from monarch_agents import messages as m
-    from monarch_agents.client import ensure_runtime
 
     target = next((h for h in record.hosts if h.host == host), None)
     if target is None:
         raise MonarchError(f"no host {host!r} in the reservation")
-    rt = ensure_runtime(record.keys, route=record.route)
+    rt = record.runtime()
     return bool(rt.request(target.addr, lambda port: m.KillProc(pid, signum, port)).get(timeout=timeout_s))

@@ -26,7 +26,6 @@ from typing import Callable, Iterator
 from monarch_agents import messages as m
 from monarch_agents.errors import SupervisionError
 from monarch_agents.runtime import Runtime, StreamPort
-from monarch_agents.client import ensure_runtime
 from monarch.errors import ExitCode, MonarchError, RunError
 from monarch.job.state import HostRecord, JobRecord
 
@@ -191,7 +190,7 @@ def run_history(record: JobRecord) -> list[dict]:
 
 def signal_run(record: JobRecord, run_id: str, signum: int = signal.SIGTERM) -> list[str]:
     """Send ``signum`` to every rank of run ``run_id`` (one started by any client); the hosts that could not be told."""
-    rt = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+    rt = record.runtime()
     missed = []
     for h in record.hosts:
         try:
@@ -222,7 +221,7 @@ class RemoteRun:
         self.on_debug = on_debug or _say_debug_waiting
         self.detach = detach
         self.run_id = new_run_id()
-        self.rt: Runtime = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+        self.rt: Runtime = record.runtime()
         self.outcome = RunOutcome(self.run_id, [RankResult(i, h.host) for i, h in enumerate(hosts)])
         self.left = len(hosts)
         self.done = threading.Event()

@@ -38,7 +38,7 @@ class RemoteShell:
         self.rows, self.cols = rows, cols
         self.on_output = on_output
         self.shell_id = uuid.uuid4().hex
-        self.rt: Runtime = ensure_runtime(record.keys, reach=[host.addr], route=getattr(record, "route", None))
+        self.rt: Runtime = ensure_runtime(record.keys, reach=[host.addr], route=record.route)
         self.exit_code: int | None = None
         self.reason = ""
         self.done = threading.Event()

@@ -102,13 +102,20 @@ class JobRecord:
         """The host agents' addresses, in host rank order."""
         return [h.addr for h in sorted(self.hosts, key=lambda h: h.host_rank)]
 
+    def runtime(self) -> Any:
+        """This process's runtime (``monarch_agents.runtime.Runtime``), started on first use to talk to
+        this reservation's hosts: with its keys, listening where they can answer, by its route."""
+        from monarch_agents.client import ensure_runtime
+
+        return ensure_runtime(self.keys, reach=self.agent_addrs, route=self.route)
+
     def host_mesh(self) -> Any:
         """The reserved hosts as a ``HostMesh`` of dims ``{hosts: N}`` (one host too, as in Monarch)."""
-        from monarch.actor._client import HostRef, ensure_runtime
+        from monarch.actor._client import HostRef
         from monarch.actor._mesh import HostMesh
         from monarch.actor._shape import Shape
 
-        ensure_runtime(self.keys, reach=self.agent_addrs, route=self.route)
+        self.runtime()
         refs = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)]
         return HostMesh(refs, Shape(("hosts",), (len(refs),)))
 

@@ -43,9 +43,7 @@ class QueryResult:
 def _fan_out(record: JobRecord, make: Callable[[Any], Any], timeout_s: float,
              hosts: list[HostRecord] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Send ``make(port)`` to every host; ({host: answer}, {host: why it gave none})."""
-    from monarch_agents.client import ensure_runtime
-
-    rt = ensure_runtime(record.keys, reach=record.agent_addrs, route=record.route)
+    rt = record.runtime()
     targets = sorted(hosts if hosts is not None else record.hosts, key=lambda h: h.host_rank)
     deadline = time.monotonic() + timeout_s
     futures = [(h, rt.request(h.addr, make)) for h in targets]

@@ -329,11 +329,9 @@ class ReservationSync:
     """
 
     def __init__(self, record: Any, rt: Runtime | None = None):
-        from monarch_agents.client import ensure_runtime
-
         spec = WorkspaceSpec(**record.workspace)
         self.record = record
-        self.rt = rt or ensure_runtime(record.keys, reach=record.agent_addrs, route=getattr(record, "route", None))
+        self.rt = rt or record.runtime()
         hosts = sorted(record.hosts, key=lambda h: h.host_rank)
         targets = [Target(h.addr, h.host, h.host_rank) for h in hosts]
         self.pushers = [WorkspacePusher(self.rt, src, targets, name=name, unreadable=spec.unreadable,

@@ -64,7 +64,15 @@ def test_a_session_relayed_through_the_agent(client, agent):
     [s] = client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T)
     assert s["held_by"] == "tester"
     client.send(agent.addr, m.DebugInput(s["sid"], client.addr, b"c\n"))
-    # The session's end and the rank's output come from different threads of the agent: any order.
+    seen = _until_exited(inbox)
+    assert seen[m.DebugEnded].reason == "rank 0 continued"
+    assert seen[m.RunOutput] == b"after 10\n" and seen[m.RunExited].exit_code == 0
+    assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
+
+
+def _until_exited(inbox) -> dict:
+    """Messages until the rank exits, by type (its output joined): the session's end and the rank's
+    output come from different threads of the agent, in any order."""
     seen: dict = {}
     while m.RunExited not in seen:
         msg = inbox.q.get(timeout=T)
@@ -72,9 +80,7 @@ def test_a_session_relayed_through_the_agent(client, agent):
             seen[m.RunOutput] = seen.get(m.RunOutput, b"") + msg.data
         else:
             seen[type(msg)] = msg
-    assert seen[m.DebugEnded].reason == "rank 0 continued"
-    assert seen[m.RunOutput] == b"after 10\n" and seen[m.RunExited].exit_code == 0
-    assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
+    return seen
 
 
 def _until_waiting(inbox) -> bytes:
@@ -112,13 +118,7 @@ def test_an_interrupted_command_then_continue_or_next_at_once_exits_0(client, ag
         client.send(agent.addr, m.DebugInput(sid, client.addr, b"n\n"))
         assert _until_waiting(inbox) == b"> <string>(4)<module>()\n(Pdb) "  # stepped to the print
     client.send(agent.addr, m.DebugInput(sid, client.addr, b"c\n"))
-    seen: dict = {}
-    while m.RunExited not in seen:
-        msg = inbox.q.get(timeout=T)
-        if type(msg) is m.RunOutput:
-            seen[m.RunOutput] = seen.get(m.RunOutput, b"") + msg.data
-        else:
-            seen[type(msg)] = msg
+    seen = _until_exited(inbox)
     assert seen[m.DebugEnded].reason == "rank 0 continued"
     assert seen[m.RunOutput] == b"after 6\n"
     assert seen[m.RunExited].exit_code == 0
