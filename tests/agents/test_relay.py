@@ -65,6 +65,9 @@ def test_requests_without_the_jobs_token_get_nothing(relay):
         s = _request(port, req)
         assert s.recv(100) == b""  # closed, no answer
         s.close()
+    s = _request(port, {"token": tunnel.token(keys), "accept": 12345})  # no such announced connection
+    assert s.recv(100) == b""
+    s.close()
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     s.sendall(b"\xff" * 5000)  # no line at all: dropped (closed, or reset over the unread bytes)
     try:

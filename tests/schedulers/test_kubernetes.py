@@ -182,6 +182,11 @@ def test_pod_deleted_during_run_fails_the_run_naming_the_pod(cluster, tmp_path):
         assert again["ready"] and again["job_id"].split("/")[1] != name
         assert kubectl(cluster, "get", "statefulset", name, check=False).returncode != 0  # the old one is gone
         monarch("run", "--", "true", cwd=str(tmp_path))
+        # The StatefulSet deleted outside monarch: status says so (read without the official client).
+        new = again["job_id"].split("/")[1]
+        kubectl(cluster, "delete", "statefulset", new, "--wait=false")
+        st = monarch("--json", "status", cwd=str(tmp_path), check=False)
+        assert f"StatefulSet {new} was deleted" in st.stdout + st.stderr, st.stdout + st.stderr
     finally:
         monarch("stop", cwd=str(tmp_path), check=False)
     assert not cluster.kubelet.running
