@@ -532,7 +532,7 @@ def _ratio(ours: dict, theirs_value: float | None, theirs_capped: bool, key: str
 
 def ratios(ours: dict, theirs: dict) -> dict:
     out = {}
-    for key, _, _, kind in METRICS:
+    for key, _, _, _kind in METRICS:
         a, b = ours.get("results", {}).get(key), theirs.get("results", {}).get(key)
         out[key] = (a / b) if (a is not None and b) else None
     return out

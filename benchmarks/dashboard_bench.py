@@ -229,8 +229,8 @@ def main() -> None:
     try:
         subprocess.run([*MONARCH, "serve", "--hosts", str(args.hosts)], cwd=work, env=env, check=True,
                        capture_output=True, timeout=120)
-        from monarch.job.reserve import load_live
-        from monarch.job.state import StatePaths
+        from monarch._workbench.reserve import load_live
+        from monarch._workbench.state import StatePaths
         from monarch_cli.tui.source import ReservationSource
 
         path = StatePaths(work).resolve(None)

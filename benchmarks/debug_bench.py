@@ -80,8 +80,8 @@ def local_pdb_round_trips(n: int) -> list[float]:
 def relay_measures(workdir: str, n: int) -> dict[str, list[float]]:
     """Attach (API) and ``p x`` round trips through the agents, on the paused rank."""
     os.chdir(workdir)
-    from monarch.job.debug import DebugClient
-    from monarch.job.reserve import load_live
+    from monarch._workbench.debug import DebugClient
+    from monarch._workbench.reserve import load_live
 
     record, _ = load_live(None)
     client = DebugClient(record)

@@ -41,7 +41,7 @@ def compile_sources() -> None:
     since would otherwise be recompiled by every command we time."""
     import compileall
 
-    for pkg in ("agents", "monarch", "monarch_cli", "schedulers"):
+    for pkg in ("monarch_agents", "monarch", "monarch_cli", "monarch_schedulers"):
         compileall.compile_dir(os.path.join(ROOT, pkg), quiet=1)
 
 
@@ -72,16 +72,17 @@ def timed(cmds: dict[str, list[str]], cwd: str, n: int, envs: dict[str, dict] | 
 
 
 def baseline_command(ref: str, workdir: str) -> tuple[list[str], dict[str, str]]:
-    """`python -m monarch_cli.main` of commit ``ref``: its tree, with its agents/ and schedulers/
-    under their installed names, first on PYTHONPATH."""
+    """`python -m monarch_cli.main` of commit ``ref``: its tree (older trees' agents/ and schedulers/
+    linked under their installed names), first on PYTHONPATH."""
     tree = os.path.join(workdir, "baseline")
     os.makedirs(tree)
     archive = subprocess.run(["git", "-C", ROOT, "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    # Trees from before the folders were their import names (agents/ installed as monarch_agents).
     links = os.path.join(workdir, "baseline-links")
     os.makedirs(links)
     for pkg in ("agents", "schedulers", "rdmafs", "telemetry"):
-        if os.path.isdir(os.path.join(tree, pkg)):
+        if os.path.isdir(os.path.join(tree, pkg)) and not os.path.isdir(os.path.join(tree, f"monarch_{pkg}")):
             os.symlink(os.path.join(tree, pkg), os.path.join(links, f"monarch_{pkg}"))
     import compileall
 

@@ -133,8 +133,8 @@ def main() -> None:
                        capture_output=True)
         served = True
         sys.path.insert(0, ROOT)
-        from monarch.job.reserve import load_live
-        from monarch.job.workspace import ReservationSync, set_workspace
+        from monarch._workbench.reserve import load_live
+        from monarch._workbench.workspace import ReservationSync, set_workspace
 
         os.chdir(ws)
         record, path = load_live()

@@ -9,7 +9,7 @@ What is measured, in one run:
 * ``query``: 4 real host agents (``monarch serve --hosts 4``, local scheduler) each hold
   ``--rows`` (default 1M) ``messages`` rows, pushed to them the way procs push theirs.  A
   grouped aggregate (count, avg and p99 of ``latency_us`` by ``endpoint``) goes through
-  ``monarch.job.telemetry.query`` (plan, scans on every agent, merge); p50 over ``--repeat``
+  ``monarch._workbench.telemetry.query`` (plan, scans on every agent, merge); p50 over ``--repeat``
   runs.  Baseline: the same SQL in this process over one in-memory table holding all 4x rows
   (no hosts, no wire): the ratio is what asking four agents costs over the ideal.
 * ``recording``: ``call_one`` round-trip p50 and outstanding-call throughput (``--calls``
@@ -66,13 +66,12 @@ def _message_log(n: int, seed: int) -> tuple[int, list]:
 
 
 def bench_query(rows: int, repeat: int, workdir: str) -> dict:
-    import pyarrow as pa
     from datafusion import SessionContext
 
     from monarch_agents.client import ensure_runtime
     from monarch_agents.messages import Ping, TelemetryRows
-    from monarch.job.reserve import load_live
-    from monarch.job.telemetry import query
+    from monarch._workbench.reserve import load_live
+    from monarch._workbench.telemetry import query
     from monarch_telemetry.recorder import derive_messages
 
     env = {**os.environ, "PYTHONPATH": REPO}

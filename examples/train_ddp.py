@@ -24,7 +24,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     shard = slice(rank * 64 // world, (rank + 1) * 64 // world)
     steps = int(os.environ.get("STEPS", "20"))
-    for step in range(steps):
+    for _step in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
         loss.backward()

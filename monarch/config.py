@@ -51,7 +51,7 @@ def _set_mesh(attr: str) -> Callable[[float], None]:
 
 
 def _set_port_forward(seconds: float) -> None:
-    from monarch.job import port_forward
+    from monarch._workbench import port_forward
 
     port_forward._DEFAULT_CONNECT_TIMEOUT_S = seconds
 

@@ -46,7 +46,7 @@ class MountHandler:
 
         ``via_gateway`` is accepted for Monarch compatibility and has no effect here.
         """
-        from monarch.job.workspace import Target, WorkspacePusher, check_source
+        from monarch._workbench.workspace import Target, WorkspacePusher, check_source
         from monarch_agents.client import ensure_runtime
         from monarch_agents.transport import is_same_host
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from monarch_cli import debug_grammar as g
 
 if TYPE_CHECKING:
-    from monarch.job.debug import Attachment, DebugClient, DebugSessionInfo
+    from monarch._workbench.debug import Attachment, DebugClient, DebugSessionInfo
 
 PROMPT = "monarch_dbg> "
 #: Control characters a rank's output may hold, shown escaped (raw, they could wreck the terminal).
@@ -264,7 +264,7 @@ class DebugPrompt:
         self._each(targets, ["clear", "c"], label_output=False)
 
     def _each(self, targets: list[DebugSessionInfo], lines: list[str], *, label_output: bool) -> None:
-        from monarch.job.debug import DebugError
+        from monarch._workbench.debug import DebugError
 
         held = []
         for s in targets:

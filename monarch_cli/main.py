@@ -86,7 +86,7 @@ class LazyGroup(click.Group):
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Name exactly the schedulers there are (help must not promise one `serve` refuses).
-        from monarch.job.reserve import scheduler_names as names
+        from monarch._workbench.reserve import scheduler_names as names
 
         labels = {"local": "this machine", "slurm": "Slurm", "kubernetes": "Kubernetes"}
         where = [labels.get(n, n) for n in sorted(names(), key=lambda n: n != "local")]

@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 # torch first and pinned: 2.13.0 is the local CPU wheel; anything looser pulls GBs of CUDA.
 # editable_mode=compat: a plain .pth path entry; the default mode installs an import hook
 # (pathlib, re, fnmatch) that every Python start pays for (~20 ms of each `monarch run`).
-EDITABLE=(--config-settings editable_mode=compat)
+EDITABLE=()
 # Workspace mounts are FUSE (pyfuse3 compiles against libfuse3); rsync is the sync benchmark's baseline;
 # the tests check the RDMA choice with Debian's pyverbs (there is no RDMA device here).
 APT=(fuse3 libfuse3-dev pkg-config rsync)
@@ -29,10 +29,5 @@ else
   echo "note: libfuse3 is not installed; hosts will serve the workspace as a copied directory, not a FUSE mount" >&2
   .venv/bin/pip install -q -e . "${EDITABLE[@]}"
 fi
-# The folders agents/, schedulers/, rdmafs/, telemetry/ are installed as monarch_* (pyproject's
-# package-dir); compat mode only puts the repository on sys.path, so link the installed names
-# to the folders: edits stay live and no import hook is paid for.
-SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-for pkg in agents schedulers rdmafs telemetry; do ln -sfn "$PWD/$pkg" "$SITE/monarch_$pkg"; done
 # Byte-compile once: with PYTHONDONTWRITEBYTECODE set, every command would recompile our sources.
-.venv/bin/python -m compileall -q agents monarch monarch_cli schedulers telemetry rdmafs >/dev/null
+.venv/bin/python -m compileall -q monarch_agents monarch monarch_cli monarch_schedulers monarch_telemetry monarch_rdmafs >/dev/null

@@ -14,7 +14,7 @@
 #
 # N is the first /24 of 10.231.0.0/16 that no other cluster or reservation on this machine uses, and
 # <tag> comes from DIR, so concurrent clusters in different DIRs do not collide; the namespaces are
-# made and removed by schedulers/netns.py (the module behind `monarch serve --netns`), run with any
+# made and removed by monarch_schedulers/netns.py (the module behind `monarch serve --netns`), run with any
 # python3. Everything else the cluster writes lives under DIR, so a test run can start, use and
 # throw away a cluster without touching system config.
 #
@@ -50,8 +50,8 @@ readonly NETNS=${MONARCH_SLURM_NETNS:-1}
 readonly SUPERNET=10.231.0.0/16
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly ROOT
-# netns.py is standard library only; -P keeps schedulers/ (whose module names are not unique) off sys.path.
-netns_py() { "${MONARCH_PYTHON:-python3}" -P "$ROOT/schedulers/netns.py" "$@"; }
+# netns.py is standard library only; -P keeps monarch_schedulers/ (whose module names are not unique) off sys.path.
+netns_py() { "${MONARCH_PYTHON:-python3}" -P "$ROOT/monarch_schedulers/netns.py" "$@"; }
 
 usage() {
     cat >&2 <<EOF
@@ -73,7 +73,7 @@ Environment: MONARCH_SLURMCTLD_PORT (16817), MONARCH_SLURMD_PORT (16818),
   MONARCH_SLURM_NODE_PORT (17001, first of 4), MONARCH_SLURM_CPUS_PER_NODE (2),
   MONARCH_SLURM_START_TIMEOUT (30 s), MONARCH_SLURM_STOP_TIMEOUT (15 s),
   MONARCH_SLURM_NETNS (1; 0: every node on 127.0.0.1, for machines without namespaces),
-  MONARCH_PYTHON (python3: runs schedulers/netns.py).
+  MONARCH_PYTHON (python3: runs monarch_schedulers/netns.py).
 EOF
 }
 

@@ -17,12 +17,12 @@ import pytest
 
 from tests.helpers import ROOT
 
-#: Folder -> the installed top-level names its code may not import.
+#: Part (its folder is its import name) -> the top-level names its code may not import.
 FORBIDDEN = {
-    "agents": {"monarch", "monarch_cli", "monarch_schedulers"},
-    "schedulers": {"monarch", "monarch_cli"},
-    "rdmafs": {"monarch", "monarch_cli"},
-    "telemetry": {"monarch", "monarch_cli"},
+    "monarch_agents": {"monarch", "monarch_cli", "monarch_schedulers"},
+    "monarch_schedulers": {"monarch", "monarch_cli"},
+    "monarch_rdmafs": {"monarch", "monarch_cli"},
+    "monarch_telemetry": {"monarch", "monarch_cli"},
     "monarch": {"monarch_cli"},
     # The CLI talks to the monarch layer only (it builds no agent message itself).
     "monarch_cli": {"monarch_agents", "monarch_schedulers"},
@@ -52,11 +52,11 @@ def imported_names(source: str) -> list[tuple[int, str]]:
     return out
 
 
-#: The installed top-level names -> the folder that holds them.
-FOLDER_OF = {"monarch": "monarch", "monarch_cli": "monarch_cli", "monarch_agents": "agents",
-             "monarch_schedulers": "schedulers", "monarch_rdmafs": "rdmafs", "monarch_telemetry": "telemetry"}
+#: The top-level packages: each is the folder of the same name.
+FOLDER_OF = {name: name for name in ("monarch", "monarch_cli", "monarch_agents", "monarch_schedulers",
+                                     "monarch_rdmafs", "monarch_telemetry")}
 #: Lower layers, where a string naming an upper layer's module is a hidden import.
-STRING_CHECKED = ("agents", "schedulers", "rdmafs", "telemetry")
+STRING_CHECKED = ("monarch_agents", "monarch_schedulers", "monarch_rdmafs", "monarch_telemetry")
 _DOTTED = re.compile(r"(?<![\w.])(monarch(?:_[a-z]+)?)((?:\.[A-Za-z_]\w*)*)")
 
 
@@ -127,12 +127,12 @@ def test_no_upper_module_named_in_a_string(folder):
 def test_the_string_check_sees_module_names_and_not_logger_names():
     src = ('"""Docstring: monarch.actor is the API."""\n'
            'PRELOAD = ["monarch_agents.proc_agent", "monarch.actor"]\n'
-           'def f():\n    """monarch.job.state in a docstring."""\n'
-           '    run(["python", "-m", "monarch_cli.main"], env={"M": "monarch.job.state.JobSpec"})\n'
+           'def f():\n    """monarch._workbench.state in a docstring."""\n'
+           '    run(["python", "-m", "monarch_cli.main"], env={"M": "monarch._workbench.state.JobSpec"})\n'
            'log = logging.getLogger("monarch.host_agent")\nLABEL = "monarch.pytorch.org/mesh-name"\n'
            'NAME = "monarch"\nCLI = "monarch_cli"\n')
     assert module_strings(src, {"monarch", "monarch_cli"}) == [
-        (2, "monarch.actor"), (5, "monarch.job.state.JobSpec"), (5, "monarch_cli.main"), (9, "monarch_cli")]
+        (2, "monarch.actor"), (5, "monarch._workbench.state.JobSpec"), (5, "monarch_cli.main"), (9, "monarch_cli")]
 
 
 def test_the_check_sees_every_kind_of_import():

@@ -46,7 +46,7 @@ def _run_job() -> tuple[JobKeys | None, list[str], dict | None]:
     path = os.environ.get(RUN_JOB_ENV)
     if not path:
         return None, [], None
-    from monarch.job.state import load_state
+    from monarch._workbench.state import load_state
 
     record = load_state(path)
     return record.keys, [h.addr for h in record.hosts], record.route

@@ -9,8 +9,9 @@
     job_load().state().hosts               # later, from another process (or a `monarch serve` reservation)
 
 A job made here is the reservation ``monarch serve`` makes: ``monarch status``, ``monarch run``
-and ``monarch stop`` see it.  Names load lazily, so the ``monarch`` command that imports
-``monarch.job.state`` does not pay for the actor runtime.
+and ``monarch stop`` see it.  Names load lazily, so importing this package costs nothing until a
+name is used.  This package is Monarch's job API only; the workbench's engine under it is the
+private ``monarch._workbench``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ _EXPORTS = {
     "set_current_job": "monarch.job.job",
     "ProcessJob": "monarch.job.process",
     "SlurmJob": "monarch.job.slurm",
-    "JobSpec": "monarch.job.state",
-    "exec_command": "monarch.job.exec",
-    "PortForwarder": "monarch.job.port_forward",
+    "JobSpec": "monarch._workbench.state",
+    "exec_command": "monarch._workbench.exec",
+    "PortForwarder": "monarch._workbench.port_forward",
 }
 
 
@@ -46,8 +47,8 @@ def __getattr__(name: str) -> Any:
 
 
 def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdir: str | None = None) -> int:
-    """An interactive shell on a one-host mesh; returns its exit status (see ``monarch.job.host_shell``)."""
-    from monarch.job.host_shell import shell as run_shell
+    """An interactive shell on a one-host mesh; returns its exit status (see ``monarch._workbench.host_shell``)."""
+    from monarch._workbench.host_shell import shell as run_shell
 
     return run_shell(host_mesh_singleton, env=env, workdir=workdir)
 

@@ -40,7 +40,7 @@ from monarch.errors import StateError, UsageError
 
 if TYPE_CHECKING:  # the actor runtime is imported only when a job is connected
     from monarch.actor import HostMesh
-    from monarch.job.state import JobRecord, JobSpec
+    from monarch._workbench.state import JobRecord, JobSpec
 
 #: Where ``state()`` caches a job unless told otherwise (Monarch's default).
 DEFAULT_JOB_PATH: str = ".monarch/job_state.pkl"
@@ -239,14 +239,14 @@ class JobTrait(abc.ABC):
 
     def dump(self, filename: str) -> None:
         """Save the job to ``filename`` (a monarch state file, mode 0600; a symlink is followed)."""
-        from monarch.job.state import write_atomic
+        from monarch._workbench.state import write_atomic
 
         path = os.path.realpath(filename) if os.path.islink(filename) else filename
         write_atomic(os.path.abspath(path), self.dumps())
 
     def dumps(self) -> bytes:
         """The job as bytes, for :func:`job_loads`."""
-        from monarch.job.state import state_bytes
+        from monarch._workbench.state import state_bytes
 
         return state_bytes(None, pickle.dumps(self, protocol=5), type(self).__name__)
 
@@ -323,8 +323,8 @@ class Job(JobTrait):
 
     # the hooks
     def _create(self, client_script: str | None) -> None:
-        from monarch.job.reserve import allocate
-        from monarch.job.state import StatePaths
+        from monarch._workbench.reserve import allocate
+        from monarch._workbench.state import StatePaths
 
         if client_script is not None:
             raise UsageError(f"{type(self).__name__}.apply(client_script=...) (batch mode) is not supported",
@@ -348,7 +348,7 @@ class Job(JobTrait):
         self.path = path
 
     def _state(self) -> JobState:
-        from monarch.job.reserve import load_live
+        from monarch._workbench.reserve import load_live
 
         if self.record is None or self.path is None:
             raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
@@ -356,7 +356,7 @@ class Job(JobTrait):
         return JobState(_host_meshes(self.record, self._mesh_sizes()))
 
     def can_run(self, spec: JobTrait) -> bool:
-        from monarch.job.reserve import describe
+        from monarch._workbench.reserve import describe
 
         if self.record is None or not self._same_spec(spec):
             return False
@@ -368,8 +368,8 @@ class Job(JobTrait):
         return True
 
     def _kill(self) -> None:
-        from monarch.job.reserve import release
-        from monarch.job.state import load_state
+        from monarch._workbench.reserve import release
+        from monarch._workbench.state import load_state
 
         if self.record is None:
             return
@@ -396,7 +396,7 @@ class Job(JobTrait):
         """The job as bytes: its reservation (as ``monarch serve`` writes it) and the job object."""
         import dataclasses
 
-        from monarch.job.state import state_bytes
+        from monarch._workbench.state import state_bytes
 
         if self.record is None:
             return super().dumps()
@@ -417,8 +417,8 @@ class Job(JobTrait):
         """
         import json
 
-        from monarch.job.reserve import load_live
-        from monarch.job.telemetry import query
+        from monarch._workbench.reserve import load_live
+        from monarch._workbench.telemetry import query
 
         if self.record is None or self.path is None:
             raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
@@ -430,7 +430,7 @@ class Job(JobTrait):
     # Kept from monarch's first job API: the reservation's whole host mesh.
     def host_mesh(self) -> "HostMesh":
         """Every host of the reservation as one mesh (``{hosts: N}``)."""
-        from monarch.job.reserve import load_live
+        from monarch._workbench.reserve import load_live
 
         if self.record is None or self.path is None:
             raise StateError(f"{type(self).__name__} is not running", "call job.apply() or job.state()")
@@ -470,7 +470,7 @@ def _host_meshes(record: "JobRecord", sizes: dict[str, int]) -> dict[str, "HostM
 
 def _name_and_dir(path: str, paths: Any) -> tuple[str, str]:
     """The context name and job folder for a state file: ``monarch status --name`` finds the named ones."""
-    from monarch.job.state import DEFAULT_CONTEXT
+    from monarch._workbench.state import DEFAULT_CONTEXT
 
     path = os.path.abspath(path)
     if os.path.dirname(path) == paths.root:
@@ -495,7 +495,7 @@ def _resolve_cache_path(cached_path: str | None) -> str | None:
     if cached_path is None:
         return None
     if os.path.normpath(cached_path) == os.path.normpath(DEFAULT_JOB_PATH):
-        from monarch.job.state import StatePaths
+        from monarch._workbench.state import StatePaths
 
         return StatePaths().resolve(None)
     return os.path.abspath(cached_path)
@@ -544,7 +544,7 @@ def _rel(path: str) -> str:
 
 def job_loads(data: bytes) -> JobTrait:
     """The job in ``data`` (from :meth:`JobTrait.dumps`)."""
-    from monarch.job.state import parse_payload
+    from monarch._workbench.state import parse_payload
 
     return _job_from_payload(parse_payload(data, "the job bytes"), None)
 
@@ -557,7 +557,7 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
     an ``SPMDJob``.  Raises ``FileNotFoundError`` if there is no file, and
     ``monarch.errors.StateError`` (one line, with the fix) for a file of another version or program.
     """
-    from monarch.job.state import load_payload
+    from monarch._workbench.state import load_payload
 
     path = _resolve_cache_path(filename) if filename is not None else _resolve_cache_path(DEFAULT_JOB_PATH)
     assert path is not None
@@ -567,7 +567,7 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
 
 
 def _job_from_payload(payload: dict, path: str | None) -> JobTrait:
-    from monarch.job.state import JobRecord
+    from monarch._workbench.state import JobRecord
 
     where = _rel(path) if path else "the job bytes"
     state, blob = payload.get("state"), payload.get("job")
@@ -627,7 +627,7 @@ def _unpickle_job(blob: bytes, where: str) -> JobTrait:
 
 
 def _spec_file() -> str:
-    from monarch.job.state import StatePaths
+    from monarch._workbench.state import StatePaths
 
     paths = StatePaths()
     return os.path.join(paths.root, "specs", paths.current())
@@ -635,7 +635,7 @@ def _spec_file() -> str:
 
 def set_current_job(module_path: str) -> None:
     """Remember ``module.attr`` (a ``JobTrait`` object) as the job of the current context."""
-    from monarch.job.state import write_atomic
+    from monarch._workbench.state import write_atomic
 
     if not isinstance(module_path, str) or "." not in module_path:
         raise ValueError(f"module_path must be 'module.attr', got {module_path!r}")

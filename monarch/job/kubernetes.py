@@ -113,7 +113,7 @@ class KubernetesJob(Job):
     # -- what monarch reserves ------------------------------------------------------------------
 
     def _job_spec(self):
-        from monarch.job.state import JobSpec
+        from monarch._workbench.state import JobSpec
 
         if not self._meshes:
             raise UsageError("KubernetesJob has no meshes", "call job.add_mesh(name, num_replicas, ...) first")

@@ -53,7 +53,7 @@ class ProcessJob(Job):
         return job
 
     def _job_spec(self):
-        from monarch.job.state import JobSpec
+        from monarch._workbench.state import JobSpec
 
         options: dict = {"env": dict(self._env)} if self._env else {}
         return JobSpec("local", sum(self._meshes.values()), 1, options)

@@ -106,7 +106,7 @@ class SlurmJob(Job):
         self._meshes = check_meshes({**self._meshes, name: num_nodes}, "SlurmJob")
 
     def _job_spec(self):
-        from monarch.job.state import JobSpec
+        from monarch._workbench.state import JobSpec
 
         options: dict = dict(getattr(self, "_extra_options", {}))
         for key, value in (("partition", self._partition), ("time", self._time_limit), ("account", self._account),

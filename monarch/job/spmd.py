@@ -29,7 +29,7 @@ from typing import Any
 
 from monarch.errors import RunError, UsageError
 from monarch.job import Job
-from monarch.job.state import DEFAULT_CONTEXT, JobSpec, StatePaths
+from monarch._workbench.state import DEFAULT_CONTEXT, JobSpec, StatePaths
 
 #: TorchX scheduler names and what runs them here.
 _SCHEDULERS = {"local_cwd": "local", "local": "local", "slurm": "slurm"}
@@ -156,8 +156,8 @@ class SPMDJob(Job):
         keeps it in the logs only: ``monarch logs --run RUN_ID``).  Raises :class:`RunError`
         naming the first rank that failed; Ctrl-C stops every rank and re-raises.
         """
-        from monarch.job.reserve import load_live
-        from monarch.job.run import run_command
+        from monarch._workbench.reserve import load_live
+        from monarch._workbench.run import run_command
 
         program = self.program
         if command is not None:
@@ -201,8 +201,8 @@ def serve(appdef: Any, scheduler: str = "local_cwd", scheduler_cfg: dict | None 
     "time": "2:00:00"}``.  A live reservation called ``name`` of the same shape is reused; one
     of another shape raises ``monarch.errors.StateError`` unless ``replace=True``.
     """
-    from monarch.job.reserve import reserve
-    from monarch.job.state import save_state
+    from monarch._workbench.reserve import reserve
+    from monarch._workbench.state import save_state
 
     program = program_of(appdef)
     spec = _spec_for(program, scheduler, scheduler_cfg)
@@ -216,7 +216,7 @@ def serve(appdef: Any, scheduler: str = "local_cwd", scheduler_cfg: dict | None 
 
 def job_load(filename: str | None = None) -> SPMDJob:
     """The SPMD job in ``filename`` (default: MONARCH_JOB, else ``.monarch/job_state.pkl``)."""
-    from monarch.job.state import load_state
+    from monarch._workbench.state import load_state
 
     path = os.path.abspath(filename) if filename else StatePaths().resolve(None)
     return SPMDJob(load_state(path), path)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from submitit.core import core, job_environment, utils
 
-from monarch.job._submitit_task import REQUEUE_EXIT_CODE, TIMEOUT_EXIT_CODE
+from monarch._workbench._submitit_task import REQUEUE_EXIT_CODE, TIMEOUT_EXIT_CODE
 
 _DEFAULT_TIMEOUT_MIN = 5.0
 _DEFAULT_SIGNAL_DELAY_S = 30
@@ -127,7 +127,7 @@ class _Dispatcher:
             self._start(sub, sorted(hosts, key=lambda h: h.host_rank))
 
     def _start(self, sub: _Submission, hosts: list) -> None:
-        from monarch.job.run import RemoteRun
+        from monarch._workbench.run import RemoteRun
 
         sub.hosts = hosts
         env = {**sub.env, "MONARCH_SUBMITIT_HOSTNAMES": ",".join(h.host for h in hosts)}
@@ -276,7 +276,7 @@ class MonarchExecutor(core.PicklingExecutor):
         return nodes, per_node
 
     def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job]:
-        from monarch.job.run import new_run_id
+        from monarch._workbench.run import new_run_id
 
         nodes, per_node = self._check_fits()
         timeout_min = float(self.parameters.get("timeout_min", _DEFAULT_TIMEOUT_MIN))
@@ -299,7 +299,7 @@ class MonarchExecutor(core.PicklingExecutor):
                    "MONARCH_SUBMITIT_SIGNAL_DELAY_S": str(self.parameters.get("signal_delay_s", _DEFAULT_SIGNAL_DELAY_S)),
                    "MONARCH_SUBMITIT_STDERR_TO_STDOUT": "1" if self.parameters.get("stderr_to_stdout") else "",
                    "SUBMITIT_EXECUTOR": "monarch"}
-            argv = [self.python, "-m", "monarch.job._submitit_task", str(self.folder)]
+            argv = [self.python, "-m", "monarch._workbench._submitit_task", str(self.folder)]
             sub = _Submission(job_id, nodes, per_node, env, argv)
             _SUBMISSIONS[job_id] = sub
             _dispatcher(self.record).submit(sub)
@@ -324,7 +324,7 @@ class MonarchExecutor(core.PicklingExecutor):
 
 def _load_reservation(job: str | None) -> tp.Any:
     """The live reservation (record) named by ``job``: a context name, a state-file path, or None."""
-    from monarch.job.reserve import load_live
+    from monarch._workbench.reserve import load_live
 
     if job is not None and (os.sep in job or job.endswith(".pkl")):
         record, _ = load_live(path=os.path.abspath(job))

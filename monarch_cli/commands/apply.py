@@ -84,7 +84,7 @@ def load_job(module_path: str | None):
 
 
 def _live_job_id() -> str | None:
-    from monarch.job.state import StatePaths, load_state
+    from monarch._workbench.state import StatePaths, load_state
 
     try:
         return load_state(StatePaths().resolve(None)).job_id
@@ -95,7 +95,7 @@ def _live_job_id() -> str | None:
 def probe(record) -> None:
     """Every host runs `true`: the agents answer and can start processes."""
     from monarch.errors import RunError
-    from monarch.job.run import RemoteRun
+    from monarch._workbench.run import RemoteRun
 
     hosts = sorted(record.hosts, key=lambda h: h.host_rank)
     rr = RemoteRun(record, hosts, ["true"], env={}, cwd=None, on_output=lambda *a: None)

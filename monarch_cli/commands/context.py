@@ -8,7 +8,7 @@ import click
 
 from monarch.errors import StateError
 from monarch_cli.commands._common import handled, opts
-from monarch_cli.output import err, out, print_json
+from monarch_cli.output import out, print_json
 
 @click.group("context")
 def app() -> None:
@@ -20,7 +20,7 @@ def app() -> None:
 def ls(ctx: click.Context) -> None:
     """List the reservations in this directory; * marks the current one."""
     from rich.table import Table
-    from monarch.job.state import StatePaths, load_state
+    from monarch._workbench.state import StatePaths, load_state
     with handled(ctx):
         paths = StatePaths()
         cur = paths.current()
@@ -54,7 +54,7 @@ def ls(ctx: click.Context) -> None:
 @click.pass_context
 def use(ctx: click.Context, name: str) -> None:
     """Make NAME the context later commands use (created if new: `monarch apply` or `monarch serve` fills it)."""
-    from monarch.job.state import StatePaths
+    from monarch._workbench.state import StatePaths
     with handled(ctx):
         paths = StatePaths()
         paths.check_name(name)
@@ -69,7 +69,7 @@ def use(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def create(ctx: click.Context, name: str) -> None:
     """Create the context NAME (without switching to it)."""
-    from monarch.job.state import StatePaths
+    from monarch._workbench.state import StatePaths
     with handled(ctx):
         paths = StatePaths()
         paths.check_name(name)
@@ -82,8 +82,8 @@ def create(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def rm(ctx: click.Context, name: str) -> None:
     """Remove the context NAME, releasing its job if it has one; the default context becomes current if it was."""
-    from monarch.job.reserve import release
-    from monarch.job.state import DEFAULT_CONTEXT, StatePaths, load_state, remove_state
+    from monarch._workbench.reserve import release
+    from monarch._workbench.state import DEFAULT_CONTEXT, StatePaths, load_state, remove_state
     with handled(ctx):
         paths = StatePaths()
         path = paths.state_file(name)

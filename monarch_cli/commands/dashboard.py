@@ -26,7 +26,7 @@ def _command(name: str) -> click.Command:
         pane), e jumps to the first error in the logs, q quits. When the reservation is replaced
         (`monarch stop`, then `monarch serve`), the dashboard starts again on the new one. `--web --port 8000` serves the same app on http://127.0.0.1:8000.
         """
-        from monarch.job.state import StatePaths
+        from monarch._workbench.state import StatePaths
 
         with handled(ctx):
             path = StatePaths().resolve(name)

@@ -21,8 +21,8 @@ def debug(ctx: click.Context, name: str | None) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from monarch_cli.debug_repl import DebugPrompt
-    from monarch.job.debug import DebugClient
-    from monarch.job.reserve import load_live
+    from monarch._workbench.debug import DebugClient
+    from monarch._workbench.reserve import load_live
 
     with handled(ctx):
         record, _ = load_live(name, progress=lambda *a: None)
@@ -37,8 +37,8 @@ def list_cmd(ctx: click.Context, name: str | None, json_out: bool) -> None:
     """List the job's debug sessions (id, rank, host, what and where it stopped)."""
     from monarch_cli.debug_repl import session_table
     from monarch_cli.output import err, print_json
-    from monarch.job.debug import DebugClient
-    from monarch.job.reserve import load_live
+    from monarch._workbench.debug import DebugClient
+    from monarch._workbench.reserve import load_live
 
     o = opts(ctx)
     name = name or (ctx.parent.params.get("name") if ctx.parent else None)

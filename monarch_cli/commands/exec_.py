@@ -63,7 +63,7 @@ def exec_(ctx: click.Context, run_all: bool, mesh: str | None, one: bool, point:
             raise UsageError("no command specified", "use cmd args (`monarch exec -- CMD ...`) or --script")
         extra = _parse_env(env)
         dim, n = _parse_per_host(per_host) if per_host else (None, 1)
-        from monarch.job.reserve import load_live
+        from monarch._workbench.reserve import load_live
 
         record, path = load_live(name, progress=lambda *a: None)
         meshes = mesh_layout(record, path)
@@ -72,7 +72,7 @@ def exec_(ctx: click.Context, run_all: bool, mesh: str | None, one: bool, point:
             argv = _fan_out(argv, dim, n)
         code = _run(record, target.hosts, argv, extra, workdir, o.json)
         if kill:
-            from monarch.job.reserve import release
+            from monarch._workbench.reserve import release
 
             release(record, path)
             err.print(f"Killed job {escape(record.name)!s} ({record.job_id})")
@@ -180,7 +180,7 @@ def _fan_out(argv: list[str], dim: str, n: int) -> list[str]:
 
 
 def _independent_run_class():
-    from monarch.job.run import RemoteRun
+    from monarch._workbench.run import RemoteRun
 
     class IndependentRun(RemoteRun):
         """Monarch's exec: ranks are independent, one failing does not stop the others (torchrun's
@@ -204,7 +204,7 @@ def _independent_run_class():
 
 def _run(record, hosts: list, argv: list[str], extra: dict, workdir: str | None, as_json: bool) -> int:
     """Run on ``hosts`` as `monarch run` does (recorded for `monarch logs`); the highest rank exit code."""
-    from monarch.job.run import LinePrinter, RunLock, record_run, record_run_end, stop_on_signals
+    from monarch._workbench.run import LinePrinter, RunLock, record_run, record_run_end, stop_on_signals
 
     _IndependentRun = _independent_run_class()
     printer = LinePrinter(hosts, sys.stdout.isatty() and not as_json, all_to_stderr=as_json)

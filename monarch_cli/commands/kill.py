@@ -17,8 +17,8 @@ def kill(ctx: click.Context, name: str | None) -> None:
     """Kill the job of context NAME (default: the active context); its saved spec stays for `monarch apply`."""
     o = opts(ctx)
     with handled(ctx):
-        from monarch.job.reserve import release
-        from monarch.job.state import StatePaths, context_of, load_state
+        from monarch._workbench.reserve import release
+        from monarch._workbench.state import StatePaths, context_of, load_state
 
         paths = StatePaths()
         path = paths.resolve(name)

@@ -36,9 +36,9 @@ _START_GRACE_S = 5.0
 def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | None, host: str | None, follow: bool,
          only_stdout: bool, only_stderr: bool, prefix: bool | None, list_runs: bool, scheduler_logs: bool) -> None:
     """Print a run's output: stdout and stderr as they came, every byte; -f follows it live."""
-    from monarch.job.reserve import load_live, scheduler_for
-    from monarch.job.run import run_history
-    from monarch.job.state import StatePaths, load_state
+    from monarch._workbench.reserve import load_live, scheduler_for
+    from monarch._workbench.run import run_history
+    from monarch._workbench.state import StatePaths, load_state
     o = opts(ctx)
     with handled(ctx):
         if only_stdout and only_stderr:
@@ -64,7 +64,7 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
             targets = {i: h for i, h in targets.items() if h == host}
         if not targets:
             raise UsageError("no such rank or host in that run", f"the run has ranks {sorted(_targets(record, entry))}")
-        from monarch.job.logs import STREAMS, LogReader
+        from monarch._workbench.logs import STREAMS, LogReader
 
         streams = ("stdout",) if only_stdout else ("stderr",) if only_stderr else STREAMS
         fetch = _fetcher(record, entry)
@@ -96,7 +96,7 @@ def _wait_started(record, entry: dict, targets: dict[int, str], fetch, follow: b
     command reached the host, or the host was replaced or its logs removed since.
     """
     from monarch.errors import RunError
-    from monarch.job.logs import program_run_dir
+    from monarch._workbench.logs import program_run_dir
 
     def started(rank: int) -> bool:
         if entry.get("kind") == "program":
@@ -125,12 +125,12 @@ def _targets(record, entry: dict) -> dict[int, str]:
 
 
 def _fetcher(record, entry: dict):
-    from monarch.job.logs import local_fetch, program_run_dir
+    from monarch._workbench.logs import local_fetch, program_run_dir
 
     if entry.get("kind") == "program":
         return local_fetch(program_run_dir(record, entry["run_id"]))
-    from monarch.job.hosts import read_log
-    from monarch.job.reserve import agent_unreachable
+    from monarch._workbench.hosts import read_log
+    from monarch._workbench.reserve import agent_unreachable
 
     by_rank = {h.host_rank: h for h in record.hosts}
     hosts = {i: by_rank[hr] for i, hr in enumerate(entry["hosts"]) if hr in by_rank}
@@ -206,8 +206,8 @@ def _ask_agents_how_it_ended(record, run: dict) -> None:
     One whose exit file is there but unreadable (damaged) ended in a way nobody can tell: the run
     shows "exit ?" with the reason, and is not noted, so a later --list looks again.
     """
-    from monarch.job.logs import RankExit
-    from monarch.job.run import record_run_end
+    from monarch._workbench.logs import RankExit
+    from monarch._workbench.run import record_run_end
 
     fetch = _fetcher(record, run)
     exits = []

@@ -30,9 +30,9 @@ def profile(ctx: click.Context, window_s: float, out_file: str, past_s: float | 
         import json
         import os
 
-        from monarch.job.profile import collect
-        from monarch.job.reserve import load_live
-        from monarch.job.state import write_atomic
+        from monarch._workbench.profile import collect
+        from monarch._workbench.reserve import load_live
+        from monarch._workbench.state import write_atomic
 
         record, _ = load_live(name, progress=lambda *a: None)
         now = time.time()

@@ -55,12 +55,12 @@ def query(ctx: click.Context, json_here: bool, sql: str | None, name: str | None
             raise UsageError("no SQL given", 'e.g. `monarch query "SELECT * FROM runs"`; `monarch query --tables` lists the tables')
         row_limit = None if no_limit else limit
         if from_dir:
-            from monarch.job.telemetry import query_saved
+            from monarch._workbench.telemetry import query_saved
 
             result = query_saved(from_dir, sql, row_limit=row_limit, timeout_s=timeout)
         else:
-            from monarch.job.reserve import load_live
-            from monarch.job.telemetry import query as run_query
+            from monarch._workbench.reserve import load_live
+            from monarch._workbench.telemetry import query as run_query
 
             record, _ = load_live(name)
             result = run_query(record, sql, row_limit=row_limit, timeout_s=timeout, strict=strict)

@@ -30,8 +30,8 @@ from monarch_cli.output import err, escape, print_json
 def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: str | None, env: tuple[str, ...],
         workdir: str | None, detach: bool, post_mortem: bool, warn_before: float | None) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
-    from monarch.job.reserve import load_live, time_warning_s
-    from monarch.job.run import reservation_end, run_command
+    from monarch._workbench.reserve import load_live, time_warning_s
+    from monarch._workbench.run import reservation_end, run_command
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):
@@ -113,7 +113,7 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
 
 def _push_workspace(record, verbose: bool) -> None:
     """Changed files go to every host before the run starts there (a stat per file when nothing changed)."""
-    from monarch.job.workspace import ReservationSync, describe
+    from monarch._workbench.workspace import ReservationSync, describe
 
     results = ReservationSync(record).sync()
     if verbose or any(r.changed for r in results):
@@ -122,7 +122,7 @@ def _push_workspace(record, verbose: bool) -> None:
 
 def _say_debug_waiting(session: dict) -> None:
     """Once per debug session a rank opens: which rank waits, and the command that attaches."""
-    from monarch.job.debug import waiting_line
+    from monarch._workbench.debug import waiting_line
 
     err.print(f"[yellow]{escape(waiting_line(session))}[/]")
 
@@ -130,7 +130,7 @@ def _say_debug_waiting(session: dict) -> None:
 def _agent_lost_message(record, f) -> tuple[str, str]:
     """Dead or frozen: the scheduler still counting the agent's process as alive means it froze
     (stopped, or hung), not that it died."""
-    from monarch.job.reserve import describe
+    from monarch._workbench.reserve import describe
 
     try:
         d = describe(record)
@@ -153,8 +153,8 @@ def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json:
     import selectors
 
     from monarch.errors import ExitCode
-    from monarch.job.logs import ProgramLog
-    from monarch.job.run import new_run_id, record_run, record_run_end
+    from monarch._workbench.logs import ProgramLog
+    from monarch._workbench.run import new_run_id, record_run, record_run_end
 
     run_id = new_run_id()
     # MONARCH_JOB: `job_load()` in the program loads this reservation; MONARCH_RUN_JOB: the
@@ -170,7 +170,7 @@ def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json:
         if signum == signal.SIGTERM:  # Ctrl-C reaches the program from the terminal; SIGTERM does not
             proc.send_signal(signal.SIGTERM)
 
-    proc = subprocess.Popen([sys.executable, "-m", "monarch.job.program", *argv], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "monarch._workbench.program", *argv], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     sinks = {"stdout": sys.stderr.buffer if as_json else sys.stdout.buffer, "stderr": sys.stderr.buffer}

@@ -69,8 +69,8 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
           pod_template: str | None, attach: str | None, reach: str | None, output: str | None, replace: bool, no_wait: bool, dryrun: bool, timeout: float | None,
           workspace: str | None, env_dir: str | None, unreadable: str) -> None:
     """Reserve hosts and start a monarch agent on each; reuses a live reservation of the same shape."""
-    from monarch.job.reserve import reserve
-    from monarch.job.state import JobSpec, StatePaths
+    from monarch._workbench.reserve import reserve
+    from monarch._workbench.state import JobSpec, StatePaths
     o = opts(ctx)
     with handled(ctx):
         options: dict = {}
@@ -109,14 +109,14 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
         if env_dir and not workspace:
             raise UsageError("--env-dir goes with --workspace", "add --workspace .")
         if workspace:
-            from monarch.job.workspace import check_source
+            from monarch._workbench.workspace import check_source
 
             # Before reserving anything: a bad path costs no allocation.
             check_source(workspace)
             if env_dir:
                 check_source(env_dir, "environment folder")
         if dryrun:
-            from monarch.job.reserve import scheduler_for
+            from monarch._workbench.reserve import scheduler_for
 
             req = scheduler_for(spec).dryrun(spec, paths.job_dir(name))
             if o.json:
@@ -137,7 +137,7 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
         rec = r.record
         synced = None
         if workspace:
-            from monarch.job.workspace import ReservationSync, describe, set_workspace
+            from monarch._workbench.workspace import ReservationSync, describe, set_workspace
 
             set_workspace(rec, r.path, source=workspace, env_dir=env_dir or "", unreadable=unreadable)
             if rec.ready:

@@ -24,8 +24,8 @@ from monarch_cli.commands._common import name_option, handled
 @click.pass_context
 def shell(ctx: click.Context, host: int, name: str | None, command: tuple[str, ...]) -> None:
     """Open an interactive shell on a reserved host (exit the shell to come back)."""
-    from monarch.job.reserve import load_live
-    from monarch.job.shell import RemoteShell
+    from monarch._workbench.reserve import load_live
+    from monarch._workbench.shell import RemoteShell
     with handled(ctx):
         record, _ = load_live(name)
         by_rank = {h.host_rank: h for h in record.hosts}

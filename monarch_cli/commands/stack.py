@@ -18,8 +18,8 @@ from monarch_cli.output import err, escape, out, print_json
 def stack(ctx: click.Context, json_here: bool, name: str | None, ranks: tuple[int, ...], hosts: tuple[str, ...], timeout: float) -> None:
     """Print where every rank and proc is right now (py-spy dump), innermost frame last."""
     from monarch.errors import UsageError
-    from monarch.job.reserve import load_live
-    from monarch.job.telemetry import stacks
+    from monarch._workbench.reserve import load_live
+    from monarch._workbench.telemetry import stacks
 
     o = opts(ctx)
     json_out = o.json or json_here

@@ -19,10 +19,10 @@ def status(ctx: click.Context, name: str | None) -> None:
     """Show the reservation and check every host agent (exit 5 if one does not answer)."""
     from rich.table import Table
     from monarch.errors import ExitCode
-    from monarch.job.hosts import ping_agents
-    from monarch.job.reserve import HostState
-    from monarch.job.reserve import describe, time_warning_s
-    from monarch.job.state import StatePaths, load_state
+    from monarch._workbench.hosts import ping_agents
+    from monarch._workbench.reserve import HostState
+    from monarch._workbench.reserve import describe, time_warning_s
+    from monarch._workbench.state import StatePaths, load_state
     o = opts(ctx)
     with handled(ctx):
         path = StatePaths().resolve(name)
@@ -144,7 +144,7 @@ def _why_silent(h) -> str:
 
 
 def _fmt_bytes(n: float) -> str:
-    from monarch.job.workspace import fmt_bytes
+    from monarch._workbench.workspace import fmt_bytes
 
     return fmt_bytes(n)
 

@@ -20,8 +20,8 @@ from monarch_cli.output import err, escape, print_json
 @click.pass_context
 def stop(ctx: click.Context, name: str | None, force: bool, save_dir: str | None) -> None:
     """Release the reserved hosts and remove the state file (safe to repeat)."""
-    from monarch.job.reserve import release, release_without_state
-    from monarch.job.state import StatePaths, context_of, load_state, missing_state, remove_state
+    from monarch._workbench.reserve import release, release_without_state
+    from monarch._workbench.state import StatePaths, context_of, load_state, missing_state, remove_state
     o = opts(ctx)
     with handled(ctx):
         paths = StatePaths()
@@ -65,7 +65,7 @@ def stop(ctx: click.Context, name: str | None, force: bool, save_dir: str | None
 
 def _save(record, save_dir: str) -> dict:
     """Write the telemetry of every host that answers under ``save_dir`` before the hosts go."""
-    from monarch.job.telemetry import save
+    from monarch._workbench.telemetry import save
 
     with err.status(f"saving telemetry to {save_dir} …"):
         files, errors = save(record, save_dir)

@@ -28,8 +28,8 @@ def sync(ctx: click.Context, name: str | None, watch: bool, source: str | None, 
          unreadable: str | None) -> None:
     """Push the workspace to every reserved host, where it is mounted read-only; only changes travel."""
     from monarch.errors import UsageError, WorkspaceError
-    from monarch.job.reserve import load_live
-    from monarch.job.workspace import ReservationSync, describe, set_workspace
+    from monarch._workbench.reserve import load_live
+    from monarch._workbench.workspace import ReservationSync, set_workspace
     o = opts(ctx)
     with handled(ctx):
         record, path = load_live(name)
@@ -79,7 +79,7 @@ def _interesting(change, path: str) -> bool:
 
 
 def _report(o, results, hosts: int) -> None:
-    from monarch.job.workspace import describe
+    from monarch._workbench.workspace import describe
 
     if o.json:
         print_json([{"generation": r.generation, "files": r.files, "bytes": r.bytes, "sent_chunks": r.sent_chunks,

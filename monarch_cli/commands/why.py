@@ -24,13 +24,13 @@ def why(ctx: click.Context, json_here: bool, name: str | None, from_dir: str | N
     with handled(ctx):
         missing: set[str] = set()
         if from_dir:
-            from monarch.job.telemetry import query_saved
+            from monarch._workbench.telemetry import query_saved
 
             def q(sql: str):
                 return query_saved(from_dir, sql, row_limit=None, timeout_s=timeout).table
         else:
-            from monarch.job.reserve import load_live
-            from monarch.job.telemetry import query
+            from monarch._workbench.reserve import load_live
+            from monarch._workbench.telemetry import query
 
             record, _ = load_live(name)
 

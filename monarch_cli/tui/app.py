@@ -14,7 +14,6 @@ import shlex
 import subprocess
 import threading
 import time
-from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult, SuspendNotSupported

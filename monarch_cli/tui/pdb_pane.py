@@ -1,6 +1,6 @@
 """A debug session held inside the dashboard: the rank's pdb output and a command line.
 
-It talks to the session as `monarch debug`'s ``attach`` does (``monarch.job.debug``:
+It talks to the session as `monarch debug`'s ``attach`` does (``monarch._workbench.debug``:
 ``DebugClient.attach`` and the ``Attachment`` it returns): lines typed go to the rank's
 pdb, its output comes back, Ctrl-C interrupts the command it runs.  ``detach`` (or Esc)
 leaves the rank paused in pdb for the next debugger; ``c`` lets it run on and ends the session.
@@ -48,7 +48,7 @@ class PdbPane(Vertical):
             yield Input(placeholder="pdb command: bt, p x, n, c · detach (Esc) leaves the rank paused", id="pdb-input")
 
     def on_mount(self) -> None:
-        #: The session held now (a monarch.job.debug.Attachment), or None.
+        #: The session held now (a monarch._workbench.debug.Attachment), or None.
         self.attachment: Any = None
         #: What the held session is called in this pane ("session 3: rank 1 on host1").
         self.label = ""

@@ -129,7 +129,7 @@ class ReservationSource:
     """Polls one named reservation (or the state file at ``path``) for the dashboard."""
 
     def __init__(self, name: str | None = None, *, path: str | None = None):
-        from monarch.job.state import StatePaths
+        from monarch._workbench.state import StatePaths
 
         self.name = name
         self.path = path or StatePaths().resolve(name)
@@ -146,8 +146,8 @@ class ReservationSource:
 
     def record(self) -> Any:
         """The live JobRecord, or raise MonarchError saying why there is none."""
-        from monarch.job.reserve import describe
-        from monarch.job.state import load_state
+        from monarch._workbench.reserve import describe
+        from monarch._workbench.state import load_state
 
         try:
             st = os.stat(self.path)
@@ -179,7 +179,7 @@ class ReservationSource:
         One process talks to one job (its keys), so a live replacement is watched by a new dashboard;
         a `monarch serve` still starting has written a record without all its hosts.
         """
-        from monarch.job.reserve import describe
+        from monarch._workbench.reserve import describe
 
         now = time.monotonic()
         seen_key, seen_at, said = self._replaced_seen
@@ -203,7 +203,7 @@ class ReservationSource:
     def query(self, sql: str, *, timeout_s: float = POLL_TIMEOUT_S, row_limit: int | None = None,
               skip_hosts: frozenset[str] = frozenset()) -> Any:
         """Run SQL over every host's telemetry (but ``skip_hosts``), as `monarch query` does."""
-        from monarch.job.telemetry import query
+        from monarch._workbench.telemetry import query
 
         record = self.record()
         if skip_hosts:
@@ -294,7 +294,7 @@ class ReservationSource:
                 h.why_silent = h.why_silent or "no answer"
 
     def _poll_debug(self, record: Any, snap: Snapshot) -> None:
-        from monarch.job.debug import DebugClient
+        from monarch._workbench.debug import DebugClient
 
         with self._debug_lock:
             if self._debug is None:
@@ -305,11 +305,11 @@ class ReservationSource:
             p.in_debugger = (p.host, p.pid) in paused
 
     def attach_debug(self, session_id: int) -> Any:
-        """Hold debug session ``session_id`` (an id the sessions list shows): a ``monarch.job.debug.Attachment``.
+        """Hold debug session ``session_id`` (an id the sessions list shows): a ``monarch._workbench.debug.Attachment``.
 
         Raises ``DebugError`` (one line) when the session has ended or another debugger holds it.
         """
-        from monarch.job.debug import DebugClient
+        from monarch._workbench.debug import DebugClient
 
         record = self.record()
         with self._debug_lock:
@@ -346,19 +346,19 @@ class ReservationSource:
 
     def stacks(self) -> Any:
         """A fresh py-spy dump of every proc and running rank (``monarch stack``)."""
-        from monarch.job.telemetry import stacks
+        from monarch._workbench.telemetry import stacks
 
         return stacks(self.record(), timeout_s=30.0)
 
     def stop_run(self, run_id: str) -> None:
         """Stop every rank of a run (SIGTERM, as Ctrl-C in `monarch run`)."""
-        from monarch.job.run import signal_run
+        from monarch._workbench.run import signal_run
 
         signal_run(self.record(), run_id)
 
     def kill_proc(self, host: str, pid: int) -> bool:
         """SIGKILL one proc agent (its owner sees the failure); False if it was no longer running."""
-        from monarch.job.procs import kill_proc
+        from monarch._workbench.procs import kill_proc
 
         return kill_proc(self.record(), host, pid)
 

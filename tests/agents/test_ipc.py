@@ -1,7 +1,7 @@
 """Same-host links: who may connect, who is trusted with messages, what a dead peer leaves behind.
 
 The peers here are real mailboxes and raw Unix sockets speaking (or failing to
-speak) the handshake of ``agents/ipc.py``.
+speak) the handshake of ``monarch_agents/ipc.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ a command, open a shell or stop a host agent, on its own host or another."""
 from __future__ import annotations
 
 import os
-import queue
 import time
 
 import pytest

@@ -16,7 +16,6 @@ from monarch_agents import messages as m
 from monarch_agents import shm, transport, wire
 from monarch_agents.future import Future
 from monarch_agents.runtime import OneShot
-from monarch_agents.transport import context as zmq_context
 from monarch.actor import Actor, endpoint, this_host
 from tests.helpers import start_host_agent
 

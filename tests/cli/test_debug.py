@@ -13,7 +13,6 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
@@ -240,7 +239,7 @@ def test_bad_input(workdir, runs):
             assert time.monotonic() < deadline, "the first debugger never held the session"
             time.sleep(0.1)
         r = debug(workdir, "attach 0", "quit")
-        assert f"is held by another debugger (" in r.stdout and f"pid {first.pid})" in r.stdout
+        assert "is held by another debugger (" in r.stdout and f"pid {first.pid})" in r.stdout
     finally:
         first.kill()
         first.wait()
@@ -327,9 +326,9 @@ INTERRUPTED = """\
 def test_an_interrupt_then_continue_or_next_at_once_through_the_client_library(workdir, runs):
     """DebugClient, what `monarch debug` and the dashboard drive: Ctrl-C stops the command the rank's pdb runs;
     `c` (rank 0), or `n` then `c` (rank 1), straight after it lets each rank run to its end with exit 0."""
-    from monarch.job.debug import DebugClient
-    from monarch.job.reserve import load_live
-    from monarch.job.state import StatePaths
+    from monarch._workbench.debug import DebugClient
+    from monarch._workbench.reserve import load_live
+    from monarch._workbench.state import StatePaths
 
     monarch("serve", "--hosts", "2", cwd=workdir, check=True)
     script = write(workdir / "intr.py", INTERRUPTED)

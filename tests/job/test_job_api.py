@@ -16,8 +16,8 @@ import textwrap
 import pytest
 
 from monarch.errors import StateError
-from monarch.job import JobState, ProcessJob, job_load, job_loads
-from monarch.job.state import STATE_FORMAT, StatePaths
+from monarch.job import JobState, ProcessJob, job_load
+from monarch._workbench.state import STATE_FORMAT, StatePaths
 from tests.cli.conftest import ROOT, monarch
 from tests.helpers import wait_gone
 
@@ -288,9 +288,9 @@ def test_job_state_is_monarchs():
     state = JobState({"b": 1, "a": 2})
     assert (state.a, state.b) == (2, 1)
     with pytest.raises(AttributeError, match="^'c' is not a valid host mesh name. Available names: a, b$"):
-        state.c
+        state.c  # noqa: B018  (the attribute access is what raises)
     assert pickle.loads(pickle.dumps(state)).a == 2
-    assert StatePaths  # the state file paths stay importable from monarch.job.state
+    assert StatePaths  # the state file paths stay importable from monarch._workbench.state
 
 
 def test_shell_exec_command_and_port_forward_bad_input(cwd):

@@ -4,9 +4,9 @@ import pytest
 
 from monarch.errors import StateError
 from monarch.job import job_load
-from monarch.job import reserve as reserve_mod
-from monarch.job.reserve import load_live, release, reserve
-from monarch.job.state import JobSpec, StatePaths
+from monarch._workbench import reserve as reserve_mod
+from monarch._workbench.reserve import load_live, release, reserve
+from monarch._workbench.state import JobSpec, StatePaths
 from monarch_schedulers.local import LocalScheduler
 
 
@@ -37,9 +37,9 @@ def test_job_load_and_a_released_job(reservation):
 
 
 def test_agents_started_for_a_reservation_preload_the_actor_api(tmp_path):
-    """The monarch layer names what the agents' zygotes import (agents/ and schedulers/ may not)."""
-    from monarch.job.reserve import scheduler_for
-    from monarch.job.state import JobSpec
+    """The monarch layer names what the agents' zygotes import (monarch_agents/ and monarch_schedulers/ may not)."""
+    from monarch._workbench.reserve import scheduler_for
+    from monarch._workbench.state import JobSpec
 
     spec = JobSpec("local", 2, 1, {})
     text = scheduler_for(spec).dryrun(spec, str(tmp_path / "job")).text

@@ -82,7 +82,7 @@ def test_run_spmd_without_a_program_says_what_to_pass(tmp_path):
     # A reservation made by `monarch serve` has no SPMD program: run_spmd() needs a command.
     from monarch_agents.keys import JobKeys
     from monarch.job.spmd import SPMDJob
-    from monarch.job.state import JobRecord, JobSpec
+    from monarch._workbench.state import JobRecord, JobSpec
 
     record = JobRecord("default", JobSpec(), "local-x", str(tmp_path), JobKeys("a", "b", "c", "d"))
     job = SPMDJob(record, str(tmp_path / "job_state.pkl"))

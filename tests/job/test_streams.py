@@ -21,9 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 
 CLIENT = textwrap.dedent("""
     import json, sys
-    from monarch.job.run import RemoteRun
-    from monarch.job.shell import RemoteShell
-    from monarch.job.state import StatePaths, load_state
+    from monarch._workbench.run import RemoteRun
+    from monarch._workbench.shell import RemoteShell
+    from monarch._workbench.state import StatePaths, load_state
 
     record = load_state(StatePaths().resolve(None))
     hosts = sorted(record.hosts, key=lambda h: h.host_rank)

@@ -99,7 +99,7 @@ def test_bad_arguments_raise_in_the_caller(workers):
     with pytest.raises(TypeError):
         workers.add.call(1, 2, 3)
     with pytest.raises(AttributeError):
-        workers.no_such_endpoint
+        workers.no_such_endpoint  # noqa: B018  (the attribute access is what raises)
     # The mesh still works after refused calls.
     assert workers.add.call(1).get(timeout=T).values() == [1] * 4
 
@@ -194,7 +194,7 @@ def test_two_hosts(client, tmp_path):
 
 
 def test_a_host_agents_preload_is_imported_by_its_zygote_for_every_proc(client, tmp_path, workers):
-    """agents/ names no module of the layer above: what the zygote imports comes from --preload."""
+    """monarch_agents/ names no module of the layer above: what the zygote imports comes from --preload."""
     from tests.helpers import start_host_agent
 
     # colorsys: a module nothing here imports, so only the preload can have put it in a proc.

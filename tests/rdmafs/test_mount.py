@@ -6,7 +6,6 @@ import errno
 import os
 import signal
 import stat
-import time
 
 import pytest
 

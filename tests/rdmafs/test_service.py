@@ -10,11 +10,9 @@ import time
 import pytest
 
 from monarch_rdmafs import messages as wm
-from monarch_rdmafs.manifest import chunk_id
-from monarch_rdmafs.mount import FuseMount, is_mounted, mounts_of
+from monarch_rdmafs.mount import is_mounted, mounts_of
 from monarch_rdmafs.pack import Packer
 from monarch_rdmafs.service import WorkspaceService
-from monarch_rdmafs.store import ChunkStore
 from tests.helpers import wait_gone
 from tests.rdmafs.conftest import make_tree
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from monarch.errors import WorkspaceError
-from monarch.job.workspace import Target, WorkspacePusher
+from monarch._workbench.workspace import Target, WorkspacePusher
 from monarch_agents.messages import Ping
 from monarch_rdmafs.mount import is_mounted
 from tests.helpers import start_client, start_host_agent, stop_client, wait_gone

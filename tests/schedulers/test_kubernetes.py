@@ -150,7 +150,7 @@ def test_pending_reason_in_status(cluster, tmp_path):
 
 
 def test_unknown_image_is_reported(cluster, tmp_path):
-    r = monarch("serve", "--scheduler", "kubernetes", "--hosts", "1", "--image", "nope:missing",
+    monarch("serve", "--scheduler", "kubernetes", "--hosts", "1", "--image", "nope:missing",
                 "--kubeconfig", cluster.kubeconfig, "--no-wait", cwd=str(tmp_path))
     try:
         deadline = time.monotonic() + 30
@@ -197,7 +197,7 @@ def test_attach_to_pre_provisioned_pods(cluster, tmp_path):
     import yaml
 
     from monarch_agents.keys import JobKeys
-    from monarch.job.state import JobSpec
+    from monarch._workbench.state import JobSpec
     from monarch_schedulers.kubernetes import KubernetesScheduler
 
     keys = JobKeys.generate()
@@ -238,7 +238,7 @@ def test_attach_to_pods_whose_keys_secret_is_missing(cluster, tmp_path):
     import yaml
 
     from monarch_agents.keys import JobKeys
-    from monarch.job.state import JobSpec
+    from monarch._workbench.state import JobSpec
     from monarch_schedulers.kubernetes import KubernetesScheduler
 
     sched = KubernetesScheduler(kubeconfig=cluster.kubeconfig)

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from monarch.errors import SchedulerError, StateError
-from monarch.job.reserve import describe, load_live, release, reserve
-from monarch.job.state import JobSpec, StatePaths
+from monarch._workbench.reserve import describe, load_live, release, reserve
+from monarch._workbench.state import JobSpec, StatePaths
 from monarch_schedulers import HostState
 from monarch_schedulers.agent_launch import project_root
 from monarch_agents.transport import addr_host, is_same_host
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 _ACTOR_SCRIPT = textwrap.dedent("""
     import json, os, socket
     from monarch.actor import Actor, endpoint
-    from monarch.job.reserve import load_live
+    from monarch._workbench.reserve import load_live
     from monarch_agents import runtime
 
     class WhereAmI(Actor):
@@ -111,7 +111,7 @@ def test_default_client_host_is_this_machines_route_to_the_nodes(slurm_cluster):
 
 
 def _scheduler_logs(rec) -> str:
-    from monarch.job.reserve import scheduler_for
+    from monarch._workbench.reserve import scheduler_for
 
     return scheduler_for(rec).logs(rec.job_id, job_dir=rec.job_dir)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from monarch.errors import SchedulerError, UsageError
-from monarch.job.state import JobSpec
+from monarch._workbench.state import JobSpec
 from monarch_schedulers import HostState, create_scheduler
 from monarch_schedulers.agent_launch import project_root
 from monarch_schedulers.slurm import (
@@ -184,7 +184,7 @@ def test_dryrun_script():
 #SBATCH --partition=debug
 #SBATCH --time=10:00
 #
-# Written by monarch (schedulers/slurm.py). One host agent per node; each writes its
+# Written by monarch (monarch_schedulers/slurm.py). One host agent per node; each writes its
 # address to {JOB_DIR}/agents/<node id>.json. `monarch stop` (scancel) ends the job.
 set -eu
 export PYTHONPATH={project_root()}${{PYTHONPATH:+:$PYTHONPATH}}
@@ -437,14 +437,14 @@ def test_logs_finds_the_job_dir_from_the_job_id(tmp_path, monkeypatch):
 
 def _record(tmp_path):
     from monarch_agents.keys import JobKeys
-    from monarch.job.state import JobRecord
+    from monarch._workbench.state import JobRecord
 
     keys = JobKeys("a" * 40, "b" * 40, "c" * 40, "d" * 40)
     return JobRecord("default", JobSpec("slurm", 2, 1, {}), "12", str(tmp_path / "j"), keys)
 
 
 def test_reservation_end_names_the_time_limit(fake_slurm, tmp_path):
-    from monarch.job.run import reservation_end
+    from monarch._workbench.run import reservation_end
 
     rec = _record(tmp_path)
     fake_slurm("squeue", out="RUNNING|None|9:00|n[1-2]\n")
@@ -461,7 +461,7 @@ def test_reservation_end_names_the_time_limit(fake_slurm, tmp_path):
 
 
 def test_reservation_end_waits_out_completing(fake_slurm, tmp_path):
-    from monarch.job.run import reservation_end
+    from monarch._workbench.run import reservation_end
 
     # COMPLETING twice, then the final state.
     counter = tmp_path / "n"
@@ -475,7 +475,7 @@ if [ $n -le 2 ]; then echo 'COMPLETING|TimeLimit|INVALID|n1'; else echo 'TIMEOUT
 
 
 def test_time_limit_warning_text(tmp_path):
-    from monarch.job.run import format_duration, time_limit_warning
+    from monarch._workbench.run import format_duration, time_limit_warning
 
     rec = _record(tmp_path)
     assert time_limit_warning(rec, 252) == ("the reservation (slurm job 12) reaches its time limit in 4:12: "
@@ -485,7 +485,7 @@ def test_time_limit_warning_text(tmp_path):
 
 
 def test_time_warning_setting(monkeypatch):
-    from monarch.job.reserve import time_warning_s
+    from monarch._workbench.reserve import time_warning_s
 
     monkeypatch.delenv("MONARCH_WARN_BEFORE", raising=False)
     assert time_warning_s() == 300.0
@@ -502,7 +502,7 @@ def test_time_warning_setting(monkeypatch):
 def test_watch_time_limit_warns_once_and_stops_with_the_run(fake_slurm, tmp_path):
     import threading
 
-    from monarch.job.run import time_limit_warning, watch_time_limit
+    from monarch._workbench.run import time_limit_warning, watch_time_limit
 
     rec = _record(tmp_path)
     got: list[str] = []

@@ -15,7 +15,7 @@ def test_readme_reference_is_the_schema():
         text = f.read()
     m = re.search(r"<!-- telemetry-reference:[^>]*-->\n(.*)<!-- /telemetry-reference -->", text, re.S)
     assert m, "README lost its telemetry reference"
-    assert m.group(1) == reference_markdown(), "regenerate README's table reference from telemetry/schema.py"
+    assert m.group(1) == reference_markdown(), "regenerate README's table reference from monarch_telemetry/schema.py"
 
 
 def test_every_column_has_a_meaning():
@@ -31,10 +31,10 @@ def test_public_names():
 
 
 def test_telemetry_imports_nothing_above_it():
-    """agents -> telemetry, never back: telemetry/ imports no monarch, monarch_cli, agents or schedulers."""
+    """agents -> telemetry, never back: monarch_telemetry/ imports no monarch, monarch_cli, agents or schedulers."""
     import ast
 
-    folder = os.path.join(ROOT, "telemetry")
+    folder = os.path.join(ROOT, "monarch_telemetry")
     for name in os.listdir(folder):
         if not name.endswith(".py"):
             continue

@@ -50,7 +50,7 @@ class FrozenReservationSource(ReservationSource):
     def query(self, sql: str, *, timeout_s: float = 10.0, row_limit: int | None = None) -> Any:
         """``sql`` over the saved tables, as ``monarch query --from DIR`` runs it (tables read once)."""
         from monarch.errors import QueryError
-        from monarch.job.telemetry import QueryResult
+        from monarch._workbench.telemetry import QueryResult
         from monarch_telemetry import engine, parquet
 
         if self._tables is None:
@@ -68,7 +68,7 @@ class FrozenReservationSource(ReservationSource):
         return snap
 
     def _poll_debug(self, record: Any, snap: Snapshot) -> None:
-        from monarch.job.debug import DebugSessionInfo
+        from monarch._workbench.debug import DebugSessionInfo
 
         snap.debug = [DebugSessionInfo(**s) for s in self.meta["debug"]]
         paused = {(s.host, s.pid) for s in snap.debug}

@@ -89,9 +89,9 @@ def main() -> None:
         time.sleep(1.0)  # the finished run starts before the paused one, to the second
         paused = subprocess.Popen([*MONARCH, "run", "--", "python3", "-c", PAUSED], cwd=work, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        from monarch.job.debug import list_sessions
-        from monarch.job.reserve import describe, load_live
-        from monarch.job.state import StatePaths
+        from monarch._workbench.debug import list_sessions
+        from monarch._workbench.reserve import describe, load_live
+        from monarch._workbench.state import StatePaths
 
         record, _ = load_live(path=StatePaths(work).resolve(None))
         desc = describe(record)

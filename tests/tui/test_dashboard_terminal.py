@@ -56,7 +56,7 @@ def test_shell_in_a_real_terminal_and_back_to_the_dashboard(job):
 
 @needs_tmux
 def test_the_dashboard_process_starts_again_on_a_replaced_reservation(job):
-    from monarch.job.state import load_state
+    from monarch._workbench.state import load_state
 
     state = os.path.join(job, ".monarch", "job_state.pkl")
     old = load_state(state).job_id

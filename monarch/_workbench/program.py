@@ -1,0 +1,30 @@
+"""Runs an actor program as ``python prog.py`` would, for ``monarch run prog.py``.
+
+    python -m monarch._workbench.program prog.py ARGS...
+
+The same ``sys.argv``, ``sys.path[0]`` (the program's folder) and ``__main__``; the one difference
+is Ctrl-C: an uncaught KeyboardInterrupt ends the program with exit code 130 (its ``finally``
+blocks and atexit handlers run) instead of a traceback, as ``monarch run -- CMD`` ends.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m monarch._workbench.program PROGRAM.py [ARGS...]")
+    path = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Reserve once, run many: make, reuse, check and release a reservation.
+
+``reserve()`` reuses a live compatible reservation or asks the scheduler for a
+new one, then waits until every host agent has written its address;
+``load_live()`` is what every later command calls; ``release()`` ends it.
+The CLI and ``monarch.job`` both go through here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from monarch_agents.keys import JobKeys
+from monarch.errors import AgentError, SchedulerError, StateError, UsageError
+from monarch._workbench.state import (
+    HostRecord,
+    JobRecord,
+    JobSpec,
+    StatePaths,
+    load_state,
+    remove_state,
+    save_state,
+)
+from monarch_schedulers import Description, HostState, create_scheduler
+from monarch_schedulers import names as scheduler_names  # noqa: F401  (for the CLI: the schedulers there are)
+from monarch_schedulers.agent_launch import agent_file, read_keys, write_keys
+
+#: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).
+Progress = Callable[[str, int, int, "Description | None"], None]
+
+
+#: How often ``wait_ready`` asks the scheduler about a starting job, and the most it backs off to while queued.
+_DESCRIBE_EVERY_S = 0.5
+_DESCRIBE_PENDING_MAX_S = 3.0
+
+
+#: How long before its time limit a reservation is flagged by ``status`` and ``run`` warns.
+TIME_WARNING_MIN = 5.0
+TIME_WARNING_ENV = "MONARCH_WARN_BEFORE"
+
+
+def time_warning_s(minutes: float | None = None) -> float:
+    """The warning lead in seconds: ``minutes``, else $MONARCH_WARN_BEFORE (minutes), else 5 minutes."""
+    if minutes is None:
+        text = os.environ.get(TIME_WARNING_ENV, "").strip()
+        try:
+            minutes = float(text) if text else TIME_WARNING_MIN
+        except ValueError:
+            raise UsageError(f"{TIME_WARNING_ENV}={text!r} is not a number of minutes",
+                             f"e.g. {TIME_WARNING_ENV}=10, or unset it") from None
+    if not minutes >= 0:
+        raise UsageError(f"the time-limit warning must be 0 or more minutes, got {minutes!r}")
+    return minutes * 60.0
+
+
+def _quiet(*_: object) -> None:
+    pass
+
+
+@dataclass
+class Reservation:
+    record: JobRecord
+    path: str
+    reused: bool
+
+
+#: What every host agent's zygote imports once, so each proc starts with Monarch's API loaded
+#: (user actors import it); named here because monarch_agents/ and monarch_schedulers/ may not name this layer.
+AGENT_PRELOAD = ("monarch.actor",)
+
+
+def scheduler_for(record_or_spec: JobRecord | JobSpec):
+    spec = record_or_spec.spec if isinstance(record_or_spec, JobRecord) else record_or_spec
+    opts = {}
+    if spec.scheduler == "local" and spec.options.get("bind"):
+        opts["bind"] = spec.options["bind"]
+    if spec.scheduler == "local" and spec.options.get("netns"):
+        opts["netns"] = True
+    if spec.scheduler == "kubernetes":
+        opts = {k: spec.options[k] for k in ("namespace", "kubeconfig", "context") if spec.options.get(k)}
+    sched = create_scheduler(spec.scheduler, **opts)
+    sched.agent_preload = AGENT_PRELOAD
+    return sched
+
+
+def describe(record: JobRecord) -> Description | None:
+    try:
+        return scheduler_for(record).describe(record.job_id, job_dir=record.job_dir)
+    except SchedulerError:
+        raise
+    except Exception as e:  # a scheduler that cannot answer is not proof the job is dead
+        return Description(record.job_id, HostState.UNKNOWN, reason=str(e))
+
+
+def reserve(spec: JobSpec, *, name: str, paths: StatePaths | None = None, wait: bool = True,
+            replace: bool = False, progress: Progress = _quiet, timeout: float | None = None) -> Reservation:
+    """Reuse a live compatible reservation called ``name`` or make a new one."""
+    paths = paths or StatePaths()
+    path = paths.state_file(name)
+    if os.path.exists(path):
+        try:
+            old = load_state(path)
+        except StateError:
+            if not replace:
+                raise
+            old = None
+            # Whatever the unreadable file had reserved still runs: stop it before its job folder goes.
+            release_without_state(paths.job_dir(name))
+        if old is not None:
+            d = describe(old)
+            alive = d is not None and d.state.alive
+            if alive and old.spec.compatible(spec):
+                if not old.ready and wait:
+                    old = wait_ready(old, path, progress=progress, timeout=timeout)
+                return Reservation(old, path, reused=True)
+            if alive and not replace:
+                raise StateError(
+                    f"job {name!r} is already reserved with a different shape: {old.spec.summary()}",
+                    f"`monarch stop{_name_flag(name)}` first, or `monarch serve --replace ...`")
+            release(old, path)
+    record = allocate(spec, name=name, path=path, job_dir=paths.job_dir(name), wait=wait, progress=progress,
+                      timeout=timeout)
+    return Reservation(record, path, reused=False)
+
+
+def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = True, progress: Progress = _quiet,
+             timeout: float | None = None, job: bytes | None = None) -> JobRecord:
+    """Make a new reservation (no reuse), its state at ``path`` and its files in ``job_dir``.
+
+    The state file is written as soon as the scheduler took the request, so a reservation whose
+    client dies while the hosts start can still be found and released.
+    """
+    shutil.rmtree(job_dir, ignore_errors=True)
+    os.makedirs(os.path.join(job_dir, "agents"), mode=0o700, exist_ok=True)
+    keys = JobKeys.generate()
+    write_keys(job_dir, keys)
+    sched = scheduler_for(spec)
+    try:
+        request = sched.dryrun(spec, job_dir)
+        progress("submitting", 0, spec.hosts, None)
+        job_id = sched.allocate(request)
+    except BaseException:
+        # A refused submission reserved nothing: leave no keys or half-made job folder behind.
+        _remove_job_dir(job_dir)
+        raise
+    # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs.
+    keys = read_keys(job_dir)
+    record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys, job=job)
+    try:
+        save_state(path, record)
+    except BaseException:
+        release(record, None)
+        _remove_job_dir(job_dir)
+        raise
+    if wait:
+        try:
+            record = wait_ready(record, path, progress=progress, timeout=timeout)
+        except BaseException:
+            # Ctrl-C or a failed start while waiting: give the hosts back, keep nothing half-made.
+            release(record, path)
+            raise
+    return record
+
+
+def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, timeout: float | None = None) -> JobRecord:
+    """Block until every host agent has reported its address; updates the state file."""
+    sched = scheduler_for(record)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_describe = 0.0
+    describe_every = _DESCRIBE_EVERY_S
+    d: Description | None = None
+    while True:
+        hosts = _read_agents(record)
+        if len(hosts) == record.spec.hosts:
+            record.hosts = hosts
+            save_state(path, record)
+            progress("ready", len(hosts), record.spec.hosts, d)
+            return record
+        now = time.monotonic()
+        if now - last_describe > describe_every:
+            last_describe = now
+            d = sched.describe(record.job_id, job_dir=record.job_dir)
+            # A queued job can wait for hours: ask the controller less and less often, but look at
+            # the agent files as often as ever, so readiness is seen as soon as the job runs.
+            pending = d is not None and d.state is HostState.PENDING
+            describe_every = min(describe_every * 1.5, _DESCRIBE_PENDING_MAX_S) if pending else _DESCRIBE_EVERY_S
+            if d is not None and not d.state.alive:
+                logs = sched.logs(record.job_id, job_dir=record.job_dir).strip().splitlines()[-5:]
+                raise SchedulerError(
+                    f"job {record.job_id} ended before its agents were ready: {d.reason or d.native_state}"
+                    + ("; last log lines: " + " | ".join(logs) if logs else ""),
+                    f"see `monarch logs --scheduler{_name_flag(record.name)}`")
+        phase = "pending" if d is not None and d.state is HostState.PENDING else "starting"
+        progress(phase, len(hosts), record.spec.hosts, d)
+        if deadline is not None and now > deadline:
+            raise SchedulerError(f"hosts not ready after {timeout:.0f} s ({len(hosts)}/{record.spec.hosts} agents up)",
+                                 f"`monarch status{_name_flag(record.name)}`, or `monarch stop` to give up")
+        time.sleep(0.05)
+
+
+def _read_agents(record: JobRecord) -> list[HostRecord]:
+    out = []
+    for rank in range(record.spec.hosts):
+        try:
+            with open(agent_file(record.job_dir, rank)) as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue
+        # published_at: a scheduler that reads the addresses from its API (kubernetes) wrote the file
+        # for this reservation, of agents that may have started long before (adopted pods).
+        if d.get("published_at", d.get("started_at", 0)) + 1 < record.created_at:
+            continue  # left over from an earlier reservation
+        out.append(HostRecord(d["host"], d["host_rank"], d["addr"], d["pid"], d.get("ip", ""), d.get("log_dir", "")))
+    return out
+
+
+def load_live(name: str | None = None, *, paths: StatePaths | None = None, wait: bool = True,
+              progress: Progress = _quiet, path: str | None = None) -> tuple[JobRecord, str]:
+    """The reservation a command should use (``path``, else by name); raises StateError if it is gone."""
+    path = path or (paths or StatePaths()).resolve(name)
+    record = load_state(path)
+    d = describe(record)
+    if d is None or not d.state.alive:
+        why = d.reason if d is not None and d.reason else "the scheduler no longer knows it"
+        raise StateError(f"the reservation {record.name!r} ({record.job_id}) is gone: {why}",
+                         f"`monarch serve{_name_flag(record.name)}` to reserve again (or `monarch stop` to clean up)")
+    if not record.ready:
+        if not wait:
+            return record, path
+        record = wait_ready(record, path, progress=progress)
+    return record, path
+
+
+def release(record: JobRecord, path: str | None) -> None:
+    """Release the hosts and remove the state. Safe to repeat."""
+    try:
+        scheduler_for(record).release(record.job_id, job_dir=record.job_dir)
+    finally:
+        if path:
+            remove_state(path)
+
+
+def _remove_job_dir(job_dir: str) -> None:
+    """Remove a job folder, and the ``jobs/`` and ``.monarch/`` above it if this left them empty
+    (a first `serve` that failed leaves the directory as it found it)."""
+    shutil.rmtree(job_dir, ignore_errors=True)
+    jobs = os.path.dirname(os.path.abspath(job_dir))
+    for d in (jobs, os.path.dirname(jobs)):
+        try:
+            os.rmdir(d)  # only if empty: another context's files keep it
+        except OSError:
+            return
+
+
+def release_without_state(job_dir: str) -> list[str]:
+    """Stop what a reservation left running when its state file cannot be read; says what it did.
+
+    The job folder still names the allocation (``<scheduler>.json`` with its job id, written at
+    submission), which its scheduler releases; and a local host agent carries the job folder's
+    keys file in its arguments, so one the record missed is found among this machine's processes.
+    """
+    from monarch_schedulers import names
+
+    done: list[str] = []
+    for sched in names():
+        try:
+            with open(os.path.join(job_dir, f"{sched}.json")) as f:
+                job_id = str(json.load(f)["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        create_scheduler(sched).release(job_id, job_dir=job_dir)
+        done.append(f"released {sched} job {job_id}")
+    keys_file = os.path.join(os.path.abspath(job_dir), "keys.json")
+    for pid in _local_agents_using(keys_file):
+        _terminate(pid)
+        done.append(f"stopped host agent pid {pid}")
+    return done
+
+
+def _local_agents_using(keys_file: str) -> list[int]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if p.info["uids"] and p.info["uids"].real != os.getuid():
+                continue
+        except psutil.Error:
+            continue
+        if "monarch_agents.host_agent" in cmd and keys_file in cmd:
+            found.append(p.info["pid"])
+    return found
+
+
+def _terminate(pid: int, grace_s: float = 2.0) -> None:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        p.terminate()
+        p.wait(grace_s)
+    except psutil.TimeoutExpired:
+        p.kill()
+    except psutil.Error:
+        pass
+
+
+def _name_flag(name: str) -> str:
+    return "" if name == "default" else f" --name {name}"
+
+
+def agent_unreachable(record: JobRecord, host: HostRecord) -> AgentError:
+    return AgentError(f"host agent on {host.host} (pid {host.pid}) does not answer",
+                      f"`monarch status{_name_flag(record.name)}`; `monarch serve --replace` makes a new reservation")

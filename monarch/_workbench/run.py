@@ -1,0 +1,504 @@
+"""Run a command on reserved hosts: the engine behind ``monarch run -- CMD``.
+
+Each selected host agent runs the command with the environment multi-node
+torchrun and ``torch.distributed`` expect (``MASTER_ADDR``/``MASTER_PORT``,
+``NODE_RANK``, ``NNODES`` and torchrun's ``PET_*`` twins) plus ``MONARCH_*``.
+Output comes back live; the first rank that fails stops the others and its
+exit code becomes ours.  Interrupting stops every rank within 2 s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from monarch_agents import messages as m
+from monarch_agents.errors import SupervisionError
+from monarch_agents.runtime import Runtime, StreamPort
+from monarch.errors import ExitCode, MonarchError, RunError
+from monarch._workbench.state import HostRecord, JobRecord
+
+_STOP_GRACE_S = 1.5
+#: How often a run re-reads its reservation's time left (an admin may change the limit).
+_TIME_RECHECK_S = 60.0
+#: How long a failed run waits for a job that is COMPLETING to show why it ended.
+_ENDING_WAIT_S = 3.0
+
+
+#: How a host agent's reason begins when a rank never started (no fork, a missing working directory).
+NOT_STARTED = "could not start"
+
+
+@dataclass
+class RankResult:
+    rank: int
+    host: str
+    exit_code: int | None = None
+    reason: str = ""
+    #: The rank's host agent stopped answering (died, froze, or its host is unreachable).
+    agent_lost: bool = False
+
+    @property
+    def started(self) -> bool:
+        return not self.reason.startswith(NOT_STARTED)
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    results: list[RankResult] = field(default_factory=list)
+    interrupted: bool = False
+    first_failed: int | None = None  # the rank that failed first, in time
+
+    @property
+    def first_failure(self) -> RankResult | None:
+        return None if self.first_failed is None else self.results[self.first_failed]
+
+    @property
+    def exit_code(self) -> int:
+        """ExitCode's table: 130 interrupted, 5 a host agent lost, 6 a rank that could not start;
+        else the first failed rank's own code (128+N for a signal N), as a shell gives it."""
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        f = self.first_failure
+        if f is None:
+            return ExitCode.OK
+        if f.agent_lost:
+            return ExitCode.AGENT
+        if not f.started:
+            return ExitCode.RUN
+        return f.exit_code if f.exit_code and f.exit_code > 0 else 128 + abs(f.exit_code or 1)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def run_env(record: JobRecord, hosts: list[HostRecord], index: int, run_id: str, master_port: int,
+            extra: dict[str, str]) -> dict[str, str]:
+    """The environment of one rank (host) of a run."""
+    n = len(hosts)
+    master = hosts[0].ip or "127.0.0.1"
+    env = {
+        "MASTER_ADDR": master, "MASTER_PORT": str(master_port),
+        "NODE_RANK": str(index), "GROUP_RANK": str(index), "NNODES": str(n),
+        "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(master_port),
+        "PET_NODE_RANK": str(index), "PET_NNODES": str(n),
+        "MONARCH_JOB_NAME": record.name, "MONARCH_RUN_ID": run_id,
+        "MONARCH_HOST_RANK": str(hosts[index].host_rank), "MONARCH_NUM_HOSTS": str(n),
+        "MONARCH_PROCS_PER_HOST": str(record.spec.procs_per_host),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(extra)
+    return env
+
+
+def pick_port(host: HostRecord) -> int:
+    """A free port for the rendezvous on the first host (checked when it is this machine)."""
+    for _ in range(20):
+        port = random.randint(20000, 45000)
+        if host.ip not in ("127.0.0.1", "localhost", ""):
+            return port
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    return random.randint(20000, 45000)
+
+
+class RunLock:
+    """One ``monarch run`` at a time per reservation (a second one gets a clear error)."""
+
+    def __init__(self, record: JobRecord):
+        self.path = os.path.join(record.job_dir, "run.lock")
+        self.fd = -1
+        self.record = record
+
+    def __enter__(self) -> "RunLock":
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise RunError(f"another `monarch run` (pid {holder or '?'}) is using job {self.record.name!r}",
+                           "wait for it, stop it with Ctrl-C, or reserve another job with `monarch serve --name NAME`")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def record_run(record: JobRecord, run_id: str, argv: list[str], hosts: list[HostRecord], detached: bool,
+               kind: str = "command") -> None:
+    """Append the run to the job's history, for ``monarch logs``.
+
+    ``kind``: "command" (ranks on the host agents, logs there) or "program" (an actor program
+    run here by ``monarch run prog.py``, its output kept in the job folder).
+    """
+    _append_history(record, {"run_id": run_id, "argv": argv, "hosts": [h.host_rank for h in hosts],
+                             "started": time.time(), "detached": detached, "kind": kind})
+
+
+def record_run_end(record: JobRecord, run_id: str, exit_code: int, ended: float | None = None) -> None:
+    """Note how a run ended (``monarch logs --list`` shows it without asking the agents)."""
+    _append_history(record, {"run_id": run_id, "ended": ended or time.time(), "exit_code": exit_code})
+
+
+def _append_history(record: JobRecord, entry: dict) -> None:
+    # One short line per write, opened O_APPEND: lines of runs ending together do not mix.
+    fd = os.open(os.path.join(record.job_dir, "runs.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (json.dumps(entry) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def run_history(record: JobRecord) -> list[dict]:
+    """The reservation's runs, oldest first; an ended run has ``ended`` and ``exit_code``."""
+    runs: dict[str, dict] = {}
+    try:
+        with open(os.path.join(record.job_dir, "runs.jsonl")) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+    for entry in lines:
+        if "argv" in entry:
+            runs[entry["run_id"]] = {"kind": "command", **entry}
+        elif entry.get("run_id") in runs:
+            runs[entry["run_id"]].update(ended=entry["ended"], exit_code=entry["exit_code"])
+    return list(runs.values())
+
+
+def signal_run(record: JobRecord, run_id: str, signum: int = signal.SIGTERM) -> list[str]:
+    """Send ``signum`` to every rank of run ``run_id`` (one started by any client); the hosts that could not be told."""
+    rt = record.runtime()
+    missed = []
+    for h in record.hosts:
+        try:
+            rt.send(h.addr, m.SignalRun(run_id, signum))
+        except SupervisionError:
+            missed.append(h.host)
+    return missed
+
+
+class RemoteRun:
+    """A command running on several host agents; output arrives via ``on_output``."""
+
+    def __init__(self, record: JobRecord, hosts: list[HostRecord], argv: list[str], *, env: dict[str, str],
+                 cwd: str | None, on_output: Callable[[int, str, bytes], None], detach: bool = False,
+                 expand: dict[str, str] | None = None, on_debug: Callable[[dict], None] | None = None):
+        """``expand``: when given, ``$NAME``/``${NAME}`` in ``argv`` is replaced per rank from the rank's
+        environment and then from ``expand`` (TorchX macros such as ``${replica_id}``), as TorchX and a
+        shell would; ``$$`` is a literal ``$``.  Without it, ``argv`` goes out untouched."""
+        self.expand = expand
+        self.record = record
+        self.hosts = hosts
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.on_output = on_output
+        #: Called once per debug session a rank opens (breakpoint(), --pdb), with the session's description
+        #: (default: one line on stderr, as `monarch run` says it).
+        self.on_debug = on_debug or _say_debug_waiting
+        self.detach = detach
+        self.run_id = new_run_id()
+        self.rt: Runtime = record.runtime()
+        self.outcome = RunOutcome(self.run_id, [RankResult(i, h.host) for i, h in enumerate(hosts)])
+        self.left = len(hosts)
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self._stream: StreamPort | None = None
+
+    def start(self) -> None:
+        rt = self.rt
+        port = self.pick_master_port()
+        if self.detach:
+            reply, owner = m.PortRef("", 0), ""  # output only in the hosts' logs; it outlives us
+        else:
+            # Our own port: other runs and shells of this process have theirs.
+            self._stream = rt.open_stream(self._on_stream, self._agent_lost, [h.addr for h in self.hosts])
+            reply, owner = self._stream.ref, rt.addr
+        for i, h in enumerate(self.hosts):
+            env = run_env(self.record, self.hosts, i, self.run_id, port, self.env)
+            try:
+                rt.send(h.addr, m.RunCommand(self.run_id, self.argv_for(i, env), env, self.cwd, reply, i, owner))
+            except SupervisionError as e:
+                self._finish(i, ExitCode.AGENT, f"host agent on {h.host} does not answer ({e})", agent_lost=True)
+
+    def argv_for(self, index: int, env: dict[str, str]) -> list[str]:
+        if self.expand is None:
+            return list(self.argv)
+        import string
+
+        values = {**self.expand, "replica_id": str(index), **env}
+        return [string.Template(a).safe_substitute(values) for a in self.argv]
+
+    def pick_master_port(self) -> int:
+        return pick_port(self.hosts[0])
+
+    def _on_stream(self, msg: m.RunOutput | m.RunExited) -> None:
+        if type(msg) is m.RunOutput:
+            self.on_output(msg.rank, msg.stream, msg.data)
+        elif type(msg) is m.RunExited:
+            self._finish(msg.rank, msg.exit_code, msg.reason)
+        elif type(msg) is m.DebugWaiting:
+            self.on_debug(msg.session)
+
+    def _agent_lost(self, addr: str, err: SupervisionError) -> None:
+        for rank, h in enumerate(self.hosts):
+            if h.addr == addr:
+                self._finish(rank, ExitCode.AGENT, f"host agent on {h.host} stopped answering during the run ({err})",
+                             agent_lost=True)
+
+    def _finish(self, rank: int, code: int, reason: str, agent_lost: bool = False) -> None:
+        with self.lock:
+            r = self.outcome.results[rank]
+            if r.exit_code is not None:
+                return
+            r.exit_code, r.reason, r.agent_lost = code, reason, agent_lost
+            self.left -= 1
+            first_failure = code != 0 and self.outcome.first_failed is None
+            if first_failure:
+                self.outcome.first_failed = rank
+            finished = self.left == 0
+        if first_failure:
+            # The other ranks would wait forever for the failed one (torchrun does): stop them.
+            self.signal(signal.SIGTERM)
+        if finished:
+            if self._stream is not None:
+                self._stream.close()
+            self.done.set()
+
+    def signal(self, signum: int) -> None:
+        for h in self.hosts:
+            try:
+                self.rt.send(h.addr, m.SignalRun(self.run_id, signum))
+            except SupervisionError:
+                pass
+
+    def stop(self) -> None:
+        """Stop every rank: SIGTERM, then SIGKILL after a short grace."""
+        self.outcome.interrupted = True
+        self.signal(signal.SIGTERM)
+        if not self.done.wait(_STOP_GRACE_S):
+            self.signal(signal.SIGKILL)
+            self.done.wait(0.5)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def _say_debug_waiting(session: dict) -> None:
+    from monarch_agents.services.debug import waiting_line
+
+    sys.stderr.write(waiting_line(session) + "\n")
+    sys.stderr.flush()
+
+
+def run_command(record: JobRecord, argv: list[str], *, hosts: list[HostRecord] | None = None,
+                env: dict[str, str] | None = None, cwd: str | None = None, show_output: bool = True,
+                color: bool = False, expand: dict[str, str] | None = None, detach: bool = False,
+                warn_before_s: float | None = None, on_warning: Callable[[str], None] | None = None,
+                on_debug: Callable[[dict], None] | None = None, all_to_stderr: bool = False) -> RunOutcome:
+    """Run ``argv`` on ``hosts`` (default: every host, by rank) of ``record`` and wait for it: the one
+    engine behind ``monarch run -- CMD`` and :meth:`monarch.job.spmd.SPMDJob.run_spmd`.
+
+    One run at a time per reservation (:class:`RunLock`); the run is added to the history for
+    ``monarch logs``.  Output is printed as it comes, each line prefixed by its host
+    (``show_output`` False keeps it in the hosts' logs only).  The first rank that fails stops
+    the others.  In the main thread, a first Ctrl-C or SIGTERM stops every rank (TERM, then
+    KILL) and the outcome says ``interrupted``; a second kills them at once.  ``detach``
+    starts the ranks and returns at once.  ``on_warning`` gets one line if the reservation
+    comes within ``warn_before_s`` of its time limit during the run; ``on_debug`` gets each debug
+    session a rank opens (``breakpoint()``, ``--pdb``).  ``all_to_stderr`` prints stdout lines to
+    stderr too (``--json`` keeps stdout for its document).
+    """
+    hosts = hosts or sorted(record.hosts, key=lambda h: h.host_rank)
+    printer = LinePrinter(hosts, color, all_to_stderr=all_to_stderr)
+    output = printer.write if show_output and not detach else (lambda *a: None)
+    watch = None
+    with RunLock(record):
+        rr = RemoteRun(record, hosts, argv, env=env or {}, cwd=cwd or os.getcwd(), on_output=output, detach=detach,
+                       expand=expand, on_debug=on_debug)
+        record_run(record, rr.run_id, argv, hosts, detach)
+        if detach:
+            rr.start()
+            return rr.outcome
+        try:
+            # Handlers first: a Ctrl-C that lands as the ranks start must stop them too.
+            with stop_on_signals(rr):
+                rr.start()
+                if on_warning is not None and warn_before_s is not None:
+                    watch = watch_time_limit(record, rr.done, warn_before_s, on_warning)
+                while not rr.wait(0.2):
+                    pass
+        except KeyboardInterrupt:  # not the main thread (no handlers there), or a second Ctrl-C
+            rr.stop()
+            raise
+        finally:
+            printer.flush()
+        record_run_end(record, rr.run_id, rr.outcome.exit_code)
+    if watch is not None:
+        watch.join(_WATCH_JOIN_S)
+    return rr.outcome
+
+
+#: How long a finished run waits for the time-limit check it started (one squeue: milliseconds).
+_WATCH_JOIN_S = 1.0
+
+
+@contextmanager
+def stop_on_signals(rr: RemoteRun) -> Iterator[None]:
+    """While inside (main thread only), the first Ctrl-C/SIGTERM stops every rank (TERM, then KILL);
+    a second one kills them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupts = []
+
+    def on_signal(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) == 1:
+            threading.Thread(target=rr.stop, daemon=True).start()
+        else:
+            rr.signal(signal.SIGKILL)
+            rr.outcome.interrupted = True
+            rr.done.set()
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def watch_time_limit(record: JobRecord, done: threading.Event, warn_s: float,
+                     emit: Callable[[str], None]) -> threading.Thread:
+    """Warn once (``emit``) when the reservation has less than ``warn_s`` left before its time limit.
+
+    Runs beside the run, off its output path: it asks the scheduler once at the start (even if
+    the run is already over: a short run is warned too; join the thread to be sure of it), then
+    only when the warning falls due or once a minute, and stops with ``done``.  Schedulers
+    without a time limit (local) answer None and the watch ends at once.
+    """
+    from monarch._workbench.reserve import describe
+
+    def watch() -> None:
+        while True:
+            try:
+                d = describe(record)
+            except MonarchError:
+                return  # a controller that does not answer is for `monarch status` to report
+            if d is None or not d.state.alive or d.time_left_s is None:
+                return
+            if d.time_left_s <= warn_s:
+                emit(time_limit_warning(record, d.time_left_s))
+                return
+            if done.wait(min(d.time_left_s - warn_s, _TIME_RECHECK_S)):
+                return
+
+    t = threading.Thread(target=watch, name="time-limit-watch", daemon=True)
+    t.start()
+    return t
+
+
+def time_limit_warning(record: JobRecord, left_s: float) -> str:
+    """One line for a run whose reservation is close to (or past) its time limit."""
+    job = f"{record.spec.scheduler} job {record.job_id}"
+    if left_s <= 0:
+        return f"the reservation ({job}) is past its time limit: the scheduler is about to end it, and this run with it"
+    return (f"the reservation ({job}) reaches its time limit in {format_duration(left_s)}: "
+            "this run is stopped then; `monarch serve` a longer --time for more")
+
+
+def reservation_end(record: JobRecord) -> str | None:
+    """Why the reservation has ended or is ending, in words; None while it lives.
+
+    Asked after a run failed, so that a run killed with its allocation (a time limit, a scancel,
+    a node failure) says so instead of showing only a signal.
+    """
+    from monarch._workbench.reserve import describe
+
+    deadline = time.monotonic() + _ENDING_WAIT_S
+    while True:
+        try:
+            d = describe(record)
+        except MonarchError:
+            return None
+        if d is None:
+            return "the scheduler no longer knows it"
+        # Slurm shows COMPLETING over the final state until the nodes are clean (seconds at most).
+        if d.native_state == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        if d.state.alive:
+            return None
+        return d.reason or d.native_state.lower() or "ended"
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS`` (or ``M:SS`` under an hour), as Slurm shows time left."""
+    s = max(0, int(seconds))
+    h, rem = divmod(s, 3600)
+    mnt, sec = divmod(rem, 60)
+    return f"{h}:{mnt:02d}:{sec:02d}" if h else f"{mnt}:{sec:02d}"
+
+
+class LinePrinter:
+    """Writes a run's output to this process's stdout/stderr, each line prefixed by its host.
+
+    Partial lines are kept until they end, so ranks never interleave inside a line.
+    """
+
+    def __init__(self, hosts, color: bool, all_to_stderr: bool = False):
+        """``all_to_stderr``: stdout lines too go to stderr (``--json`` keeps stdout for its document)."""
+        self.names = {i: h.host for i, h in enumerate(hosts)}
+        self.partial: dict[tuple[int, str], bytes] = {}
+        self.lock = threading.Lock()
+        self.color = color
+        self.all_to_stderr = all_to_stderr
+
+    def write(self, rank: int, stream: str, data: bytes) -> None:
+        with self.lock:
+            buf = self.partial.pop((rank, stream), b"") + data
+            *lines, rest = buf.split(b"\n")
+            if rest:
+                self.partial[(rank, stream)] = rest
+            for line in lines:
+                self._emit(rank, stream, line)
+
+    def _emit(self, rank: int, stream: str, line: bytes) -> None:
+        text = line.decode(errors="replace")
+        prefix = f"[{self.names.get(rank, rank)}] "
+        if self.color:
+            prefix = f"\x1b[{36 + rank % 2}m{prefix}\x1b[0m"
+        target = sys.stderr if stream == "stderr" or self.all_to_stderr else sys.stdout
+        target.write(prefix + text + "\n")
+        target.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            for (rank, stream), rest in list(self.partial.items()):
+                self._emit(rank, stream, rest)
+            self.partial.clear()

@@ -1,0 +1,171 @@
+"""Ask every host agent of a reservation about its telemetry: the client side of ``monarch query``.
+
+:func:`query` plans the SQL here (a bad query fails before any host is asked), sends
+each host agent the scans it must run over its own rows, waits for them all against
+one deadline, and finishes the query over every host's rows.  A host that does not
+answer in time is listed in ``missing_hosts`` (``strict=True`` makes that an error).
+:func:`stacks` and :func:`save` fan out the same way for ``monarch stack`` and
+``monarch stop --save``.
+
+What it does not do: print (the CLI does), or keep rows (host agents do).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from monarch.errors import AgentError, QueryError
+from monarch._workbench.state import HostRecord, JobRecord
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: How long hosts get to answer a query by default (seconds).
+DEFAULT_TIMEOUT_S = 10.0
+#: Hosts stop their scans this much before the asker stops waiting, so a slow host says so.
+_HOST_MARGIN = 0.8
+
+
+@dataclass
+class QueryResult:
+    """A query's answer: the rows, the hosts that did not answer, and whether rows were cut off."""
+
+    table: "pa.Table"
+    missing_hosts: list[str] = field(default_factory=list)
+    limited: bool = False
+    row_limit: int | None = None
+    #: Why each missing host is missing, in words.
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _fan_out(record: JobRecord, make: Callable[[Any], Any], timeout_s: float,
+             hosts: list[HostRecord] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Send ``make(port)`` to every host; ({host: answer}, {host: why it gave none})."""
+    rt = record.runtime()
+    targets = sorted(hosts if hosts is not None else record.hosts, key=lambda h: h.host_rank)
+    deadline = time.monotonic() + timeout_s
+    futures = [(h, rt.request(h.addr, make)) for h in targets]
+    answers: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for h, f in futures:
+        try:
+            answers[h.host] = f.get(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            errors[h.host] = f"no answer within {timeout_s:g} s"
+        except Exception as e:
+            errors[h.host] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return answers, errors
+
+
+def query(record: JobRecord, sql: str, *, row_limit: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+          strict: bool = False) -> QueryResult:
+    """Run ``sql`` over the telemetry of every host of ``record``."""
+    from monarch_agents.messages import TelemetryScan
+    from monarch_telemetry.table import from_ipc
+
+    p = _plan(sql, row_limit)
+    parts: dict[str, list] = {t: [] for t in p.scans}
+    errors: dict[str, str] = {}
+    if p.needs_hosts:
+        host_timeout = max(0.05, timeout_s * _HOST_MARGIN)
+        answers, errors = _fan_out(record, lambda port: TelemetryScan(p.scans, host_timeout, port), timeout_s)
+        for host, answer in answers.items():
+            bad = {t: v for t, v in answer.items() if isinstance(v, str)}
+            if bad:
+                errors[host] = next(iter(bad.values()))
+                continue
+            for table, data in answer.items():
+                if table in parts:
+                    parts[table].append(from_ipc(data))
+    missing = [h.host for h in sorted(record.hosts, key=lambda h: h.host_rank) if h.host in errors]
+    if missing and strict:
+        raise AgentError(f"{len(missing)} host(s) did not answer: " + "; ".join(f"{h}: {errors[h]}" for h in missing),
+                         "`monarch status` checks every agent; without --strict the answer covers the others")
+    table, limited = _finish(p, parts, timeout_s)
+    return QueryResult(table, missing, limited, row_limit, {h: errors[h] for h in missing})
+
+
+def query_saved(directory: str, sql: str, *, row_limit: int | None = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
+    """Run ``sql`` over telemetry saved by ``monarch stop --save DIR``."""
+    from monarch_telemetry import engine, parquet
+
+    try:
+        tables = parquet.load(directory)
+    except FileNotFoundError as e:
+        raise QueryError(str(e), "save with `monarch stop --save DIR` first") from None
+    p = _plan(sql, row_limit)
+    parts = {}
+    deadline = time.monotonic() + timeout_s
+    for name, sql_ in p.scans.items():
+        parts[name] = [_scan(engine, name, t, sql_, deadline) for t in tables.get(name, [])]
+    table, limited = _finish(p, parts, timeout_s)
+    return QueryResult(table, [], limited, row_limit)
+
+
+def _scan(engine: Any, name: str, t: Any, sql: str, deadline: float) -> Any:
+    try:
+        return engine.scan_table(name, t, sql, deadline=deadline)
+    except engine.QueryError as e:
+        raise QueryError(str(e)) from None
+
+
+def _plan(sql: str, row_limit: int | None) -> Any:
+    from monarch_telemetry import engine
+
+    try:
+        return engine.plan(sql, row_limit)
+    except engine.QueryError as e:
+        raise QueryError(str(e), "`monarch query --tables` lists the tables and columns") from None
+
+
+def _finish(p: Any, parts: dict, timeout_s: float) -> tuple[Any, bool]:
+    from monarch_telemetry import engine
+
+    try:
+        return engine.finish(p, parts, deadline=time.monotonic() + timeout_s)
+    except engine.QueryTimeout as e:
+        raise QueryError(str(e), "a longer --timeout, or a narrower query (WHERE, LIMIT)") from None
+    except engine.QueryError as e:
+        raise QueryError(str(e)) from None
+
+
+def stacks(record: JobRecord, *, hosts: list[HostRecord] | None = None, ranks: list[int] | None = None,
+           timeout_s: float = 30.0) -> QueryResult:
+    """Live Python stacks (py-spy) of every proc and rank, or of ``ranks`` of the running run on ``hosts``."""
+    import pyarrow as pa
+
+    from monarch_agents.messages import TakeStacks
+    from monarch_telemetry.schema import TABLES
+    from monarch_telemetry.table import from_ipc
+
+    answers, errors = _fan_out(record, lambda port: TakeStacks(ranks, port), timeout_s, hosts)
+    tables = [from_ipc(a) for a in answers.values()]
+    table = pa.concat_tables(tables) if tables else TABLES["stacks"].schema.empty_table()
+    missing = [h for h in errors]
+    return QueryResult(table, missing, False, None, errors)
+
+
+def save(record: JobRecord, directory: str, *, timeout_s: float = 60.0) -> tuple[list[str], dict[str, str]]:
+    """Fetch every row of every host and write ``directory/<table>/<host>.parquet`` here.
+
+    Returns (files written, {host: why it gave nothing}).  Written by this process, so the
+    save needs no filesystem shared with the hosts.
+    """
+    import os
+
+    from monarch_agents.messages import TelemetryScan
+    from monarch_telemetry import parquet
+    from monarch_telemetry.schema import TABLES
+    from monarch_telemetry.table import from_ipc
+
+    directory = os.path.abspath(directory)
+    scans = {name: f'SELECT * FROM "{name}"' for name in TABLES}
+    answers, errors = _fan_out(record, lambda port: TelemetryScan(scans, timeout_s * _HOST_MARGIN, port), timeout_s)
+    files: list[str] = []
+    for host, answer in answers.items():
+        tables = {t: from_ipc(v) for t, v in answer.items() if not isinstance(v, str)}
+        files.extend(parquet.write_host(directory, host, tables))
+    return files, errors

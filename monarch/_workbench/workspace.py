@@ -1,0 +1,418 @@
+"""Push a directory to every host of a reservation, where it is served read-only (``monarch sync``).
+
+A sync packs the directory (only files whose stat changed are read again),
+asks every host which chunks it lacks, sends those chunks once, to the first
+host of a fan-out tree (hosts forward to hosts; each acknowledges each batch
+here), and then tells every host to switch its mount to the new manifest.
+A batch a host finds corrupted is sent again to that host; a file that changed
+while it was being sent restarts the sync from a fresh snapshot; a host that
+dies or runs out of disk fails the sync with one line, and no host switches.
+
+What it does not do: delete files on the hosts' own disks, or move bytes by
+RDMA (see ``monarch_rdmafs.rdma``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from monarch.errors import WorkspaceError
+from monarch_agents.errors import SupervisionError
+from monarch_agents.messages import Reply
+from monarch_agents.runtime import Runtime
+from monarch_rdmafs import messages as wm
+from monarch_rdmafs.errors import SourceChanged, SyncError
+from monarch_rdmafs.pack import Packer, PackResult
+from monarch_rdmafs.rdma import choose_transport
+
+#: A batch carries about this many bytes (one message, one frame).
+BATCH_BYTES = 8 << 20
+#: Batches sent and not yet acknowledged by every host.
+WINDOW = 4
+#: Hosts forward each batch to this many others (1 = a chain).
+FANOUT = 2
+#: A sync fails if no host answers anything for this long.
+STALL_S = float(os.environ.get("MONARCH_SYNC_STALL_S", "60"))
+_TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A host to sync to."""
+
+    addr: str
+    host: str
+    rank: int
+    mountpoint: str = ""  # '' for the host's default place for this mount's name
+
+
+@dataclass
+class SyncResult:
+    """What one sync did."""
+
+    generation: str
+    files: int
+    bytes: int
+    sent_chunks: int
+    sent_bytes: int
+    seconds: float
+    changed: bool
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)  # each host's mount status
+    transport: str = "tcp"
+    transport_reason: str = ""
+
+
+class WorkspacePusher:
+    """Syncs one directory to a fixed set of hosts, as mount ``name``, again and again."""
+
+    def __init__(self, rt: Runtime, source: str, targets: list[Target], *, name: str = "workspace",
+                 unreadable: str = "skip", honour_ignores: bool = True, fanout: int = FANOUT):
+        self.rt = rt
+        self.source = os.path.abspath(source)
+        self.targets = list(targets)
+        self.name = name
+        self.fanout = fanout
+        self.packer = Packer(self.source, honour_ignores=honour_ignores, unreadable=unreadable)
+        self.committed = ""
+        #: Chunk ids every host had at the last commit: not asked about again.
+        self.present: set[str] = set()
+        #: Test hook: (batch number, payload) -> payload as it goes on the wire.
+        self._tamper: Callable[[int, bytes], bytes] | None = None
+
+    def sync(self, force: bool = False) -> SyncResult:
+        """Push the directory as it is now; returns once every host serves it.
+
+        A tree identical to the one this pusher last committed costs only the pack
+        (a stat per file), unless ``force``.
+        """
+        if not self.targets:
+            raise WorkspaceError("no hosts to sync to", "`monarch serve` first")
+        t0 = time.monotonic()
+        choice = choose_transport()
+        for attempt in range(_TRIES):
+            try:
+                packed = self._pack()
+                if packed.manifest.id == self.committed and not force:
+                    m = packed.manifest
+                    return SyncResult(m.id, m.files, m.total_bytes, 0, 0, time.monotonic() - t0, False, packed.skipped,
+                                      [], choice.kind, choice.reason)
+                sent_chunks, sent_bytes = self._send(packed)
+                break
+            except SourceChanged as e:
+                if attempt == _TRIES - 1:
+                    raise WorkspaceError(e.message, "sync again once the files are written") from None
+        manifest = packed.manifest
+        changed = manifest.id != self.committed
+        try:
+            mounts = self._commit(manifest.id)
+        except WorkspaceError as e:
+            if "never arrived" not in e.message or not self.present:
+                raise
+            # A host no longer has a chunk we took it to have (its store was cleaned): ask them all.
+            self.present = set()
+            try:
+                more_chunks, more_bytes = self._send(packed)
+            except SourceChanged as sc:
+                raise WorkspaceError(sc.message, "sync again once the files are written") from None
+            sent_chunks, sent_bytes = sent_chunks + more_chunks, sent_bytes + more_bytes
+            mounts = self._commit(manifest.id)
+        self.committed = manifest.id
+        self.present = {*packed.sources, manifest.id}
+        return SyncResult(manifest.id, manifest.files, manifest.total_bytes, sent_chunks, sent_bytes,
+                          time.monotonic() - t0, changed, packed.skipped, mounts, choice.kind, choice.reason)
+
+    def close(self) -> list:
+        """Stop serving this mount on every host."""
+        futures = [self.rt.request(t.addr, lambda port: wm.WsUnmount(self.name, port)) for t in self.targets]
+        return [self._get(f, t) for f, t in zip(futures, self.targets)]
+
+    # -- steps --------------------------------------------------------------------
+
+    def _pack(self) -> PackResult:
+        try:
+            return self.packer.pack()
+        except SyncError as e:
+            raise WorkspaceError(e.message, e.hint) from None
+
+    def _send(self, packed: PackResult) -> tuple[int, int]:
+        manifest = packed.manifest
+        ids = [c for c in (*packed.sources, manifest.id) if c not in self.present]
+        if not ids:
+            return 0, 0
+        futures = [self.rt.request(t.addr, lambda port: wm.WsMissing(ids, port)) for t in self.targets]
+        missing: dict[str, None] = {}
+        for f, t in zip(futures, self.targets):
+            missing.update(dict.fromkeys(self._get(f, t)))
+        if not missing:
+            return 0, 0
+
+        def read(cid: str) -> bytes:
+            return manifest.data if cid == manifest.id else self.packer.read_chunk(cid, packed.sources[cid])
+
+        return _Transfer(self, list(missing), read).run()
+
+    def _commit(self, manifest_id: str) -> list[dict]:
+        futures = [self.rt.request(t.addr, lambda port, t=t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, port))
+                   for t in self.targets]
+        return [self._get(f, t) for f, t in zip(futures, self.targets)]
+
+    def _get(self, future: Any, t: Target) -> Any:
+        try:
+            return future.get(timeout=STALL_S)
+        except SupervisionError:
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
+                                 "`monarch status` shows the hosts; `monarch serve` reserves again") from None
+        except TimeoutError:
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {STALL_S:.0f} s",
+                                 "`monarch status` shows the hosts") from None
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise WorkspaceError(first) from None
+
+
+class _Transfer:
+    """One push of chunks to every host: batches down the fan-out tree, acknowledged per host."""
+
+    def __init__(self, pusher: WorkspacePusher, ids: list[str], read: Callable[[str], bytes]):
+        self.p = pusher
+        self.ids = ids
+        self.read = read
+        self.sync_id = uuid.uuid4().hex[:12]
+        self.cond = threading.Condition()
+        self.waiting: dict[int, set[str]] = {}  # batch -> host addresses still to acknowledge
+        self.batches: dict[int, tuple[list[str], list[int]]] = {}
+        self.resend: list[tuple[str, list[str]]] = []  # (host address, corrupt ids)
+        self.failure: str = ""
+        self.port_id = 0
+        self.next_batch = 0
+        self.last_progress = time.monotonic()
+
+    # PortHandler
+    def deliver(self, reply: Reply) -> None:
+        done = reply.payload
+        with self.cond:
+            self.last_progress = time.monotonic()
+            if not reply.ok or not isinstance(done, wm.WsBatchDone):
+                self.failure = self.failure or str(done)
+            elif done.error:
+                host = self._host(done.addr)
+                self.failure = self.failure or f"host {host.host} (rank {host.rank}): {done.error}"
+            else:
+                if done.corrupt:
+                    self.resend.append((done.addr, done.corrupt))
+                self.waiting.get(done.batch, set()).discard(done.addr)
+            self.cond.notify_all()
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        with self.cond:
+            t = next((t for t in self.p.targets if t.addr == addr), None)
+            who = f"host {t.host} (rank {t.rank})" if t else addr
+            self.failure = self.failure or f"{who} died during the sync"
+            self.cond.notify_all()
+
+    def _host(self, addr: str) -> Target:
+        return next((t for t in self.p.targets if t.addr == addr), Target(addr, addr, -1))
+
+    def run(self) -> tuple[int, int]:
+        rt = self.p.rt
+        port = rt.open_port(self, [t.addr for t in self.p.targets])
+        self.port = port
+        sent_chunks = sent_bytes = 0
+        try:
+            root, rest = self.p.targets[0], [t.addr for t in self.p.targets[1:]]
+            everyone = {t.addr for t in self.p.targets}
+            for ids, sizes, payload in self._batches():
+                self._wait(lambda: len([b for b in self.waiting.values() if b]) < WINDOW)
+                self._send(root.addr, rest, ids, sizes, payload, everyone)
+                sent_chunks += len(ids)
+                sent_bytes += len(payload)
+            self._wait(lambda: not any(self.waiting.values()) and not self.resend)
+        finally:
+            rt.close_port(port.port_id)
+        return sent_chunks, sent_bytes
+
+    def _batches(self):
+        ids: list[str] = []
+        sizes: list[int] = []
+        parts: list[bytes] = []
+        total = 0
+        for cid in self.ids:
+            data = self.read(cid)
+            ids.append(cid)
+            sizes.append(len(data))
+            parts.append(data)
+            total += len(data)
+            if total >= BATCH_BYTES:
+                yield ids, sizes, b"".join(parts)
+                ids, sizes, parts, total = [], [], [], 0
+        if ids:
+            yield ids, sizes, b"".join(parts)
+
+    def _send(self, addr: str, forward: list[str], ids: list[str], sizes: list[int], payload: bytes,
+              hosts: set[str]) -> None:
+        with self.cond:
+            batch = self.next_batch
+            self.next_batch += 1
+            self.waiting[batch] = set(hosts)
+            self.batches[batch] = (ids, sizes)
+        wire = self.p._tamper(batch, payload) if self.p._tamper else payload
+        msg = wm.WsChunks(self.sync_id, batch, ids, sizes, wire,
+                          forward, self.p.fanout, self.port)
+        try:
+            self.p.rt.send(addr, msg)
+        except SupervisionError:
+            t = next((t for t in self.p.targets if t.addr == addr), None)
+            with self.cond:
+                self.failure = self.failure or f"host {t.host if t else addr} died during the sync"
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        while True:
+            with self.cond:
+                while not self.failure and not self.resend and not ready():
+                    self.cond.wait(0.5)
+                    if time.monotonic() - self.last_progress > STALL_S:
+                        self.failure = f"the hosts stopped acknowledging chunks for {STALL_S:.0f} s"
+                if self.failure:
+                    raise WorkspaceError(self.failure, "`monarch status` shows the hosts; sync again once fixed")
+                resend, self.resend = self.resend, []
+            if not resend:
+                return
+            for addr, corrupt in resend:
+                # Corrupted on the way there: sent again, this time straight to that host.
+                ids = list(dict.fromkeys(corrupt))
+                data = [self.read(c) for c in ids]
+                self._send(addr, [], ids, [len(d) for d in data], b"".join(data), {addr})
+
+
+# -- a reservation's workspace -------------------------------------------------------------
+
+
+@dataclass
+class WorkspaceSpec:
+    """What ``monarch serve --workspace`` asked for; kept in the job state."""
+
+    source: str
+    env_dir: str = ""
+    unreadable: str = "skip"
+
+    def mounts(self) -> list[tuple[str, str, bool]]:
+        """(mount name, local folder, honour ignore files) for each tree to sync."""
+        out = [("workspace", self.source, True)]
+        if self.env_dir:
+            out.append(("env", self.env_dir, False))  # an environment is synced whole
+        return out
+
+
+def check_source(path: str, what: str = "workspace") -> str:
+    """The absolute path of a folder to sync; WorkspaceError naming it if it is missing or unreadable."""
+    p = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(p):
+        raise WorkspaceError(f"{what} {path} does not exist", "give an existing folder")
+    if not os.path.isdir(p):
+        raise WorkspaceError(f"{what} {path} is not a folder", "give a folder")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise WorkspaceError(f"{what} {path} cannot be read: permission denied", "check its permissions")
+    return p
+
+
+class ReservationSync:
+    """The workspace (and environment) of one reservation, synced to all its hosts.
+
+    The stat cache and the last generation committed are kept in the job's folder,
+    so a ``monarch run`` that changed nothing pays only for a stat of each file.
+    """
+
+    def __init__(self, record: Any, rt: Runtime | None = None):
+        spec = WorkspaceSpec(**record.workspace)
+        self.record = record
+        self.rt = rt or record.runtime()
+        hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+        targets = [Target(h.addr, h.host, h.host_rank) for h in hosts]
+        self.pushers = [WorkspacePusher(self.rt, src, targets, name=name, unreadable=spec.unreadable,
+                                        honour_ignores=ignores) for name, src, ignores in spec.mounts()]
+        self._index_path = os.path.join(record.job_dir, "workspace.index")
+        self._load_index()
+
+    def sync(self) -> list[SyncResult]:
+        """Push every tree now (unchanged trees cost a stat of each file)."""
+        results = []
+        for p in self.pushers:
+            results.append(p.sync())
+        self._save_index()
+        return results
+
+    def mounts(self) -> dict[int, dict]:
+        """Host rank -> the workspace mount's status there, from the last sync."""
+        return self._mounts
+
+    def _load_index(self) -> None:
+        import pickle
+
+        self._mounts: dict[int, dict] = {}
+        try:
+            with open(self._index_path, "rb") as f:
+                saved = pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError):
+            return
+        if not isinstance(saved, dict) or saved.get("hosts") != [t.addr for t in self.pushers[0].targets]:
+            return
+        for p in self.pushers:
+            known = saved.get("known", {}).get(p.name)
+            if isinstance(known, dict):
+                p.packer._known = known
+            p.committed = saved.get("committed", {}).get(p.name, "")
+            p.present = set(saved.get("present", {}).get(p.name, ()))
+
+    def _save_index(self) -> None:
+        import pickle
+
+        from monarch._workbench.state import write_atomic
+
+        data = {"hosts": [t.addr for t in self.pushers[0].targets],
+                "known": {p.name: p.packer._known for p in self.pushers},
+                "committed": {p.name: p.committed for p in self.pushers},
+                "present": {p.name: sorted(p.present) for p in self.pushers}}
+        try:
+            write_atomic(self._index_path, pickle.dumps(data, protocol=5))
+        except OSError:
+            pass  # only a cache
+
+
+def set_workspace(record: Any, path: str, *, source: str, env_dir: str = "", unreadable: str = "skip") -> None:
+    """Record in the job state that ``source`` (and ``env_dir``) are synced to the hosts."""
+    from monarch._workbench.state import save_state
+
+    record.workspace = {"source": check_source(source),
+                        "env_dir": check_source(env_dir, "environment folder") if env_dir else "",
+                        "unreadable": unreadable}
+    save_state(path, record)
+
+
+def describe(results: list[SyncResult], hosts: int) -> str:
+    """One line about a sync, in a user's words."""
+    parts = []
+    for r, name in zip(results, ("workspace", "env")):
+        what = f"{name}: {r.files:,} files, {fmt_bytes(r.bytes)}"
+        if not r.changed and not r.sent_chunks:
+            parts.append(f"{what}, unchanged")
+        else:
+            parts.append(f"{what}, sent {fmt_bytes(r.sent_bytes)} ({r.sent_chunks} chunks) in {r.seconds * 1000:.0f} ms")
+    skipped = sum(len(r.skipped) for r in results)
+    line = f"synced to {hosts} host{'s' if hosts != 1 else ''}: " + "; ".join(parts)
+    if skipped:
+        line += f"; skipped {skipped} unreadable: " + ", ".join(p for r in results for p, _ in r.skipped[:5])
+    return line
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

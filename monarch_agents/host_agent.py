@@ -1,0 +1,383 @@
+"""The host agent: one long-lived process per reserved host.
+
+It owns what every capability shares: the runtime (its address), the warm
+zygote that forks children, the children themselves, and their owners (when an
+owner's connection drops, every child it owned is killed: nothing outlives its
+owner).  Everything it does for clients is a service (``monarch_agents.services``):
+procs, runs and shells today, each in its own module, listed in :data:`SERVICES`.
+
+Run as ``python -m monarch_agents.host_agent``; it reads the job's keys as JSON on
+stdin (never from the command line, where ``ps`` would show them) and writes
+its address, atomically, to ``--agent-file``.  ``Shutdown``, SIGTERM or the
+zygote's death stop it in order: each service (last listed first) stops its
+children against one deadline, then the zygote, then the sockets, and the
+process exits normally.
+
+What it does not do: restart procs, or reserve hosts (schedulers do that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Iterable
+
+from monarch_agents import messages as m
+from monarch_agents.keys import CLIENT, LOCAL_PROC
+from monarch_agents.runtime import Runtime, install
+from monarch_agents.services import (Child, SerialWorker, Service, debug, killpg, procs, relay, runs, shells, telemetry,
+                                     workspace)
+from monarch_agents.transport import JobKeys, route_ip
+from monarch_agents.zygote import ZygoteClient
+
+log = logging.getLogger("monarch.host_agent")
+
+#: The agent's services, in start order; they stop in the reverse order.  A new capability is a
+#: module in monarch_agents/services/ and one line here (see ``monarch_agents.services``).
+SERVICES: tuple[type[Service], ...] = (
+    telemetry.TelemetryService,  # first, so it stops last: rows recorded while the others stop are kept
+    workspace.WorkspaceAgentService,  # before runs, so it stops after them: runs leave its mount before it unmounts
+    debug.DebugService,  # stops after the ranks whose sessions it relays
+    procs.ProcsService,
+    runs.RunsService,
+    shells.ShellsService,
+    relay.RelayService,  # listens only where --relay-port is given (a client behind a port-forward)
+)
+
+#: What any member of the job may send a host agent (procs announce themselves; a reply only
+#: resolves a port the agent opened).
+_FROM_ANY_MEMBER = frozenset({m.Ping, m.ProcReady, m.Reply})
+
+#: How long an ordered stop may take, all services together (each gives its children ~1 s after SIGTERM).
+_STOP_DEADLINE_S = 5.0
+#: How long the zygote gets to exit after SIGTERM.
+_ZYGOTE_STOP_S = 1.0
+#: How long a proc whose owner died may take to exit after SIGTERM before it is killed.
+_REAP_GRACE_S = 1.0
+
+
+class HostAgent:
+    """One host's agent: its runtime, its zygote, its children, and the services that use them.
+
+    What a service may use: ``keys``, ``host``, ``host_rank``, ``log_dir``, ``rt``,
+    ``stopping``; :meth:`send`, :meth:`reply`, :meth:`track_owner`, :meth:`child_env`, :meth:`place_child`,
+    :meth:`stdio_for`, :meth:`start_child`, :meth:`wait_exited`.
+    """
+
+    def __init__(self, keys: JobKeys, *, host: str, host_rank: int, bind_host: str, log_dir: str,
+                 ephemeral: bool, preload: list[str], inherit_stdio: bool,
+                 services: Iterable[type[Service]] = SERVICES, port: int = 0, relay_port: int = 0):
+        self.keys = keys
+        #: Where the relay service stands in for a client outside the cluster (0: no relay).
+        self.relay_port = relay_port
+        self.host = host
+        self.host_rank = host_rank
+        self.log_dir = log_dir
+        self.ephemeral = ephemeral
+        self.inherit_stdio = inherit_stdio
+        self.rt = install(Runtime(keys, bind_host=bind_host, name=f"host-agent[{host}]", host=host,
+                                     bind_port=port, host_agent=True, admit=self._admit))
+        self.started_at = time.time()
+        self.lock = threading.RLock()
+        self.exits = threading.Condition(self.lock)  # notified whenever a child exits
+        self.pending: dict[int, Child] = {}  # zygote request id -> child, until "spawned" (or "error")
+        self.children: dict[int, Child] = {}  # pid -> child, until it exits
+        self.owners: set[str] = set()
+        #: Set once a stop was asked for (Shutdown, SIGTERM, the zygote's death, an ephemeral agent's
+        #: last owner leaving); :meth:`run_until_stopped` then stops everything in order.
+        self.stopping = threading.Event()
+        self.stopped = threading.Event()
+        #: This host's telemetry (``monarch_telemetry.host.HostTelemetry``), set by the telemetry
+        #: service; other services tell it what happens.  None when that service is not listed.
+        self.telemetry: Any = None
+        self._base_env = dict(os.environ)
+        self._base_env["MONARCH_HOSTNAME"] = host
+        os.makedirs(log_dir, exist_ok=True)
+        self.zygote = ZygoteClient.start(preload)
+        self.services: list[Service] = [cls(self) for cls in services]
+        self._from_local_procs = frozenset().union(*(type(s).from_local_procs for s in self.services))
+        self._workers: list[SerialWorker] = []
+
+    def _admit(self, msg_type: type, role: str) -> bool:
+        """Who may ask what: the client anything; user code in procs (which holds only the proc key)
+        what actors need: say it is ready, ping, answer, and what services allow procs of this host."""
+        if role == CLIENT or msg_type in _FROM_ANY_MEMBER:
+            return True
+        return role == LOCAL_PROC and msg_type in self._from_local_procs
+
+    # -- startup -----------------------------------------------------------
+
+    def start(self) -> str:
+        rt = self.rt
+        rt.register(m.Ping, self.on_ping)
+        rt.register(m.Shutdown, self.on_shutdown)
+        for service in self.services:
+            worker = SerialWorker(f"service-{service.name}") if service.blocking else None
+            if worker is not None:
+                self._workers.append(worker)
+            for msg_type, handler in service.handlers().items():
+                if worker is None:
+                    rt.register(msg_type, handler)
+                else:
+                    rt.register(msg_type, lambda msg, h=handler, w=worker: w.submit(h, msg))
+        addr = rt.start().addr
+        threading.Thread(target=self._zygote_events, name="zygote-events", daemon=True).start()
+        return addr
+
+    # -- what services use -------------------------------------------------
+
+    def send(self, addr: str, msg: Any) -> None:
+        """Send ``msg``; a peer that is gone is not an error here (it is logged)."""
+        try:
+            self.rt.send(addr, msg)
+        except Exception as e:
+            log.debug("could not send %s to %s: %s", type(msg).__name__, addr, e)
+
+    def reply(self, port: m.PortRef, value: Any, ok: bool = True) -> None:
+        self.send(port.addr, m.Reply(port.port_id, 0, ok, value))
+
+    def track_owner(self, owner: str) -> None:
+        """Kill every child of ``owner`` when its connection is lost (the client died)."""
+        with self.lock:
+            if owner in self.owners:
+                return
+            self.owners.add(owner)
+        self.rt.watch(owner, lambda err: self._owner_lost(owner))
+        self.rt.mailbox.connect(owner)
+
+    def child_env(self, extra: dict) -> dict[str, str]:
+        """The environment of a child: the agent's, ``extra`` on top, and ``MONARCH_HOSTNAME``."""
+        env = dict(self._base_env)
+        env.update({str(k): str(v) for k, v in extra.items()})
+        env["MONARCH_HOSTNAME"] = self.host
+        return env
+
+    def place_child(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
+        """Where a child starts and its environment, after every service had its say (the workspace mount)."""
+        for s in self.services:
+            cwd, env = s.place(cwd, env)
+        return cwd, env
+
+    def stdio_for(self, rel: str) -> list[int]:
+        """stdout and stderr fds for a child logging to ``<log_dir>/<rel>`` (the caller closes them)."""
+        if self.inherit_stdio:
+            return [1, 2]
+        path = os.path.join(self.log_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return [fd, os.dup(fd)]
+
+    def start_child(self, request: dict, fds: list[int], child: Child) -> None:
+        """Have the zygote start ``request`` with ``fds`` as its stdio; ``child`` hears what happens."""
+        with self.lock:  # held so the "spawned" event cannot be read before this is noted
+            rid = self.zygote.request(request, fds)
+            self.pending[rid] = child
+
+    def wait_exited(self, children: list[Child], deadline: float) -> bool:
+        """Wait until every one of ``children`` has exited (True), or until ``deadline`` (False)."""
+        with self.exits:
+            return self.exits.wait_for(lambda: all(c.exited is not None for c in children),
+                                       max(0.0, deadline - time.monotonic()))
+
+    # -- owners and children -------------------------------------------------
+
+    def _owner_lost(self, owner: str) -> None:
+        log.info("owner %s is gone; reaping what it owned", owner)
+        with self.lock:
+            self.owners.discard(owner)
+            victims = [c for c in self.children.values() if c.owner == owner]
+            last = not self.owners
+        # SIGTERM first: a proc pushes its last telemetry rows (half a second at most), then SIGKILL
+        # whatever is left, so an owner's death still reaps everything it owned.
+        for c in victims:
+            killpg(c.pid, signal.SIGTERM)
+        if victims:
+            kill = threading.Timer(_REAP_GRACE_S, lambda: [killpg(c.pid, signal.SIGKILL) for c in victims
+                                                            if c.pid in self.children])
+            kill.daemon = True
+            kill.start()
+        if self.ephemeral and last:
+            self.request_stop()
+
+    def _zygote_events(self) -> None:
+        while True:
+            ev = self.zygote.recv_event()
+            if ev is None:
+                if not self.stopping.is_set():
+                    log.error("zygote exited; host agent stops")
+                    self.request_stop()
+                return
+            op = ev["op"]
+            try:
+                if op == "spawned":
+                    self._spawned(ev["id"], ev["pid"])
+                elif op == "error":
+                    with self.lock:
+                        child = self.pending.pop(ev["id"], None)
+                    if child is not None:
+                        child.on_failed(ev["error"])
+                elif op == "exited":
+                    self._exited(ev["pid"], ev["code"], ev["reason"])
+            except Exception:
+                log.exception("zygote event %s failed", op)
+
+    def _spawned(self, rid: int, pid: int) -> None:
+        with self.lock:
+            child = self.pending.pop(rid, None)
+            if child is None:
+                return
+            child.pid = pid
+            self.children[pid] = child
+        child.on_started(pid)
+        if child.owner and self.rt.death(child.owner) is not None:
+            # Its owner died while it was being started, after _owner_lost looked for victims.
+            killpg(pid, signal.SIGKILL)
+
+    def _exited(self, pid: int, code: int | None, reason: str) -> None:
+        with self.exits:
+            child = self.children.pop(pid, None)
+            if child is None:
+                return
+            child.exited = (code, reason)
+            self.exits.notify_all()
+        child.on_exited(code, reason)
+
+    # -- status and stop -----------------------------------------------------
+
+    def on_ping(self, msg: m.Ping) -> None:
+        if self.ephemeral:
+            self.track_owner(msg.reply.addr)
+        services = {}
+        for s in self.services:
+            try:
+                services[s.name] = s.info()
+            except Exception as e:
+                services[s.name] = {"error": str(e)}
+        info = m.HostInfo(self.host, self.host_rank, os.getpid(), self.rt.addr, self.rt.mailbox.bind_host,
+                          self.started_at, self.log_dir, services)
+        self.reply(msg.reply, info)
+
+    def on_shutdown(self, msg: m.Shutdown) -> None:
+        if msg.reply is not None:
+            self.reply(msg.reply, True)
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Ask for an ordered stop (from any thread or a signal handler); returns at once."""
+        self.stopping.set()
+
+    def run_until_stopped(self) -> None:
+        """Wait for a stop request, then stop in order (on the thread that started the zygote:
+        its parent-death signal follows that thread)."""
+        while not self.stopping.wait(1.0):
+            pass
+        self.stop()
+
+    def stop(self, deadline_s: float = _STOP_DEADLINE_S) -> None:
+        """Stop every service (last listed first), then the zygote, then the sockets."""
+        self.stopping.set()
+        deadline = time.monotonic() + deadline_s
+        for service in reversed(self.services):
+            try:
+                service.stop(deadline)
+            except Exception:
+                log.exception("service %s failed to stop", service.name)
+        with self.lock:
+            left = list(self.children.values())
+        for c in left:  # a child no service knew of any more
+            killpg(c.pid, signal.SIGKILL)
+        for w in self._workers:
+            w.close(deadline)
+        self.zygote.stop(time.monotonic() + _ZYGOTE_STOP_S)
+        self.rt.close()  # lingers until what was sent to same-host peers has left
+        self.stopped.set()
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Write ``data`` to ``path`` so a reader never sees half a file (mode 0600)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _interpreter_first_on_path() -> None:
+    """Put this interpreter's bin folder first on PATH for everything the agent runs.
+
+    The agent runs on the interpreter ``monarch serve`` ran on (a venv's python, say), so
+    ``python`` and ``torchrun`` in a command mean that environment's, whether or not the
+    venv was activated in the shell that served.
+    """
+    bindir = os.path.dirname(sys.executable)
+    if not bindir:
+        return
+    rest = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != bindir]
+    os.environ["PATH"] = os.pathsep.join([bindir, *rest])
+    if sys.prefix != sys.base_prefix:
+        os.environ["VIRTUAL_ENV"] = sys.prefix
+
+
+def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERVICES) -> None:
+    """Start a host agent with ``services`` and return once it has stopped."""
+    p = argparse.ArgumentParser(prog="python -m monarch_agents.host_agent", description="monarch host agent")
+    p.add_argument("--host-rank", type=int, default=0)
+    p.add_argument("--hostname", default="")
+    p.add_argument("--bind", default="", help="address to bind (default: the route to --client-host)")
+    p.add_argument("--client-host", default="127.0.0.1", help="where clients connect from")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--agent-file", default="", help="write this agent's address here (JSON)")
+    p.add_argument("--keys-file", default="", help="read the job's keys from this JSON file instead of stdin")
+    p.add_argument("--log-dir", default="")
+    p.add_argument("--ephemeral", action="store_true", help="exit when the last owner disconnects")
+    p.add_argument("--inherit-stdio", action="store_true", help="procs write to this process's stdout/stderr")
+    p.add_argument("--preload", default="", help="comma-separated modules the zygote imports once")
+    p.add_argument("--relay-port", type=int, default=0,
+                   help="stand in on this port for a client that reaches hosts only through port-forwards")
+    p.add_argument("--info-fd", type=int, default=-1, help="write the address JSON to this fd, then close it")
+    args = p.parse_args(argv)
+
+    logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _interpreter_first_on_path()
+    if args.keys_file:
+        with open(args.keys_file) as f:
+            keys = JobKeys(**json.load(f))
+    else:
+        keys = JobKeys(**json.loads(sys.stdin.readline()))
+    host = args.hostname or os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
+    try:
+        bind = args.bind or route_ip(args.client_host, fallback=None)
+    except OSError as e:
+        # Loopback instead would be an agent that looks up but that no client can ever reach.
+        sys.exit(f"host agent on {host}: no route from this host to the client host {args.client_host} "
+                 f"({e.strerror or e}); give an address it can reach (`monarch serve --client-host ADDR`)")
+    log_dir = args.log_dir or os.path.join(os.path.expanduser("~"), ".monarch", "logs", host)
+    agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
+                      ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],
+                      inherit_stdio=args.inherit_stdio, services=services, port=args.port,
+                      relay_port=args.relay_port)
+    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
+    signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
+    addr = agent.start()
+    info = {"addr": addr, "pid": os.getpid(), "host": host, "host_rank": args.host_rank, "ip": bind,
+            "log_dir": log_dir, "started_at": agent.started_at}
+    if args.agent_file:
+        write_json_atomic(args.agent_file, info)
+    if args.info_fd >= 0:
+        with os.fdopen(args.info_fd, "w") as f:
+            f.write(json.dumps(info) + "\n")
+    else:
+        print(json.dumps(info), flush=True)
+    agent.run_until_stopped()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""Every message that crosses a process boundary, one dataclass per kind.
+
+Messages are one-way: each process has one inbound address, and a request that
+wants an answer names a :class:`PortRef` (address + port id) to send it to.
+User values (endpoint arguments, results) travel as :class:`Pickled` so that they
+are encoded once for a whole mesh and decoded by the thread that uses them,
+not by the receive loop.
+
+Every ``monarch`` command imports this module, so it is built to import fast:
+``@message`` is a dataclass that generates only ``__init__`` (Python generates
+each dataclass method by compiling source: ``frozen``, ``repr`` and ``eq`` on two
+dozen classes cost ~15 ms per command), with ``__repr__`` and ``__eq__`` from
+:class:`Message`.  Treat messages as immutable all the same.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch_agents import wire
+
+
+class Message:
+    """The base of every message: a readable repr and field-wise equality, without generated code."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__dataclass_fields__)  # type: ignore[attr-defined]
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__dataclass_fields__)  # type: ignore[attr-defined]
+
+
+def message(cls: type) -> type:
+    """Make ``cls`` (a subclass of :class:`Message`) a dataclass with only ``__init__`` generated."""
+    return dataclass(repr=False, eq=False)(cls)
+
+
+@message
+class Pickled(Message):
+    """A user value, pickled once; decode with :meth:`load`."""
+
+    body: Any
+    buffers: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, value: Any) -> "Pickled":
+        body, buffers = wire.dumps(value)
+        return cls(body, list(buffers))
+
+    def load(self) -> Any:
+        return wire.loads(self.body, self.buffers)
+
+    def __reduce__(self) -> Any:
+        bufs = [b if isinstance(b, pickle.PickleBuffer) else pickle.PickleBuffer(b) for b in self.buffers]
+        return Pickled, (pickle.PickleBuffer(self.body) if len(self.body) >= wire.OOB_THRESHOLD else bytes(self.body), bufs)
+
+
+class Streamed(Message):
+    """A message of a stream (a run's output, a shell's bytes, later debug and sync sessions).
+
+    Each carries the ``port_id`` of the port its stream was opened on
+    (:meth:`monarch_agents.runtime.Runtime.open_stream`); the runtime hands it to that port,
+    so any number of streams of one kind coexist in one process.
+    """
+
+    port_id: int
+
+
+@dataclass(frozen=True)
+class PortRef:  # stays a frozen dataclass: small, and hashable
+    """Where to send answers: a process's inbound address and a port in it."""
+
+    addr: str
+    port_id: int
+
+
+@message
+class Reply(Message):
+    """One answer to a port. ``ok`` False means ``payload`` is an exception."""
+
+    port_id: int
+    rank: int
+    ok: bool
+    payload: Any
+
+
+# --- proc agent -------------------------------------------------------------
+
+
+@message
+class SpawnActor(Message):
+    actor_id: str
+    name: str
+    payload: Pickled  # (cls, args, kwargs)
+    point: dict
+    extent: dict
+    reply: PortRef
+    owner: str
+    creator: str = ""  # the spawner's qualified name, for log lines (``<root>.<mod.Cls name>``)
+
+
+@message
+class Call(Message):
+    actor_id: str
+    method: str
+    payload: Pickled  # (args, kwargs)
+    point: dict
+    extent: dict
+    reply: PortRef | None
+    rank: int  # the receiver's rank in the slice that was messaged
+    sender: str
+
+
+@message
+class StopActor(Message):
+    actor_id: str
+    reply: PortRef
+    rank: int = 0
+
+
+@message
+class StopProc(Message):
+    reply: PortRef | None
+
+
+# --- host agent -------------------------------------------------------------
+
+
+@message
+class SpawnProcs(Message):
+    """Start ``count`` proc agents owned by ``owner``; answer a list of ProcInfo."""
+
+    mesh_id: str
+    count: int
+    owner: str
+    reply: PortRef
+    env: dict
+    preload: tuple = ()
+    point_base: int = 0
+
+
+@message
+class ProcInfo(Message):
+    addr: str
+    pid: int
+    host: str
+    host_rank: int
+
+
+@message
+class ProcDied(Message):
+    """Sent by a host agent to a proc's owner the moment the proc exits."""
+
+    addr: str
+    pid: int
+    host: str
+    reason: str
+    exit_code: int | None
+
+
+@message
+class StopProcs(Message):
+    mesh_id: str
+    reply: PortRef | None
+
+
+@message
+class KillProc(Message):
+    """Signal one proc agent this host agent started (by pid; any other pid is refused)."""
+
+    pid: int
+    signum: int
+    reply: PortRef | None
+
+
+@message
+class Ping(Message):
+    reply: PortRef
+
+
+@message
+class HostInfo(Message):
+    """A host agent's answer to Ping: who it is, and each service's ``info()`` by service name."""
+
+    host: str
+    host_rank: int
+    pid: int
+    addr: str
+    ip: str
+    started_at: float
+    log_dir: str
+    services: dict = field(default_factory=dict)
+
+    @property
+    def procs(self) -> list:
+        """The proc agents running there (pid, mesh, addr, owner)."""
+        return self.services.get("procs", {}).get("procs", [])
+
+    @property
+    def runs(self) -> list:
+        """The ranks of runs still running there (run_id, rank, pid, argv, started)."""
+        return self.services.get("runs", {}).get("runs", [])
+
+
+@message
+class RunCommand(Message):
+    """Run ``argv`` on the host; output streams to the port ``reply`` as RunOutput, then one RunExited.
+
+    ``reply.addr`` empty: a detached run, output only in the host's log."""
+
+    run_id: str
+    argv: list
+    env: dict
+    cwd: str | None
+    reply: PortRef
+    rank: int
+    owner: str
+
+
+@message
+class RunOutput(Streamed):
+    port_id: int
+    run_id: str
+    rank: int
+    stream: str  # "stdout" | "stderr"
+    data: bytes
+
+
+@message
+class RunExited(Streamed):
+    """The end of a run's rank (or of a shell): the last message of its stream."""
+
+    port_id: int
+    run_id: str
+    rank: int
+    exit_code: int
+    reason: str
+
+
+@message
+class SignalRun(Message):
+    run_id: str
+    signum: int
+
+
+@message
+class Shutdown(Message):
+    reply: PortRef | None
+
+
+@message
+class OpenShell(Message):
+    """Start an interactive shell on a pty: its bytes stream to the port ``reply`` as ShellOutput
+    (then one RunExited); keys and window sizes come back as ShellData."""
+
+    shell_id: str
+    argv: list
+    env: dict
+    cwd: str | None
+    rows: int
+    cols: int
+    reply: PortRef
+    owner: str
+
+
+@message
+class ShellData(Message):
+    """Keys for a shell (and its new window size, when ``rows`` and ``cols`` are set)."""
+
+    shell_id: str
+    data: bytes
+    rows: int = 0
+    cols: int = 0
+
+
+@message
+class ShellOutput(Streamed):
+    port_id: int
+    shell_id: str
+    data: bytes
+
+
+@message
+class ProcReady(Message):
+    """A new proc agent telling its host agent where it listens."""
+
+    token: str
+    addr: str
+    pid: int
+
+
+@message
+class ReadLog(Message):
+    """Ask a host agent for bytes of a run's log, from ``offset``; answers (data, size, done)."""
+
+    run_id: str
+    stream: str
+    offset: int
+    reply: PortRef
+
+
+@message
+class ActorFailed(Message):
+    """An actor failed (its supervision was not handled); sent to the actor's owner."""
+
+    addr: str
+    actor_id: str
+    rank: int
+    host: str
+    reason: str
+
+
+@message
+class ProcStopping(Message):
+    """A proc telling the owners of its actors that it is being stopped (not failing)."""
+
+    addr: str
+
+
+# --- telemetry (see monarch_telemetry and monarch_agents/services/telemetry.py) -------------------------
+
+
+@message
+class TelemetryRows(Message):
+    """Rows a proc or client recorded, for its host agent's tables: {table: (rows, columns)}."""
+
+    rows: dict
+
+
+@message
+class TelemetryScan(Message):
+    """Run pushed-down scans over the host's tables; answers {table: Arrow IPC bytes or an error}."""
+
+    scans: dict
+    timeout_s: float
+    reply: PortRef
+
+
+@message
+class TakeStacks(Message):
+    """py-spy stacks of live procs and ranks (``ranks``: only those run ranks); answers Arrow IPC bytes."""
+
+    ranks: list | None
+    reply: PortRef
+
+
+# --- debug sessions (``monarch debug``; monarch_agents/services/debug.py) ---------------
+
+
+@message
+class DebugList(Message):
+    """Ask a host agent for its debug sessions; answers a list of dicts (see DebugService.sessions_info)."""
+
+    reply: PortRef
+
+
+@message
+class DebugAttach(Message):
+    """Hold session ``sid``: its output streams to ``stream`` (DebugOutput, DebugSourceRequest, and
+    DebugEnded last); answers the replay."""
+
+    sid: int
+    client: str  # the attaching process's address
+    who: str  # shown to a second debugger: "user@host pid N"
+    reply: PortRef
+    stream: PortRef
+
+
+@message
+class DebugInput(Message):
+    """One command line for the session's pdb; ``eof`` is Ctrl-D."""
+
+    sid: int
+    client: str
+    data: bytes
+    eof: bool = False
+
+
+@message
+class DebugInterrupt(Message):
+    """Ctrl-C: interrupt the command the session's pdb is running."""
+
+    sid: int
+    client: str
+
+
+@message
+class DebugDetach(Message):
+    sid: int
+    client: str
+
+
+@message
+class DebugOutput(Streamed):
+    """Output of a held session; ``waiting`` is True when pdb now waits for a command."""
+
+    port_id: int
+    sid: int
+    host_rank: int
+    data: bytes
+    waiting: bool = False
+
+
+@message
+class DebugEnded(Streamed):
+    """A held session is over (the rank continued, quit or exited): the last message of its stream."""
+
+    port_id: int
+    sid: int
+    host_rank: int
+    reason: str
+
+
+@message
+class DebugSourceRequest(Streamed):
+    """The session's host lacks these source files; the holder answers with DebugSource."""
+
+    port_id: int
+    sid: int
+    host_rank: int
+    files: list
+
+
+@message
+class DebugSource(Message):
+    sid: int
+    files: dict  # name -> text, or None when the client has no such file either
+
+
+@message
+class DebugComplete(Message):
+    """Tab completion at the session's pdb prompt; answers a list of matches."""
+
+    sid: int
+    text: str
+    line: str
+    begidx: int
+    endidx: int
+    reply: PortRef
+
+
+@message
+class DebugWaiting(Streamed):
+    """On a run's stream, when one of its ranks opens a debug session."""
+
+    port_id: int
+    run_id: str
+    session: dict
+
+
+@message
+class ActorDebugWaiting(Message):
+    """To the owner of a proc, when one of its actors opens a debug session."""
+
+    session: dict

@@ -1,0 +1,732 @@
+"""The authenticated transport: one inbound address per process.
+
+Every monarch process (client, host agent, proc agent) owns one
+:class:`Mailbox`: a CURVE ROUTER socket bound to one TCP address, read by one
+IO thread, and a cache of outbound sockets, one per peer address, that any
+thread may send on (each behind its own lock, so sends never wait for the IO
+thread).  Messages are one-way; answers go to the sender's own address.
+
+A peer on the same host is reached through the Unix socket that stands for
+its TCP address (``monarch_agents/ipc.py``): the sending thread writes the message
+itself, large buffers go as shared memory, and no ZeroMQ thread or CURVE
+encryption sits in between.  Peers on other hosts get ZeroMQ DEALER sockets.
+
+Peers are watched: when the connection to a peer closes (the peer died, or its
+host did), ``on_peer_lost(addr)`` runs within milliseconds.  For ZeroMQ peers
+socket monitors tell, and ZMTP heartbeats catch peers that vanish without
+closing; a Unix socket simply reads end-of-file.
+
+A client that cannot reach its hosts' addresses, nor be reached by them (outside a Kubernetes
+cluster), gives a ``socks_proxy`` that opens its connections (through port-forward streams) and
+an ``advertise`` function that names an address in the cluster standing for it (a relay, see
+``monarch_agents.tunnel``); that address is marked (:func:`is_relayed`) so that no peer mistakes
+it for a process of its own host.
+
+Security: the ROUTER is a CURVE server, and a ZAP authenticator admits only the
+job's client key, so an unauthenticated peer never gets a message decoded; the
+Unix socket applies the same rule with a key handshake (see ``monarch_agents/ipc.py``).
+Nothing binds a wildcard address unless the caller passes one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+
+from monarch_agents import ipc, tunnel, wire
+from monarch_agents.zap import KeyGate
+from monarch_agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
+
+log = logging.getLogger("monarch.transport")
+
+_HWM = 1_000_000
+_COPY_THRESHOLD = 1 << 20
+_HEARTBEAT_IVL_MS = 1000
+_HEARTBEAT_TIMEOUT_MS = 5000
+#: How long closing (or exiting) waits for messages still queued to same-host peers, as
+#: ZeroMQ's linger does for TCP ones: "send, then exit" must deliver.
+_LINGER_S = 0.5
+#: A peer that has not completed the CURVE handshake by then is treated as gone.
+_CONNECT_DEADLINE_S = 5.0
+
+
+_ctx_lock = threading.Lock()
+_ctx: zmq.Context | None = None
+_ctx_pid = 0
+
+
+def context() -> zmq.Context:
+    """The one ZeroMQ context of this process (a fresh one after fork)."""
+    global _ctx, _ctx_pid
+    import os
+
+    with _ctx_lock:
+        if _ctx is None or _ctx_pid != os.getpid():
+            _ctx = zmq.Context()
+            _ctx.linger = 500
+            _ctx_pid = os.getpid()
+        return _ctx
+
+
+def reset_context() -> None:
+    """The next :func:`context` is a fresh one (after this process's runtime was closed)."""
+    global _ctx
+    with _ctx_lock:
+        _ctx = None
+
+
+def _monitor_event(frames: list[bytes]) -> int:
+    """The event id of a socket-monitor message (ZMQ_EVENT_*).
+
+    Parsed here rather than with ``zmq.utils.monitor``, which imports asyncio.
+    The first frame is a native-endian uint16 event id followed by an int32 value.
+    """
+    return struct.unpack("=hi", frames[0][:6])[0]
+
+
+_same_host: dict[str, bool] = {}
+
+
+def is_same_host(addr: str) -> bool:
+    """Whether ``addr`` is this host: an address of this process's own network stack.
+
+    Decided by the kernel's routing (the source address it would use to reach
+    ``addr`` is ``addr`` itself), not by names: a process in another network
+    namespace of this machine has its own stack and its own Unix-socket
+    namespace, so it is another host to us, as a different machine would be.
+    """
+    host = addr_host(addr)
+    same = _same_host.get(host)
+    if same is None:
+        try:
+            same = ipaddress.ip_address(host).is_loopback or route_ip(host) == host
+        except ValueError:
+            same = False
+        _same_host[host] = same
+    return same
+
+
+#: What a host agent's incarnation starts with: a peer connecting to it uses the host agents' server key.
+_HOST_MARK = "h"
+#: What a relayed address's incarnation starts with: the process is elsewhere, whatever the host says.
+_RELAY_MARK = "r"
+
+
+def is_relayed(addr: str) -> bool:
+    """Whether ``addr`` is a relay standing in for a process elsewhere (reached over TCP, never a Unix socket)."""
+    return addr.partition("#")[2].startswith(_RELAY_MARK)
+
+
+def is_host_agent(addr: str) -> bool:
+    """Whether ``addr`` is a host agent's (its incarnation is marked; hex digits never start with 'h')."""
+    return addr.partition("#")[2].startswith(_HOST_MARK)
+
+
+def zmq_endpoint(addr: str) -> str:
+    """The ZeroMQ endpoint of a monarch address (which ends with ``#`` and the process's incarnation)."""
+    return addr.split("#", 1)[0]
+
+
+def addr_host(addr: str) -> str:
+    rest = addr.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
+class _Peer:
+    """A ZeroMQ DEALER to a peer on another host, and its monitor."""
+
+    __slots__ = ("sock", "lock", "monitor", "connected", "created")
+
+    def __init__(self, sock: zmq.Socket, monitor: zmq.Socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.monitor = monitor
+        self.connected = False
+        self.created = time.monotonic()
+
+
+class PeerLost(Exception):
+    """Sending to a peer whose connection is known to be gone."""
+
+
+class Mailbox:
+    """This process's inbound address, its IO thread, and its outbound sockets.
+
+    ``on_message(msg)`` runs on the IO thread for each decoded message, and must
+    not block.  ``on_peer_lost(addr)`` runs on the IO thread when a peer we
+    have sent to goes away.  ``call_soon(fn)`` runs ``fn`` on the IO thread.
+    """
+
+    def __init__(
+        self,
+        keys: JobKeys,
+        on_message: Callable[[Any], None],
+        on_peer_lost: Callable[[str], None] | None = None,
+        bind_host: str = "127.0.0.1",
+        bind_port: int = 0,
+        name: str = "mailbox",
+        ctx: zmq.Context | None = None,
+        local_ipc: bool = True,
+        host: bool = False,
+        admit: Callable[[type, str], bool] | None = None,
+        on_refused: Callable[[Any, str], None] | None = None,
+        socks_proxy: str = "",
+        advertise: Callable[[str], str] | None = None,
+    ):
+        self.keys = keys
+        self.on_message = on_message
+        self.on_peer_lost = on_peer_lost or (lambda addr: None)
+        self.bind_host = bind_host
+        self.bind_port = bind_port
+        self.name = name
+        #: A host agent's mailbox: its own server keys, and its address says so (see :func:`is_host_agent`).
+        self.host = host
+        #: The receiver's policy: ``admit(message type, sender's role)``; a message it refuses is dropped.
+        self._admit = admit
+        self._on_refused = on_refused or (lambda msg, role: None)
+        self.stats_refused = 0
+        self.addr = ""
+        # One mailbox per process shares the process context; another one in the same process
+        # (tests) needs a context of its own, as each context has a single ZAP handler.
+        self._ctx = ctx or context()
+        self._auth: KeyGate | None = None
+        self._router: zmq.Socket | None = None
+        self._peers: dict[str, _Peer | ipc.Link] = {}
+        self._peers_lock = threading.Lock()
+        self._new_monitors: list[tuple[str, zmq.Socket]] = []
+        #: ``host:port`` of a SOCKS5 proxy every outbound TCP connection goes through ("" for none).
+        self._socks = socks_proxy
+        #: The address peers are told to use instead of the bound one (see the module docstring).
+        self._advertise = advertise
+        self._local_ipc = local_ipc and not socks_proxy and advertise is None
+        self._listener: ipc.Listener | None = None
+        self._links: dict[int, ipc.Link] = {}  # fd -> link, IO thread only
+        self._new_links: list[ipc.Link] = []
+        self._connecting: dict[str, threading.Lock] = {}
+        self._calls: list[Callable[[], None]] = []
+        self._calls_lock = threading.Lock()
+        self._timers: list[tuple[float, Callable[[], None]]] = []
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._wake_fd = -1
+        self._wake_lock = threading.Lock()
+        self._epoll: Any = None
+        # fd -> what to do when it is ready, and for ZeroMQ sockets the socket (IO thread only)
+        self._handlers: dict[int, Callable[[int], None]] = {}
+        self._zmq_fds: dict[zmq.Socket, int] = {}
+        self._redrain = False
+        self._drained = threading.Condition()
+        self._lingering = 0
+        self.dead: set[str] = set()
+        self.stats_received = 0
+        self.stats_dropped = 0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> str:
+        """Bind and start the IO thread; returns the bound address."""
+        self._auth = KeyGate(self._ctx, {k.encode(): role for k, role in self.keys.admitted().items()})
+        public, secret = self.keys.host_server if self.host else (self.keys.server_public, self.keys.server_secret)
+        if not secret:
+            raise ValueError(f"{self.name}: these keys cannot listen as a {'host agent' if self.host else 'member'}")
+        r = self._ctx.socket(zmq.ROUTER)
+        r.curve_server = True
+        r.curve_secretkey = secret.encode()
+        r.curve_publickey = public.encode()
+        r.rcvhwm = _HWM
+        # ZeroMQ drops a peer that announces a longer frame before allocating it.
+        r.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        r.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        r.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        host = self.bind_host
+        fmt = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
+        if self.bind_port:
+            r.bind(f"{fmt}:{self.bind_port}")
+        else:
+            r.bind(f"{fmt}:*")
+        # The address names this process, not just its port: a port freed by a dead proc is soon
+        # bound again, and what is known about the dead one (its death, its owner) must not stick
+        # to the new one.  ZeroMQ connects to the part before the '#'.
+        incarnation = os.urandom(6).hex()
+        endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self._advertise is not None:
+            try:
+                self.addr = f"{self._advertise(endpoint)}#{_RELAY_MARK}{incarnation}"
+            except BaseException:
+                r.close(0)
+                raise
+        else:
+            self.addr = f"{endpoint}#{_HOST_MARK if self.host else ''}{incarnation}"
+        self._router = r
+        if self._local_ipc:
+            try:
+                self._listener = ipc.Listener(self.addr, self.keys, host=self.host)
+            except OSError as e:  # taken, or no abstract sockets here: peers on this host use TCP
+                log.warning("%s: no Unix socket for %s (%s); same-host peers use TCP", self.name, self.addr, e)
+        self._epoll = select.epoll()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name=f"{self.name}-io", daemon=True)
+        self._thread.start()
+        atexit.register(self.linger)
+        return self.addr
+
+    def close(self) -> None:
+        """Stop the IO thread and close every socket. Safe to call twice."""
+        if not self._running:
+            return
+        atexit.unregister(self.linger)
+        self.linger()
+        self._running = False
+        self.wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        with self._peers_lock:
+            peers, self._peers = self._peers, {}
+            new_links, self._new_links = self._new_links, []
+        for p in peers.values():
+            if isinstance(p, ipc.Link):
+                p.close()
+                continue
+            try:
+                p.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            p.monitor.close(0)
+            p.sock.close()
+        for link in [*self._links.values(), *new_links]:
+            link.close()
+        self._links.clear()
+        if self._listener is not None:
+            self._listener.close()
+        if self._auth is not None:
+            self._auth.stop()
+
+    # -- sending -----------------------------------------------------------
+
+    def _peer(self, addr: str) -> _Peer | ipc.Link:
+        p = self._peers.get(addr)
+        if p is not None:
+            return p
+        with self._peers_lock:
+            connecting = self._connecting.setdefault(addr, threading.Lock())
+        with connecting:  # one connection per peer, however many threads send to it first
+            with self._peers_lock:
+                p = self._peers.get(addr)
+                if p is not None or addr in self.dead:
+                    self._connecting.pop(addr, None)
+                    if p is None:  # declared dead (and its socket closed) since the caller looked
+                        raise PeerLost(addr)
+                    return p
+            local = self._local_ipc and not is_relayed(addr) and is_same_host(addr)
+            link = ipc.connect(addr, self.keys, is_host_agent(addr)) if local else None
+            with self._peers_lock:
+                self._connecting.pop(addr, None)
+                if link is None and local and "#" in addr and self._listener is not None:
+                    # Unix sockets work here, and every process of this host listens on one: the
+                    # process is gone.  (TCP would reach whoever has its port now.)
+                    self.dead.add(addr)
+                    self.call_soon(lambda: self.on_peer_lost(addr))
+                    raise PeerLost(addr)
+                if link is not None:
+                    self._peers[addr] = p = link
+                    self._new_links.append(link)
+                else:
+                    p = self._zmq_peer(addr)
+        self.wake()
+        self.call_later(_CONNECT_DEADLINE_S, lambda: self._check_connected(addr))
+        return p
+
+    def _zmq_peer(self, addr: str) -> _Peer:
+        """A DEALER to ``addr`` (under the peers lock)."""
+        s = self._ctx.socket(zmq.DEALER)
+        server_public = self.keys.host_server[0] if is_host_agent(addr) else self.keys.server_public
+        public, secret = self.keys.identity
+        s.curve_serverkey = server_public.encode()
+        s.curve_publickey = public.encode()
+        s.curve_secretkey = secret.encode()
+        s.sndhwm = _HWM
+        s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        s.setsockopt(zmq.RECONNECT_IVL, 100)
+        if self._socks:
+            s.setsockopt(zmq.SOCKS_PROXY, self._socks.encode())
+            s.setsockopt(zmq.SOCKS_USERNAME, b"monarch")
+            s.setsockopt(zmq.SOCKS_PASSWORD, tunnel.token(self.keys).encode())
+        mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        try:
+            s.connect(zmq_endpoint(addr))
+        except zmq.ZMQError:
+            # A malformed address (say, from a corrupted message): close what we made,
+            # or each try leaks three sockets until the context has none left.
+            _close_quietly(s, mon)
+            raise
+        p = _Peer(s, mon)
+        self._peers[addr] = p
+        self._new_monitors.append((addr, mon))
+        return p
+
+    def _check_connected(self, addr: str) -> None:
+        p = self._peers.get(addr)
+        if p is not None and not p.connected and addr not in self.dead:
+            log.warning("%s: could not connect to %s within %.0f s", self.name, addr, _CONNECT_DEADLINE_S)
+            self.dead.add(addr)
+            self._close_peer(addr)
+            self.on_peer_lost(addr)
+
+    def connect(self, addr: str) -> None:
+        """Open the connection to ``addr`` now, so its loss is noticed even before we send."""
+        try:
+            self._peer(addr)
+        except PeerLost:
+            pass  # already known dead, and so already reported
+
+    def send(self, addr: str, msg: Any) -> None:
+        """Send ``msg`` to the process at ``addr``. Thread-safe; never blocks on the IO thread."""
+        if addr in self.dead:
+            raise PeerLost(addr)
+        p = self._peer(addr)
+        if type(p) is ipc.Link:
+            fds: list[int] = []
+            frames = wire.encode(msg, fds=fds if p.same_host else None)
+            try:
+                drain = p.send(frames, fds)
+            except ipc.PeerGone:
+                raise PeerLost(addr) from None
+            if drain:
+                self.call_soon(lambda: self._watch_writable(p))
+            return
+        self._send_zmq(addr, wire.encode(msg), p)
+
+    def _send_zmq(self, addr: str, frames: list[Any], p: _Peer) -> None:
+        big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
+        # Never block: the IO thread sends too (replies), and a DEALER with no pipe to its
+        # peer would wait forever.  With the pipe there, only a full queue says Again.
+        with p.lock:
+            try:
+                if big:
+                    tracker = p.sock.send_multipart(frames, zmq.NOBLOCK, copy=False, track=True)
+                else:
+                    p.sock.send_multipart(frames, zmq.NOBLOCK)
+                    return
+            except zmq.Again:
+                raise PeerLost(addr) from None
+            except zmq.ZMQError:
+                if p.sock.closed:  # the peer was declared dead meanwhile and its socket closed
+                    raise PeerLost(addr) from None
+                raise
+        # The caller may reuse its buffer as soon as we return: wait until sent (or
+        # dropped, when the peer dies and its socket is closed).
+        tracker.wait()
+
+    def linger(self, timeout: float = _LINGER_S) -> None:
+        """Wait, at most ``timeout``, until what was sent to same-host peers has left this process."""
+        if not self._running or threading.current_thread() is self._thread:
+            return
+
+        def drained() -> bool:
+            with self._peers_lock:
+                links = [p for p in self._peers.values() if type(p) is ipc.Link]
+            return not any(link.pending and not link.closed for link in links)
+
+        with self._drained:
+            self._lingering += 1
+            try:
+                self._drained.wait_for(drained, timeout)
+            finally:
+                self._lingering -= 1
+
+    def wake(self) -> None:
+        with self._wake_lock:  # so the IO thread cannot close the fd (and its number be reused) meanwhile
+            if self._wake_fd >= 0:
+                os.eventfd_write(self._wake_fd, 1)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the IO thread."""
+        with self._calls_lock:
+            self._calls.append(fn)
+        self.wake()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the IO thread after ``delay`` seconds."""
+        self.call_soon(lambda: self._timers.append((time.monotonic() + delay, fn)))
+
+    def forget(self, addr: str) -> None:
+        """Close the socket to ``addr`` (it will be reopened on the next send)."""
+        self.call_soon(lambda: self._close_peer(addr))
+
+    def _close_peer(self, addr: str) -> None:
+        """Close the sockets to ``addr`` (IO thread only).
+
+        Done for every peer declared dead: a long-lived host agent outlives many
+        clients, and three sockets kept per dead peer would use up the context.
+        Anything still queued for the peer is dropped, which also releases a
+        sender waiting in :meth:`_send_zmq` for a big message to leave.
+        """
+        with self._peers_lock:
+            p = self._peers.pop(addr, None)
+            if p is None:
+                return
+            if type(p) is ipc.Link:
+                self._new_links = [link for link in self._new_links if link is not p]
+        if type(p) is ipc.Link:
+            self._drop_link(p)
+            return
+        with self._peers_lock:
+            self._new_monitors = [(a, mon) for a, mon in self._new_monitors if mon is not p.monitor]
+        fd = self._zmq_fds.pop(p.monitor, None)
+        if fd is not None:
+            self._unwatch(fd)
+        with p.lock:
+            _close_quietly(p.sock, p.monitor)
+
+    # -- the IO thread -----------------------------------------------------
+
+    def _watch(self, fd: int, events: int, handler: Callable[[int], None]) -> None:
+        self._handlers[fd] = handler
+        self._epoll.register(fd, events)
+
+    def _unwatch(self, fd: int) -> None:
+        if self._handlers.pop(fd, None) is not None:
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    def _watch_zmq(self, sock: zmq.Socket, handler: Callable[[int], None]) -> None:
+        # A ZeroMQ socket's FD only says "look again": each handler reads until Again.
+        fd = sock.getsockopt(zmq.FD)
+        self._zmq_fds[sock] = fd
+        self._watch(fd, select.EPOLLIN, handler)
+
+    def _loop(self) -> None:
+        """The IO thread: one epoll over the ROUTER, the Unix sockets, monitors and the wake-up fd.
+
+        epoll rather than ``zmq.Poller``: most traffic is on plain sockets, and
+        zmq_poll plus its enum results cost more per message than the rest of
+        the loop.
+        """
+        router = self._router
+        assert router is not None
+        ep = self._epoll
+        self._watch_zmq(router, lambda ev: self._drain(router))
+        self._watch(self._wake_fd, select.EPOLLIN, self._on_wake)
+        listener = self._listener
+        if listener is not None:
+            self._watch(listener.fd, select.EPOLLIN, lambda ev: self._accept(listener))
+        handlers = self._handlers
+        try:
+            while self._running:
+                timeout = -1.0
+                if self._redrain:
+                    timeout = 0.0
+                elif self._timers:
+                    timeout = max(0.0, min(t for t, _ in self._timers) - time.monotonic())
+                for fd, ev in ep.poll(timeout):
+                    h = handlers.get(fd)
+                    if h is not None:
+                        h(ev)
+                if self._redrain:
+                    self._redrain = False
+                    self._drain(router)
+                if self._new_monitors:
+                    with self._peers_lock:
+                        new, self._new_monitors = self._new_monitors, []
+                    for addr, mon in new:
+                        self._watch_zmq(mon, lambda ev, mon=mon, addr=addr: self._monitor_event(mon, addr))
+                        self._monitor_event(mon, addr)  # what came before it was watched
+                if self._new_links:
+                    with self._peers_lock:
+                        links, self._new_links = self._new_links, []
+                    for link in links:
+                        self._add_link(link)
+                if self._calls:
+                    with self._calls_lock:
+                        calls, self._calls = self._calls, []
+                    for fn in calls:
+                        self._guard(fn)
+                if self._timers:
+                    now = time.monotonic()
+                    due = [t for t in self._timers if t[0] <= now]
+                    if due:
+                        self._timers = [t for t in self._timers if t[0] > now]
+                        for _, fn in due:
+                            self._guard(fn)
+                if self._lingering:  # someone waits for queued messages to leave: tell them
+                    with self._drained:
+                        self._drained.notify_all()
+        finally:
+            router.close(0)
+            ep.close()
+            with self._wake_lock:
+                fd, self._wake_fd = self._wake_fd, -1
+            os.close(fd)
+
+    def _on_wake(self, ev: int) -> None:
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:
+            pass
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("%s: callback failed", self.name)
+
+    def _drain(self, router: zmq.Socket) -> None:
+        for _ in range(1000):  # bounded so timers and monitors still get a turn
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            # The role the ZAP handler gave the peer's key (read only where a policy needs it).
+            self._deliver(frames[1:], (), frames[1].get("User-Id") if self._admit is not None and len(frames) > 1 else "")
+        self._redrain = True  # its FD will not say so again: come back without waiting
+
+    def _deliver(self, frames: Any, fds: Any, role: str) -> None:
+        try:
+            msg = wire.decode(frames, fds)
+        except wire.WireError as e:
+            self.stats_dropped += 1
+            log.warning("%s: dropped a malformed message: %s", self.name, e)
+            return
+        if self._admit is not None and not self._admit(type(msg), role):
+            self.stats_refused += 1
+            log.warning("%s: refused a %s from a peer with the %s key", self.name, type(msg).__name__, role or "no")
+            self._guard(lambda: self._on_refused(msg, role))
+            return
+        self.stats_received += 1
+        try:
+            self.on_message(msg)
+        except Exception:
+            log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+
+    # -- same-host links (IO thread) ----------------------------------------------
+
+    def _accept(self, listener: ipc.Listener) -> None:
+        links, refused = listener.accept()
+        if refused:
+            log.warning("%s: refused %d connection(s) from another user", self.name, refused)
+        for link in links:
+            self._add_link(link)
+
+    def _add_link(self, link: ipc.Link) -> None:
+        if link.closed:
+            return
+        self._links[link.fd] = link
+        self._watch(link.fd, select.EPOLLIN, lambda ev: self._link_event(link, ev))
+        if link.pending and link.ready:
+            self._watch_writable(link)
+
+    def _watch_writable(self, link: ipc.Link) -> None:
+        if self._links.get(link.fd) is link and not link.closed:
+            self._epoll.modify(link.fd, select.EPOLLIN | select.EPOLLOUT)
+
+    def _link_event(self, link: ipc.Link, ev: int) -> None:
+        try:
+            if ev & select.EPOLLOUT and not link.flush():
+                self._epoll.modify(link.fd, select.EPOLLIN)
+            if ev & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
+                was_ready = link.ready
+                messages, eof = link.receive()
+                for frames, fds in messages:
+                    self._deliver(frames, fds, link.role)
+                if link.ready and not was_ready and link.outbound and link.flush():
+                    self._watch_writable(link)
+                if eof:
+                    self._link_lost(link, "")
+        except ipc.LinkError as e:
+            log.warning("%s: closed a link: %s", self.name, e)
+            self._link_lost(link, str(e))
+        except (ipc.PeerGone, OSError):
+            self._link_lost(link, "")
+
+    def _link_lost(self, link: ipc.Link, why: str) -> None:
+        """An outbound link's end is its peer's death (or refusal); an inbound one's means nothing."""
+        self._drop_link(link)
+        addr = link.addr
+        if not link.outbound or self._peers.get(addr) is not link:
+            return
+        with self._peers_lock:
+            self._peers.pop(addr, None)
+        if addr not in self.dead:
+            self.dead.add(addr)
+            self._guard(lambda: self.on_peer_lost(addr))
+
+    def _drop_link(self, link: ipc.Link) -> None:
+        if self._links.get(link.fd) is link:
+            del self._links[link.fd]
+            self._unwatch(link.fd)
+        link.close()
+
+    def _monitor_event(self, mon: zmq.Socket, addr: str) -> None:
+        while True:
+            try:
+                event = _monitor_event(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            p = self._peers.get(addr) if addr else None
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and p is not None:
+                p.connected = True
+            elif event == zmq.EVENT_DISCONNECTED and addr and p is not None and p.connected:
+                if addr not in self.dead:
+                    self.dead.add(addr)
+                    self._guard(lambda: self.on_peer_lost(addr))
+                self._close_peer(addr)
+                return  # its monitor is closed now
+
+    def statistics(self) -> dict:
+        return {"received": self.stats_received, "dropped": self.stats_dropped, "refused": self.stats_refused,
+                "peers": len(self._peers)}
+
+
+def _close_quietly(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(0)
+    sock.close(0)
+
+
+def _nbytes(f: Any) -> int:
+    try:
+        return memoryview(f).nbytes
+    except TypeError:
+        return len(f)
+
+
+def route_ip(peer_host: str, fallback: str | None = "127.0.0.1") -> str:
+    """The local IP this host uses to reach ``peer_host`` (binds stay off 0.0.0.0).
+
+    Where there is no route (or the name does not resolve): ``fallback``, or
+    OSError when it is None.
+    """
+    try:
+        if ipaddress.ip_address(peer_host).is_loopback:
+            return peer_host
+    except ValueError:
+        pass
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((peer_host, 9))
+        return s.getsockname()[0]
+    except OSError:
+        if fallback is None:
+            raise
+        return fallback
+    finally:
+        s.close()

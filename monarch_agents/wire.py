@@ -1,0 +1,431 @@
+"""Framing: one message <-> a list of frames.
+
+A message on the wire is::
+
+    [header, body, buf_0, buf_1, ...]
+
+``header`` is a fixed struct (magic, version, number of buffers) followed by one
+kind byte per buffer: ``0`` the buffer travels as its own frame, ``1`` the
+frame holds only its length and the buffer is a shared-memory segment whose
+descriptor travels beside the frames (same-host peers, see ``monarch_agents/ipc.py``
+and ``monarch_agents/shm.py``).  ``body`` is pickle protocol 5; large buffers (NumPy
+arrays, tensors, big ``bytes``) are taken out of band so they are never copied
+into the pickle stream.
+
+This is the only module that calls ``pickle``.  It is only ever handed frames
+from an authenticated peer (see ``monarch_agents/transport.py`` and ``monarch_agents/ipc.py``);
+anything that does not decode raises :class:`WireError`, which the receive
+loop logs and drops.
+
+What this module does not do: compression, or encryption (CURVE does that).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import sys
+from typing import Any, Sequence
+
+import cloudpickle
+
+from monarch_agents import shm
+
+MAGIC = b"MNRC"
+VERSION = 1
+_HEADER = struct.Struct("!4sHI")  # magic, version, number of out-of-band buffers
+
+#: Buffers at least this large leave the pickle stream as their own frame.
+OOB_THRESHOLD = 64 * 1024
+#: Buffers at least this large go through shared memory when the peer shares our host.
+SHM_THRESHOLD = 1 << 20
+#: At most this many buffers of one message go through shared memory (the rest as frames).
+MAX_SEGMENTS = 32
+#: The longest frame (or shared-memory segment) a receiver accepts; a peer announcing more is cut
+#: off before anything is allocated for it.  ``MONARCH_MAX_FRAME_BYTES`` raises it for bigger tensors.
+MAX_FRAME_BYTES = int(os.environ.get("MONARCH_MAX_FRAME_BYTES", 8 << 30))
+
+_PROTO_5 = b"\x80\x05"  # how a pickle protocol 5 stream begins
+_KIND_FRAME = 0
+_KIND_SEGMENT = 1
+_SEGMENT = struct.Struct("!Q")  # a segment's frame: its length
+
+
+class WireError(Exception):
+    """A frame list that is not a well-formed monarch message."""
+
+
+def _rebuild_bytes(buf: Any) -> bytes:
+    return shm.to_bytes(buf)
+
+
+def _rebuild_bytearray(buf: Any) -> bytearray:
+    return bytearray(buf)
+
+
+class _Buffer:
+    """A big ``bytes``, ``bytearray`` or ``memoryview`` on its way out of band.
+
+    The C pickler writes ``bytes`` and ``bytearray`` into the stream itself and
+    never asks a reducer about them, so they are wrapped before pickling (a
+    ``memoryview`` arrives as ``bytes``, the one type it can become).
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __reduce__(self) -> Any:
+        rebuild = _rebuild_bytearray if type(self.obj) is bytearray else _rebuild_bytes
+        return rebuild, (pickle.PickleBuffer(self.obj),)
+
+
+#: How many containers, and how deep, :func:`_wrap_buffers` looks into for big bytes.
+_WALK_ITEMS = 256
+_WALK_DEPTH = 4
+
+
+def _wrap_buffers(obj: Any) -> Any:
+    """``obj`` with its big bytes-like values wrapped in :class:`_Buffer`.
+
+    Looks into tuples, lists and dicts (endpoint arguments and results are
+    mostly those), within a small budget so that a call with small arguments
+    pays next to nothing.  Bytes deeper down, or inside other objects, still
+    arrive intact, copied through the pickle stream.  A container that held a
+    big buffer is rebuilt, so two references to it become two copies.
+    """
+    return _rebuild(obj, _WALK_DEPTH) if _has_big(obj) else obj
+
+
+def _has_big(obj: Any) -> bool:
+    todo, budget = [(obj, _WALK_DEPTH)], _WALK_ITEMS
+    while todo:
+        o, depth = todo.pop()
+        t = type(o)
+        if t is bytes or t is bytearray:
+            if len(o) >= OOB_THRESHOLD:
+                return True
+        elif t is memoryview:
+            if o.nbytes >= OOB_THRESHOLD:
+                return True
+        elif depth and (t is tuple or t is list or t is dict):
+            budget -= len(o)
+            if budget < 0:
+                return False
+            for x in (o.values() if t is dict else o):
+                todo.append((x, depth - 1))
+    return False
+
+
+def _rebuild(o: Any, depth: int) -> Any:
+    t = type(o)
+    if t is bytes or t is bytearray:
+        return _Buffer(o) if len(o) >= OOB_THRESHOLD else o
+    if t is memoryview:
+        return _Buffer(o) if o.nbytes >= OOB_THRESHOLD and o.c_contiguous else o
+    if (t is not tuple and t is not list and t is not dict) or not depth or len(o) > _WALK_ITEMS:
+        return o
+    if t is dict:
+        return {k: _rebuild(v, depth - 1) for k, v in o.items()}
+    return t([_rebuild(x, depth - 1) for x in o])
+
+
+def _rebuild_tensor(buf: Any, dtype_name: str, shape: tuple, requires_grad: bool) -> Any:
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    mv = memoryview(buf)
+    if mv.readonly:
+        # Frames from ZeroMQ are read-only; torch wants writable memory.
+        mv = memoryview(bytearray(mv))
+    if mv.nbytes == 0:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        t = torch.frombuffer(mv, dtype=torch.uint8).view(dtype).reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+class _Pickler(cloudpickle.Pickler):
+    """Pickle 5 with out-of-band buffers for big bytes and CPU tensors.
+
+    cloudpickle pickles by value only what cannot be imported (classes and
+    functions from ``__main__``); everything importable goes by reference.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        if t.__module__ == "torch" and t.__name__ in ("Tensor", "Parameter"):
+            reduced = _reduce_tensor(obj)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _reduce_tensor(t: Any) -> Any:
+    if t.device.type != "cpu" or t.is_sparse or t.is_quantized or t.nbytes < OOB_THRESHOLD:
+        return None
+    if type(t).__name__ == "Parameter":
+        return None
+    c = t.detach().contiguous()
+    flat = c.view(-1).view(__import__("torch").uint8) if c.numel() else c
+    dtype_name = str(c.dtype).removeprefix("torch.")
+    return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), dtype_name, tuple(c.shape), t.requires_grad)
+
+
+# The C pickler is ~10x faster than a Python-level reducer_override; it is
+# right unless the stream names ``__main__`` (must go by value), holds torch
+# tensors (we send their memory out of band) or big in-band bytes.
+_REDO_MARKERS = (b"__main__",)
+
+
+_dispatch: dict | None = None
+
+
+def _tensor_dispatch() -> dict | None:
+    """copyreg's table plus torch.Tensor, built once torch is imported (None before).
+
+    The C pickler consults dispatch_table per type without calling into
+    Python for every object, so tensors go out of band at C speed.
+    """
+    global _dispatch
+    if _dispatch is None and "torch" in sys.modules:
+        import copyreg
+
+        def reduce(t: Any) -> Any:
+            return _reduce_tensor(t) or t.__reduce_ex__(5)
+        _dispatch = {**copyreg.dispatch_table, sys.modules["torch"].Tensor: reduce}
+    return _dispatch
+
+
+def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle a user value; returns the body and its out-of-band buffers."""
+    obj = _wrap_buffers(obj)
+    buffers: list[pickle.PickleBuffer] = []
+    f = io.BytesIO()
+    try:
+        p = pickle.Pickler(f, protocol=5, buffer_callback=_keep_into(buffers))
+        table = _tensor_dispatch()
+        if table is not None:
+            p.dispatch_table = table
+        p.dump(obj)
+        body = f.getvalue()
+    except Exception:
+        body = None
+    if body is not None and not any(m in body for m in _REDO_MARKERS):
+        return body, buffers
+    return dumps_full(obj)
+
+
+def _keep_into(buffers: list) -> Any:
+    def keep(b: pickle.PickleBuffer) -> bool:
+        # Small buffers stay in-band: a frame of their own costs more than the copy.
+        if b.raw().nbytes >= OOB_THRESHOLD:
+            buffers.append(b)
+            return False
+        return True
+    return keep
+
+
+def dumps_full(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle with cloudpickle for ``__main__`` and zero-copy tensors and bytes."""
+    obj = _wrap_buffers(obj)
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep(b: pickle.PickleBuffer) -> bool:
+        # Small buffers stay in-band: a frame of their own costs more than the copy.
+        if b.raw().nbytes >= OOB_THRESHOLD:
+            buffers.append(b)
+            return False
+        return True
+
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    return f.getvalue(), buffers
+
+
+def loads(body: Any, buffers: Sequence[Any]) -> Any:
+    """Inverse of :func:`dumps`: a user value, which may name any importable class."""
+    return pickle.loads(body, buffers=buffers)
+
+
+# --- the envelope unpickler ---------------------------------------------------------------
+
+#: Packages whose message classes (and the error types answers carry) an envelope may name.
+_OUR_PACKAGES = ("monarch_agents.", "monarch_rdmafs.", "monarch_telemetry.")
+#: Other names an envelope may load: functions of ours that only rebuild their own class, and
+#: value types of the standard library that messages carry (a signal number arrives as ``Signals``).
+ENVELOPE_GLOBALS = {
+    ("monarch_agents.errors", "_make_actor_error"),
+    ("monarch_agents.errors", "_make_supervision_error"),
+    ("signal", "Signals"),
+    # Telemetry rows are columns of array.array (rebuilt from a type code and bytes; no code runs).
+    ("array", "array"),
+    ("array", "_array_reconstructor"),
+}
+#: Builtins an envelope may name besides exception classes (protocol 5 writes most containers as opcodes).
+_SAFE_BUILTINS = {"set", "frozenset", "bytearray", "complex", "slice", "range"}
+
+
+class EnvelopeError(pickle.UnpicklingError):
+    """An envelope named something that is not a message type: it is never imported or called."""
+
+
+def _envelope_global(module: str, name: str) -> Any:
+    """What an envelope may load under ``module.name``: our message and error types, and no code."""
+    import importlib
+
+    if (module, name) in ENVELOPE_GLOBALS:
+        return getattr(importlib.import_module(module), name)
+    if module == "builtins":
+        obj = getattr(__import__("builtins"), name, None)
+        if isinstance(obj, type) and (issubclass(obj, BaseException) or name in _SAFE_BUILTINS):
+            return obj
+    elif module.startswith(_OUR_PACKAGES) and "." not in name:
+        obj = getattr(importlib.import_module(module), name, None)
+        if isinstance(obj, type) and _is_record_type(obj):
+            return obj
+    elif module in sys.modules and "." not in name:
+        # A message type of a service plugged in from elsewhere: its module is already imported
+        # (the receiver registered a handler for it); a peer never makes us import one.
+        obj = getattr(sys.modules[module], name, None)
+        if isinstance(obj, type) and _is_message_type(obj):
+            return obj
+    raise EnvelopeError(f"an envelope may not name {module}.{name} (user values travel as Pickled)")
+
+
+def _is_message_type(cls: type) -> bool:
+    from monarch_agents.messages import Message
+
+    return issubclass(cls, Message)
+
+
+def _is_record_type(cls: type) -> bool:
+    import dataclasses
+    import enum
+
+    return dataclasses.is_dataclass(cls) or issubclass(cls, (BaseException, enum.Enum))
+
+
+_envelope_globals: dict[tuple[str, str], Any] = {}
+
+
+class _EnvelopeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        key = (module, name)
+        obj = _envelope_globals.get(key)
+        if obj is None:
+            obj = _envelope_globals[key] = _envelope_global(module, name)
+        return obj
+
+
+def loads_envelope(body: Any, buffers: Sequence[Any]) -> Any:
+    """Unpickle a message: only monarch's own message and error types may be named.
+
+    A user value inside travels as :class:`~monarch_agents.messages.Pickled` and
+    is unpickled by :func:`loads` only by the code that uses it; so a peer cannot
+    make a receive loop import a module or call a function of its choosing.
+    """
+    return _EnvelopeUnpickler(io.BytesIO(body), buffers=buffers).load()
+
+
+def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
+    """Frames for a monarch message.
+
+    With ``fds`` (a peer on this host), large buffers go into shared-memory
+    segments whose descriptors are appended to it; the caller sends them with
+    the frames, or closes them.  Messages are our own dataclasses, so the plain
+    C pickler does; user values inside them are already
+    :class:`~monarch_agents.messages.Pickled`.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+    return encode_parts(body, buffers, fds)
+
+
+def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[int] | None = None) -> list[Any]:
+    kinds = bytearray()
+    frames: list[Any] = [b"", body]
+    made = 0
+    try:
+        for b in buffers:
+            raw = b.raw()
+            if fds is not None and raw.nbytes >= SHM_THRESHOLD and made < MAX_SEGMENTS:
+                kinds.append(_KIND_SEGMENT)
+                fds.append(shm.write(raw))
+                made += 1
+                frames.append(_SEGMENT.pack(raw.nbytes))
+            else:
+                kinds.append(_KIND_FRAME)
+                frames.append(raw)
+    except BaseException:
+        if fds is not None and made:
+            for fd in fds[len(fds) - made:]:
+                os.close(fd)
+            del fds[len(fds) - made:]
+        raise
+    frames[0] = _HEADER.pack(MAGIC, VERSION, len(buffers)) + bytes(kinds)
+    return frames
+
+
+def decode(frames: Sequence[Any], fds: Sequence[int] = ()) -> Any:
+    """The message in ``frames`` (and its segments' ``fds``, which it takes over).
+
+    Raises :class:`WireError` if they are not one.
+    """
+    fds = list(fds)
+    try:
+        return _decode(frames, fds)
+    finally:
+        for fd in fds:  # whatever was not mapped
+            os.close(fd)
+
+
+def _decode(frames: Sequence[Any], fds: list[int]) -> Any:
+    try:
+        header = memoryview(_buf(frames[0]))
+        magic, version, nbuf = _HEADER.unpack_from(header)
+    except (IndexError, struct.error, TypeError) as e:
+        raise WireError(f"bad header: {e}") from None
+    if magic != MAGIC:
+        raise WireError("bad magic")
+    if version != VERSION:
+        raise WireError(f"wire version {version}, expected {VERSION}")
+    kinds = bytes(header[_HEADER.size :])
+    if len(kinds) != nbuf or len(frames) != 2 + nbuf:
+        raise WireError(f"expected {nbuf} buffers, got {len(frames) - 2} frames")
+    if kinds.count(_KIND_SEGMENT) != len(fds):
+        raise WireError(f"{kinds.count(_KIND_SEGMENT)} shared-memory buffers, {len(fds)} descriptors")
+    try:
+        body = _buf(frames[1])
+        proto = bytes(memoryview(body)[:2])
+    except TypeError as e:
+        raise WireError(f"bad body: {e}") from None
+    if proto != _PROTO_5:
+        # Every body we write starts so; anything else never reaches the unpickler.
+        raise WireError("body is not a protocol 5 pickle")
+    buffers = []
+    try:
+        for kind, f in zip(kinds, frames[2:]):
+            if kind == _KIND_FRAME:
+                buffers.append(_buf(f))
+            elif kind == _KIND_SEGMENT:
+                (length,) = _SEGMENT.unpack(bytes(_buf(f)))
+                if length > MAX_FRAME_BYTES:
+                    raise WireError(f"a {length}-byte segment is over the {MAX_FRAME_BYTES}-byte limit")
+                buffers.append(shm.read(fds.pop(0), length))
+            else:
+                raise WireError(f"unknown buffer kind {kind}")
+        return loads_envelope(body, buffers)
+    except WireError:
+        raise
+    except Exception as e:  # a malformed pickle can raise nearly anything
+        raise WireError(f"undecodable body: {type(e).__name__}: {e}") from None
+
+
+def _buf(frame: Any) -> Any:
+    return frame.buffer if hasattr(frame, "buffer") else frame

@@ -1,0 +1,313 @@
+"""The port-forward of a Kubernetes reservation whose pods this machine cannot reach directly.
+
+``monarch serve --scheduler kubernetes`` starts it (one process per reservation, beside the
+job's files) when the pods' IPs do not answer from here: a laptop outside the cluster.  Every
+``monarch`` command and controller program of the reservation then goes through it, for as long
+as the reservation lives (``monarch stop`` ends it):
+
+* a SOCKS5 proxy on loopback (its password is the job's relay token): each connection a client opens to a pod's address becomes a
+  port-forward stream to that pod (``pods/NAME/portforward`` through the API server, as
+  ``kubectl port-forward`` does), opened with the official ``kubernetes`` client;
+* a Unix socket (0600, in the job's folder) where a client process asks for an address in the
+  cluster that stands for it: the relay of host rank 0's agent (``monarch_agents.services.relay``)
+  listens there, and each connection a pod makes to it comes back through a stream this
+  process opens (see ``monarch_agents.tunnel``).
+
+It writes ``route.json`` in the job's folder once both listen; clients read it from the
+reservation (``JobRecord.route``).  Its log is ``forward.log`` beside it.
+
+    python -m monarch_schedulers.kube_forward --job-dir DIR --mesh NAME --namespace NS \\
+        --relay-port PORT [--kubeconfig PATH] [--context CTX]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import threading
+
+from monarch_agents import tunnel
+from monarch_agents.files import write_atomic
+from monarch_schedulers.agent_launch import ROUTE_FILE, read_keys
+
+log = logging.getLogger("monarch.kube_forward")
+
+CONTROL_SOCKET = "forward.sock"
+#: A Unix socket's path must fit in sun_path (108 bytes, with its NUL); deeper job folders use a short one.
+_MAX_SOCKET_PATH = 100
+MESH_LABEL = "monarch.pytorch.org/mesh-name"
+INDEX_LABEL = "apps.kubernetes.io/pod-index"
+#: How often it checks that its reservation still exists (the job folder and the pods' owner).
+_CHECK_EVERY_S = 2.0
+
+
+class Forwarder:
+    """The proxy and the relay control of one reservation (see the module docstring)."""
+
+    def __init__(self, job_dir: str, mesh: str, namespace: str, relay_port: int,
+                 kubeconfig: str | None = None, context: str | None = None):
+        from kubernetes import client, config
+
+        self.job_dir = job_dir
+        self.mesh = mesh
+        self.namespace = namespace
+        self.relay_port = relay_port
+        self.core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig, context=context))
+        self.token = tunnel.token(read_keys(job_dir))
+        self._pods: dict[str, str] = {}  # pod IP -> pod name
+        self._relay_pod = ("", "")  # host rank 0's (name, IP)
+        self._lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    # -- pods ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{MESH_LABEL}={self.mesh}").items
+        with self._lock:
+            self._pods = {p.status.pod_ip: p.metadata.name for p in pods if p.status and p.status.pod_ip}
+            for p in pods:
+                if (p.metadata.labels or {}).get(INDEX_LABEL) == "0" and p.status and p.status.pod_ip:
+                    self._relay_pod = (p.metadata.name, p.status.pod_ip)
+
+    def pod_at(self, ip: str) -> str | None:
+        with self._lock:
+            name = self._pods.get(ip)
+        if name is None:  # a pod replaced since: ask again
+            self.refresh()
+            with self._lock:
+                name = self._pods.get(ip)
+        return name
+
+    def open_stream(self, pod: str, port: int):
+        """A socket carrying one TCP connection to ``pod:port`` through the API server."""
+        from kubernetes.stream import portforward
+
+        pf = portforward(self.core.connect_get_namespaced_pod_portforward, pod, self.namespace, ports=str(port))
+        s = pf.socket(port)
+        s.setblocking(True)
+        s._monarch_pf = pf  # the stream's proxy thread lives as long as the socket is used
+        return s
+
+    # -- the SOCKS5 proxy (what ZeroMQ's ZMQ_SOCKS_PROXY speaks) ---------------------------
+
+    def serve(self, ls: socket.socket, handle, name: str) -> None:
+        """Accept on ``ls`` until it is closed; each connection to ``handle`` on a thread of its own."""
+        while not self.stopped.is_set():
+            try:
+                conn, _ = ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), name=name, daemon=True).start()
+
+    def socks(self, conn: socket.socket) -> None:
+        """One SOCKS5 connection: authenticated, then carried to the pod it names."""
+        try:
+            conn.settimeout(10)
+            ver, n = _recv_exact(conn, 2)
+            methods = _recv_exact(conn, n)
+            if ver != 5 or 2 not in methods:
+                conn.sendall(b"\x05\xff")  # username/password (RFC 1929) or nothing
+                return conn.close()
+            conn.sendall(b"\x05\x02")
+            # Loopback is shared with every user of this machine: only holders of the job's keys
+            # (the password is the relay token) may open streams into the cluster.
+            _, ulen = _recv_exact(conn, 2)
+            _recv_exact(conn, ulen)
+            password = _recv_exact(conn, _recv_exact(conn, 1)[0]).decode(errors="replace")
+            if not hmac.compare_digest(password, self.token):
+                log.warning("refused a SOCKS connection without the job's token")
+                conn.sendall(b"\x01\x01")
+                return conn.close()
+            conn.sendall(b"\x01\x00")
+            ver, cmd, _, atyp = _recv_exact(conn, 4)
+            if atyp == 1:
+                host = str(ipaddress.IPv4Address(_recv_exact(conn, 4)))
+            elif atyp == 4:
+                host = str(ipaddress.IPv6Address(_recv_exact(conn, 16)))
+            elif atyp == 3:
+                host = _recv_exact(conn, _recv_exact(conn, 1)[0]).decode()
+            else:
+                return self._refuse(conn, 8)
+            port = struct.unpack("!H", _recv_exact(conn, 2))[0]
+            if cmd != 1:
+                return self._refuse(conn, 7)
+            pod = self.pod_at(host)
+            if pod is None:
+                log.warning("no pod of %s has the address %s", self.mesh, host)
+                return self._refuse(conn, 4)
+            try:
+                stream = self.open_stream(pod, port)
+            except Exception as e:  # the API refused (the pod is gone, not running)
+                log.warning("cannot port-forward to %s:%d: %s", pod, port, e)
+                return self._refuse(conn, 5)
+            conn.sendall(b"\x05\x00\x00\x01" + b"\x00" * 6)
+            conn.settimeout(None)
+            tunnel.pipe(conn, stream, name="socks")
+        except (OSError, ValueError, struct.error):
+            conn.close()
+
+    @staticmethod
+    def _refuse(conn: socket.socket, code: int) -> None:
+        try:
+            conn.sendall(bytes([5, code, 0, 1]) + b"\x00" * 6)
+        finally:
+            conn.close()
+
+    # -- the relay control (one stream per client process) -------------------------------
+
+    def client(self, conn: socket.socket) -> None:
+        """One client process: a relay address for its local endpoint, for as long as it stays connected."""
+        control = None
+        try:
+            req = tunnel.read_line(conn)
+            if req is None or not isinstance(req.get("local"), str):
+                return
+            host, _, port = req["local"].rpartition(":")
+            local = (host.strip("[]"), int(port))
+            pod, ip = self._relay_pod
+            if not pod:
+                self.refresh()
+                pod, ip = self._relay_pod
+            try:
+                control = self.open_stream(pod, self.relay_port)
+                tunnel.send_line(control, {"token": self.token, "listen": True})
+                answer = tunnel.read_line(control)
+            except Exception as e:
+                answer = None
+                log.warning("cannot reach the relay on %s: %s", pod, e)
+            if not answer or "port" not in answer:
+                return tunnel.send_line(conn, {"error": f"the relay on pod {pod or '(none)'} does not answer"})
+            tunnel.send_line(conn, {"advertise": f"tcp://{ip}:{answer['port']}"})
+            threading.Thread(target=self._client_gone, args=(conn, control), daemon=True).start()
+            while True:
+                ev = tunnel.read_line(control)
+                if ev is None:
+                    break
+                if isinstance(ev.get("conn"), int):
+                    threading.Thread(target=self._back, args=(pod, ev["conn"], local), daemon=True).start()
+        except OSError:
+            pass
+        finally:
+            for s in (conn, control):
+                if s is not None:
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+
+    @staticmethod
+    def _client_gone(conn: socket.socket, control) -> None:
+        """The client process closed its end (it exited): end its relay address too."""
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        try:
+            control.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _back(self, pod: str, n: int, local: tuple[str, int]) -> None:
+        """Connection ``n`` a pod made to the relay: carried to the client's own endpoint."""
+        try:
+            stream = self.open_stream(pod, self.relay_port)
+            tunnel.send_line(stream, {"token": self.token, "accept": n})
+        except Exception as e:
+            log.warning("cannot open the way back for connection %d: %s", n, e)
+            return
+        try:
+            mine = socket.create_connection(local, timeout=5)
+        except OSError:
+            stream.close()  # the client process is gone
+            return
+        mine.settimeout(None)
+        tunnel.pipe(stream, mine, name="relay-back")
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """Whether the reservation this forwards for still exists (its folder and state)."""
+        return os.path.exists(os.path.join(self.job_dir, "kubernetes.json"))
+
+
+def control_socket_path(job_dir: str) -> str:
+    """Where the control socket of ``job_dir``'s forwarder listens: in the job folder where the path fits
+    a Unix socket's, else under this user's folder in the temp dir, named by the job folder."""
+    path = os.path.join(job_dir, CONTROL_SOCKET)
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    import hashlib
+    import tempfile
+
+    short = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
+    os.makedirs(short, mode=0o700, exist_ok=True)
+    return os.path.join(short, f"forward-{hashlib.sha256(os.fsencode(job_dir)).hexdigest()[:16]}.sock")
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        b = s.recv(n - len(buf))
+        if not b:
+            raise OSError("closed")
+        buf += b
+    return buf
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m monarch_schedulers.kube_forward",
+                                description="the port-forward of one monarch Kubernetes reservation")
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--mesh", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--relay-port", type=int, required=True)
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--context", default=None)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("MONARCH_LOG", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    fw = Forwarder(a.job_dir, a.mesh, a.namespace, a.relay_port, a.kubeconfig, a.context)
+    fw.refresh()
+    socks = socket.create_server(("127.0.0.1", 0))
+    control_path = control_socket_path(a.job_dir)
+    try:
+        os.unlink(control_path)
+    except FileNotFoundError:
+        pass
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        control.bind(control_path)  # 0600: only this user's processes get a relay address
+    finally:
+        os.umask(old)
+    control.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: fw.stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: fw.stopped.set())
+    threading.Thread(target=fw.serve, args=(socks, fw.socks, "socks"), daemon=True).start()
+    threading.Thread(target=fw.serve, args=(control, fw.client, "relay-client"), daemon=True).start()
+    write_atomic(os.path.join(a.job_dir, ROUTE_FILE), json.dumps(
+        {"via": "port-forward", "socks": "127.0.0.1:%d" % socks.getsockname()[1], "control": control_path,
+         "pid": os.getpid(), "api": fw.core.api_client.configuration.host}).encode())
+    log.info("forwarding for %s: socks %s, control %s", a.mesh, socks.getsockname(), control_path)
+    while not fw.stopped.wait(_CHECK_EVERY_S):
+        if not fw.alive():
+            log.info("the reservation is gone: exiting")
+            break
+    socks.close()
+    control.close()
+    try:
+        os.unlink(control_path)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The local scheduler: N hosts on this machine, each its own host-agent process.
+
+Prerequisites: none.  Each host agent is started in its own session so it
+outlives ``monarch serve``; ``JobSpec.options["env"]`` adds to its environment (``ProcessJob(env=)``); it is named ``host<i>`` and logs to
+``.monarch/jobs/<name>/logs/host<i>/``.
+
+    $ monarch serve --hosts 2          # two host agents on this machine
+    $ monarch run -- hostname
+    $ monarch stop
+
+With ``netns=True`` (``monarch serve --netns``, root only) each host agent, and
+everything it starts, runs in its own network namespace with its own address
+on a private bridge (``monarch_schedulers/netns.py``): messages between hosts then
+take the TCP/CURVE path of a real cluster.  ``stop`` removes the namespaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+from monarch_agents.files import write_atomic
+from monarch_schedulers import netns
+from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
+from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.processes import OwnedProcess
+
+_STOP_GRACE_S = 2.0
+
+
+class LocalScheduler(Scheduler):
+    """Hosts are processes on this machine."""
+
+    name = "local"
+
+    def __init__(self, bind: str = "127.0.0.1", netns: bool = False):
+        self.bind = bind
+        self.netns = netns
+
+    def dryrun(self, spec, job_dir: str) -> AllocateRequest:
+        tag = uuid.uuid4().hex[:8]
+        cmds = []
+        if self.netns:
+            p = netns.plan(tag, spec.hosts, subnet="10.213.0.0/24")
+            cmds.append(f"# bridge {p.bridge} at the first free /24 of {netns.SUPERNET} (shown as 10.213.0.0/24);"
+                        f" host i in netns monarch-{tag}-h<i>")
+        for i in range(spec.hosts):
+            argv = agent_argv(job_dir, preload=self.agent_preload,
+                              extra=self._extra(job_dir, i, p.hosts[i].ip if self.netns else self.bind))
+            if self.netns:
+                argv = netns.enter_argv(p.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
+            cmds.append(" ".join(argv))
+        env = dict((spec.options or {}).get("env") or {})
+        if env:
+            cmds.insert(0, "env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+        return AllocateRequest("local", job_dir, spec.hosts, "\n".join(cmds),
+                               payload={"env": env, "hosts": spec.hosts, "tag": tag})
+
+    def _extra(self, job_dir: str, i: int, bind: str) -> list[str]:
+        return ["--host-rank", str(i), "--hostname", f"host{i}", "--bind", bind,
+                "--agent-file", agent_file(job_dir, i), "--log-dir", os.path.join(job_dir, "logs", f"host{i}")]
+
+    def allocate(self, request: AllocateRequest) -> str:
+        job_dir = request.job_dir
+        tag = (request.payload.get("tag") if isinstance(request.payload, dict) else None) or uuid.uuid4().hex[:8]
+        job_id = f"local-{tag}"
+        os.makedirs(os.path.join(job_dir, "agents"), exist_ok=True)
+        plan = self._make_namespaces(tag, request.hosts) if self.netns else None
+        procs: list[OwnedProcess] = []
+        try:
+            if plan is not None:
+                _write_private(os.path.join(job_dir, "hosts"), netns.hosts_file(plan, [f"host{i}" for i in range(request.hosts)]))
+            extra_env = request.payload.get("env") or {} if isinstance(request.payload, dict) else {}
+            env = {**os.environ, **extra_env,
+                   "PYTHONPATH": os.pathsep.join(filter(None, [project_root(), os.environ.get("PYTHONPATH")]))}
+            for i in range(request.hosts):
+                log_dir = os.path.join(job_dir, "logs", f"host{i}")
+                os.makedirs(log_dir, exist_ok=True)
+                argv = agent_argv(job_dir, preload=self.agent_preload,
+                                  extra=self._extra(job_dir, i, plan.hosts[i].ip if plan else self.bind))
+                if plan is not None:
+                    argv = netns.enter_argv(plan.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
+                with open(os.path.join(log_dir, "agent.log"), "ab") as out:
+                    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, env=env, cwd=os.getcwd())
+                procs.append(OwnedProcess.of(p.pid))
+            record = {"job_id": job_id, "agents": [dataclasses.asdict(a) for a in procs]}
+            if plan is not None:
+                record["netns"] = plan.to_json()
+            _write_private(os.path.join(job_dir, "local.json"), json.dumps(record))
+        except BaseException:
+            for a in procs:
+                a.signal(signal.SIGKILL)
+            if plan is not None:
+                netns.remove(plan)
+            raise
+        return job_id
+
+    def _make_namespaces(self, tag: str, hosts: int) -> "netns.NetnsPlan":
+        from monarch_schedulers.errors import SchedulerError
+
+        try:
+            return netns.create(tag, hosts)
+        except netns.NetnsError as e:
+            raise SchedulerError(f"--netns: {e.message}", e.hint or "`monarch serve` without --netns") from None
+
+    def namespaces(self, job_id: str, job_dir: str | None = None) -> "netns.NetnsPlan | None":
+        """The network namespaces of a ``--netns`` reservation (None for plain local hosts)."""
+        data = self._record(job_id, job_dir)
+        return netns.NetnsPlan.from_json(data["netns"]) if data and data.get("netns") else None
+
+    def _record(self, job_id: str, job_dir: str | None = None) -> dict | None:
+        found = self._found(job_id, job_dir)
+        return found[1] if found else None
+
+    def _job_dir(self, job_id: str, job_dir: str | None = None) -> str | None:
+        found = self._found(job_id, job_dir)
+        return found[0] if found else None
+
+    def _found(self, job_id: str, job_dir: str | None) -> tuple[str, dict] | None:
+        """(job folder, its local.json) of ``job_id``."""
+        for d in filter(None, [job_dir, *_job_dirs_for(job_id)]):
+            try:
+                with open(os.path.join(d, "local.json")) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("job_id") == job_id:
+                return d, data
+        return None
+
+    def _agents(self, job_id: str, job_dir: str | None = None) -> list[OwnedProcess]:
+        data = self._record(job_id, job_dir)
+        try:
+            return [OwnedProcess(int(a["pid"]), float(a["started"])) for a in data["agents"]] if data else []
+        except (KeyError, TypeError, ValueError):
+            return []
+
+    def describe(self, job_id: str, job_dir: str | None = None) -> Description | None:
+        agents = self._agents(job_id, job_dir)
+        if not agents:
+            return None
+        alive = [a.alive() for a in agents]
+        if all(alive):
+            return Description(job_id, HostState.RUNNING, native_state="running", nodes=[f"host{i}" for i in range(len(agents))])
+        if not any(alive):
+            return Description(job_id, HostState.ENDED, reason="every host agent has exited", native_state="exited")
+        dead = [f"host{i}" for i, up in enumerate(alive) if not up]
+        return Description(job_id, HostState.FAILED, reason=f"host agent(s) {', '.join(dead)} exited", native_state="partial")
+
+    def release(self, job_id: str, job_dir: str | None = None) -> None:
+        agents = [a for a in self._agents(job_id, job_dir) if a.alive()]
+        for a in agents:
+            a.signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        while time.monotonic() < deadline and any(a.alive() for a in agents):
+            time.sleep(0.02)
+        for a in agents:
+            a.signal(signal.SIGKILL)
+        plan = self.namespaces(job_id, job_dir)
+        try:
+            # An agent stopped in order removed its workspace store; one killed earlier (-9, OOM) could not.
+            found = self._job_dir(job_id, job_dir)
+            if found is not None:
+                from monarch_agents.services.workspace import remove_workspace  # rdmafs: only on stop
+
+                for i in range(len(self._agents(job_id, found))):
+                    remove_workspace(os.path.join(found, "logs", f"host{i}"))
+        finally:
+            # Whatever that cleanup met (a broken install, a busy mount), the namespaces and the
+            # bridge go: nothing else removes them.
+            if plan is not None:
+                netns.remove(plan)
+
+    def logs(self, job_id: str, host: int | None = None, job_dir: str | None = None) -> str:
+        out = []
+        for d in filter(None, [job_dir, *_job_dirs_for(job_id)]):
+            logs = os.path.join(d, "logs")
+            if not os.path.isdir(logs):
+                continue
+            for name in sorted(os.listdir(logs)):
+                if host is not None and name != f"host{host}":
+                    continue
+                try:
+                    with open(os.path.join(logs, name, "agent.log"), errors="replace") as f:
+                        out.append(f"== {name} ==\n{f.read()}")
+                except OSError:
+                    pass
+            break
+        return "\n".join(out)
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write ``path`` whole or not at all, mode 0600."""
+    write_atomic(path, text.encode())
+
+
+def _job_dirs_for(job_id: str) -> list[str]:
+    root = os.path.join(os.getcwd(), ".monarch", "jobs")
+    try:
+        return [os.path.join(root, d) for d in os.listdir(root)]
+    except OSError:
+        return []
+
+
+def create_scheduler(**opts) -> LocalScheduler:
+    return LocalScheduler(**opts)

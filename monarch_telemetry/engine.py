@@ -1,0 +1,355 @@
+"""SQL over telemetry with DataFusion: the scan where the data is, the rest over everything.
+
+A query is planned once, by the asker (:func:`plan`), against empty tables of the real
+schemas: that is where a parse error, an unknown table or column is found, before any
+host is asked.  DataFusion's optimised plan says, for each table, which columns are read
+and which filter (and limit) applies right above the scan.  Each host agent runs only
+that scan over its own rows (:func:`run_scan`: projection, filter and limit pushed down,
+read-only, cancelled at its deadline).  The asker then registers every host's rows as one
+partition of the table and runs the whole query over them (:func:`finish`), so joins,
+aggregates, ORDER BY and LIMIT see every host's rows exactly as one table holding
+everything would.
+
+What it does not do: aggregate on the hosts (rows cross, not partial aggregates), or talk
+to hosts (the caller fans out; see ``monarch/_workbench/telemetry.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import datafusion
+import pyarrow as pa
+from datafusion import SessionConfig, SessionContext, SQLOptions
+from datafusion.unparser import Dialect, Unparser
+
+from monarch_telemetry.schema import TABLES, VIEWS
+
+#: Rows a query returns unless asked for more (``--limit N``, ``--no-limit``).
+DEFAULT_ROW_LIMIT = 1000
+
+
+class QueryError(Exception):
+    """SQL that does not parse or plan (unknown table or column), or a query that is refused."""
+
+
+class QueryTimeout(QueryError):
+    """The query ran past its deadline and was cancelled."""
+
+
+def _read_only() -> SQLOptions:
+    return SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+
+
+def one_line(e: BaseException) -> str:
+    """DataFusion's message, on one line (it spreads some over several)."""
+    text = str(e).strip()
+    text = re.sub(r"^(DataFusion error: )+", "", text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    # "caused by" chains: the last cause is the one a user can act on.
+    if len(lines) > 1 and lines[0].lower().startswith(("optimizer rule", "type_coercion")):
+        lines = lines[1:]
+    return " ".join(ln for ln in lines if ln.lower() != "caused by")[:1000]
+
+
+def _context() -> SessionContext:
+    cfg = SessionConfig().with_information_schema(True).with_target_partitions(4)
+    return SessionContext(cfg)
+
+
+def _register_views(ctx: SessionContext) -> None:
+    for v in VIEWS.values():
+        try:
+            ctx.register_view(v.name, ctx.sql(v.sql))
+        except Exception:
+            # Only the columns a query reads are fetched: a view over others is not in this query.
+            pass
+
+
+def _empty(schema: pa.Schema) -> list[list[pa.RecordBatch]]:
+    return [[pa.RecordBatch.from_pylist([], schema=schema)]]
+
+
+# -- the asker's side -----------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """A planned query: what each host must scan, and how to finish it."""
+
+    sql: str
+    row_limit: int | None
+    scans: dict[str, str] = field(default_factory=dict)  # table -> the SQL each host runs
+
+    @property
+    def needs_hosts(self) -> bool:
+        return bool(self.scans)
+
+
+def plan(sql: str, row_limit: int | None = DEFAULT_ROW_LIMIT) -> Plan:
+    """Check ``sql`` and work out the scans to push to hosts; raises :class:`QueryError`."""
+    if not sql.strip():
+        raise QueryError("empty query")
+    ctx = _planning_context()
+    try:
+        df = ctx.sql_with_options(sql, _read_only())
+        lp = df.optimized_logical_plan()
+    except Exception as e:
+        raise QueryError(one_line(e)) from None
+    if _is_explain(lp):
+        return Plan(sql, None)
+    if row_limit is not None:
+        try:
+            lp = df.limit(row_limit + 1).optimized_logical_plan()
+        except Exception:
+            pass
+    found: dict[str, list[_ScanInfo]] = {}
+    _collect(lp, [], found)
+    return Plan(sql, row_limit, {t: _combine(t, infos) for t, infos in found.items() if t in TABLES})
+
+
+_planner: SessionContext | None = None
+_planner_lock = threading.Lock()
+
+
+def _planning_context() -> SessionContext:
+    """Every table, empty, and the views: made once per process (planning only reads it)."""
+    global _planner
+    with _planner_lock:
+        if _planner is None:
+            ctx = _context()
+            for spec in TABLES.values():
+                ctx.register_record_batches(spec.name, _empty(spec.schema))
+            _register_views(ctx)
+            _planner = ctx
+        return _planner
+
+
+def _is_explain(lp) -> bool:
+    return type(lp.to_variant()).__name__ in ("Explain", "Analyze")
+
+
+@dataclass
+class _ScanInfo:
+    columns: list[str]
+    predicate: str | None  # SQL text, None when nothing (or nothing safe) to push
+    pushed_sql: str  # the whole scan (with LIMIT when there is one right above)
+
+
+_unparser = Unparser(Dialect.default())
+
+
+def _collect(node, parents: list, found: dict) -> None:
+    v = node.to_variant()
+    kind = type(v).__name__
+    if kind == "TableScan":
+        found.setdefault(v.table_name(), []).append(_scan_info(node, v, parents))
+        return
+    for child in node.inputs():
+        _collect(child, [*parents, node], found)
+
+
+def _scan_info(node, v, parents: list) -> _ScanInfo:
+    columns = [name for _, name in v.projection()]
+    scan_sql = _unparser.plan_to_sql(node)
+    chain = list(reversed(parents))  # the scan's parent first
+    top, predicate = node, None
+    if chain and _kind(chain[0]) == "Filter":
+        filter_sql = _unparser.plan_to_sql(chain[0])
+        prefix = scan_sql + " WHERE "
+        rest = filter_sql[len(prefix):] if filter_sql.startswith(prefix) else ""
+        if rest and _pushable(rest):
+            predicate, top, chain = rest, chain[0], chain[1:]
+        else:
+            chain = []  # a filter kept here: nothing above it may be pushed below it
+    # The host must send every column the scan reads (the filter runs again here), so a projection
+    # above is not pushed; a limit or an ORDER BY ... LIMIT above it is, on the same rows.
+    if chain and _kind(chain[0]) == "Projection" and _plain_columns(_unparser.plan_to_sql(chain[0])):
+        chain = chain[1:]
+    pushed = _unparser.plan_to_sql(top)
+    if re.search(r" LIMIT \d+$", pushed):
+        pass  # DataFusion put the limit into the scan itself
+    elif chain and _kind(chain[0]) == "Limit":
+        lim = chain[0].to_variant()
+        fetch = _as_int(lim.fetch())
+        if _as_int(lim.skip()) in (0, None) and fetch is not None:
+            pushed += f" LIMIT {fetch}"
+    elif chain and _kind(chain[0]) == "Sort" and chain[0].to_variant().get_fetch_val():
+        # ORDER BY ... LIMIT k: each host's top k holds the overall top k.
+        sort_sql = _unparser.plan_to_sql(chain[0])
+        at = sort_sql.rfind(" ORDER BY ")
+        if at > 0:
+            pushed += sort_sql[at:]
+    return _ScanInfo(columns, predicate, pushed)
+
+
+def _kind(node) -> str:
+    return type(node.to_variant()).__name__
+
+
+_COLUMN = r'(?:"?\w+"?\.)?"?\w+"?'
+_PLAIN_SELECT = re.compile(rf"^SELECT {_COLUMN}(?:, {_COLUMN})* FROM ")
+
+
+def _plain_columns(sql: str) -> bool:
+    """True for a projection that only picks columns (no expression, no alias)."""
+    return bool(_PLAIN_SELECT.match(sql))
+
+
+def _as_int(value) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    m = re.search(r"Int64\((\d+)\)", str(value)) or re.fullmatch(r"\s*(\d+)\s*", str(value))
+    return int(m.group(1)) if m else None
+
+
+def _pushable(predicate: str) -> bool:
+    # A predicate with a subquery would run against one host's rows only; random() would be
+    # drawn twice (on the host and again here).  Those stay with the asker.
+    low = predicate.lower()
+    return "select" not in low and "random(" not in low and "uuid(" not in low
+
+
+def _combine(table: str, infos: list[_ScanInfo]) -> str:
+    if len(infos) == 1:
+        return infos[0].pushed_sql
+    # The same table scanned more than once (a self-join): one scan with every column any of
+    # them reads, and rows that pass any of their filters.
+    order = TABLES[table].column_names
+    wanted = {c for i in infos for c in i.columns}
+    cols = [c for c in order if c in wanted] or None
+    select = ", ".join(f'"{c}"' for c in cols) if cols else "1"
+    sql = f'SELECT {select} FROM "{table}"'
+    if all(i.predicate for i in infos):
+        sql += " WHERE " + " OR ".join(f"({i.predicate})" for i in infos)
+    return sql
+
+
+def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None = None) -> tuple[pa.Table, bool]:
+    """Run the whole query over every host's scanned rows; returns (result, limited).
+
+    ``parts`` maps each scanned table to one Arrow table per host that answered.
+    """
+    if not p.scans:
+        # Nothing from the hosts (SHOW TABLES, DESCRIBE, information_schema): the planning context answers.
+        result = _run(_planning_context(), p.sql, p.row_limit, deadline)
+        limited = p.row_limit is not None and result.num_rows > p.row_limit
+        return (result.slice(0, p.row_limit) if limited else result), limited
+    ctx = _context()
+    words = set(re.findall(r"\w+", p.sql.lower()))
+    catalog = bool(words & {"information_schema", "show", "describe"})
+    for spec in TABLES.values():
+        if spec.name not in p.scans and not catalog and spec.name not in words:
+            continue  # not in this query (registering costs a little per table)
+        tables = [t for t in parts.get(spec.name, []) if t is not None]
+        if spec.name in p.scans and tables:
+            if spec.name in _VIEW_BASES:
+                # A view is planned over all its columns, though only some were fetched.
+                tables = [_pad(t, spec.schema) for t in tables]
+            schema = tables[0].schema
+            partitions = [t.cast(schema).to_batches() or _empty(schema)[0] for t in tables]
+            ctx.register_record_batches(spec.name, partitions)
+        else:
+            ctx.register_record_batches(spec.name, _empty(spec.schema))
+    if catalog or words & set(VIEWS):
+        _register_views(ctx)
+    result = _run(ctx, p.sql, p.row_limit, deadline)
+    limited = p.row_limit is not None and result.num_rows > p.row_limit
+    return (result.slice(0, p.row_limit) if limited else result), limited
+
+
+#: Tables views are made from (small ones: their missing columns are filled with nulls).
+_VIEW_BASES = {"run_ranks"}
+
+
+def _pad(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    cols = [t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
+
+
+def _run(ctx: SessionContext, sql: str, row_limit: int | None, deadline: float | None) -> pa.Table:
+    """Execute in a worker thread so a deadline can end the wait (DataFusion cannot be interrupted)."""
+    out: dict = {}
+
+    def work() -> None:
+        try:
+            df = ctx.sql_with_options(sql, _read_only())
+            if row_limit is not None and not _is_explain(df.logical_plan()):
+                df = df.limit(row_limit + 1)
+            out["table"] = _collect_stream(df, deadline)
+        except BaseException as e:  # handed to the waiting thread
+            out["error"] = e
+
+    if deadline is None:
+        work()
+    else:
+        t = threading.Thread(target=work, name="telemetry-query", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            raise QueryTimeout("the query did not finish in time (raise --timeout, or narrow it with WHERE / LIMIT)")
+    if "error" in out:
+        e = out["error"]
+        if isinstance(e, QueryError):
+            raise e
+        raise QueryError(one_line(e)) from None
+    return out["table"]
+
+
+def _collect_stream(df: datafusion.DataFrame, deadline: float | None) -> pa.Table:
+    schema = df.schema()
+    batches = []
+    for b in df.execute_stream():
+        batches.append(b.to_pyarrow())
+        if deadline is not None and time.monotonic() > deadline:
+            raise QueryTimeout("the query did not finish in time and was cancelled")
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def query_tables(sql: str, tables: dict[str, list[pa.Table]], *, row_limit: int | None = DEFAULT_ROW_LIMIT,
+                 deadline: float | None = None) -> tuple[pa.Table, bool]:
+    """The whole path in one process: plan, scan each 'host' (one Arrow table each), finish.
+
+    Used for saved Parquet (``--from DIR``) and by tests, which compare it with one table
+    holding every row.
+    """
+    p = plan(sql, row_limit)
+    parts = {}
+    for name in p.scans:
+        parts[name] = [scan_table(name, t, p.scans[name], deadline=deadline) for t in tables.get(name, [])]
+    return finish(p, parts, deadline=deadline)
+
+
+# -- the host's side ------------------------------------------------------------------------
+
+
+def run_scan(batches_of: Callable[[str], list[pa.RecordBatch]], table: str, sql: str, *,
+             deadline: float | None = None) -> pa.Table:
+    """Run one pushed-down scan over this host's rows (read-only; cancelled at ``deadline``)."""
+    if table not in TABLES:
+        raise QueryError(f"no table {table!r}")
+    ctx = _context()
+    spec = TABLES[table]
+    batches = batches_of(table)
+    ctx.register_record_batches(table, [batches] if batches else _empty(spec.schema))
+    try:
+        df = ctx.sql_with_options(sql, _read_only())
+    except Exception as e:
+        raise QueryError(one_line(e)) from None
+    try:
+        return _collect_stream(df, deadline)
+    except QueryError:
+        raise
+    except Exception as e:
+        raise QueryError(one_line(e)) from None
+
+
+def scan_table(table: str, data: pa.Table, sql: str, *, deadline: float | None = None) -> pa.Table:
+    """:func:`run_scan` over one Arrow table (a saved host, or a test's)."""
+    return run_scan(lambda _: data.to_batches(), table, sql, deadline=deadline)
