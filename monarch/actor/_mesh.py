@@ -37,6 +37,7 @@ from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
 
 T = TypeVar("T")
+log = logging.getLogger("monarch.actor")
 _SPAWN_TIMEOUT_S = float(os.environ.get("MONARCH_SPAWN_TIMEOUT", "120"))
 _STOP_TIMEOUT_S = 5.0
 _mesh_ids = itertools.count()
@@ -342,8 +343,9 @@ class ProcMesh(_MeshBase):
         for a in acks:
             try:
                 a.get(timeout=_STOP_TIMEOUT_S)
-            except Exception:
-                pass
+            except Exception as e:
+                # A proc that is already gone (or does not answer in time) is retired below all the same.
+                log.debug("proc mesh %r: stop of a proc: %s", self._name, e)
         err = SupervisionError(f"actor mesh is stopped due to proc mesh shutdown (proc mesh {self._name!r}: {reason})")
         for p in procs:
             if p.addr == rt.addr:
@@ -356,8 +358,9 @@ class ProcMesh(_MeshBase):
                 if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
                     try:
                         rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=_STOP_TIMEOUT_S)
-                    except Exception:
-                        pass
+                    except Exception as e:
+                        # The host agent is gone or busy: its procs were already asked to stop one by one.
+                        log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)
         fut.set_result(None)
 
     async def __aenter__(self) -> "ProcMesh":
