@@ -35,13 +35,13 @@ class GatherMount:
 
     def __init__(self, host_mesh: Any, remote_mount_point: str, local_mount_point: str):
         from monarch.remotemount import point_key
-        from monarch_agents.client import current_route, ensure_runtime
+        from monarch_agents.client import current_route
         from monarch_rdmafs.mount import fuse_unavailable_reason, prepare_mount_point
 
         why = fuse_unavailable_reason()
         if why:
             raise RuntimeError(f"gather_mount needs FUSE here: {why}")
-        rt = ensure_runtime()
+        rt = host_mesh._rt()  # the runtime of the mesh's job (a client may talk to several)
         hosts = []
         for i, h in enumerate(host_mesh.hosts):
             key = point_key(host_mesh, i)
@@ -52,7 +52,7 @@ class GatherMount:
         prepare_mount_point(self._local_mount_point)
         # The mount's own process reaches the hosts as this one does (a Kubernetes port-forward too).
         config = {"keys": rt.keys.as_dict(), "hosts": hosts, "mountpoint": self._local_mount_point,
-                  "route": current_route()}
+                  "route": current_route(rt)}
         self._proc = subprocess.Popen([sys.executable, "-m", "monarch.gather_mount"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, start_new_session=True)
         assert self._proc.stdin is not None and self._proc.stdout is not None

@@ -47,7 +47,6 @@ class MountHandler:
         ``via_gateway`` is accepted for Monarch compatibility and has no effect here.
         """
         from monarch._workbench.workspace import Target, WorkspacePusher, check_source
-        from monarch_agents.client import ensure_runtime
         from monarch_agents.transport import is_same_host
 
         source = check_source(self.sourcepath, "sourcepath")
@@ -60,7 +59,7 @@ class MountHandler:
                                  "give a mntpoint elsewhere, e.g. '/tmp/mnt/$SUBDIR'")
             targets.append(Target(h.addr, h.host, h.host_rank, where))
         name = "remote:" + mnt
-        self._pusher = WorkspacePusher(ensure_runtime(), source, targets, name=name)
+        self._pusher = WorkspacePusher(self.host_mesh._rt(), source, targets, name=name)
         self._pusher.sync(force=True)
 
     def refresh(self, sourcepath: Optional[str] = None) -> None:

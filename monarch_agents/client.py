@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterable
+from typing import Any, Iterable
 
 from monarch_agents import runtime as rt_mod
 from monarch_agents import messages as m
@@ -20,15 +20,19 @@ from monarch_agents.runtime import Runtime
 from monarch_agents.transport import addr_host, route_ip
 
 _lock = threading.RLock()
-#: The control stream that keeps this process's relayed address open (see :func:`_relayed_address`).
-_relay_control = None
-#: The ``route`` this process's runtime was started with (for helper processes that must go the same way).
-_route: dict | None = None
+#: The control stream that keeps a runtime's relayed address open, by runtime (see :func:`_relayed_address`).
+_relay_controls: dict[int, Any] = {}
+#: The ``route`` each runtime was started with, by runtime (for helper processes that must go the same way).
+_routes: dict[int, dict | None] = {}
+#: This process's runtimes, one per job (keys) it talks to.
+_by_keys: dict[JobKeys, Runtime] = {}
 
 
-def current_route() -> dict | None:
-    """How this process's runtime reaches its hosts when not directly (see :func:`ensure_runtime`)."""
-    return _route
+def current_route(rt: Runtime | None = None) -> dict | None:
+    """How ``rt`` (default: this process's first runtime) reaches its hosts when not directly
+    (see :func:`ensure_runtime`)."""
+    rt = rt or rt_mod.current()
+    return _routes.get(id(rt)) if rt is not None else None
 
 
 def bind_address(reach: Iterable[str] = ()) -> str:
@@ -43,35 +47,59 @@ def bind_address(reach: Iterable[str] = ()) -> str:
 
 
 def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route: dict | None = None) -> Runtime:
-    """This process's runtime, started on first use (with ``keys`` when it talks to a reservation).
+    """This process's runtime for the job of ``keys``, started on first use.
+
+    One runtime per job, several in one process: a program may hold meshes of two
+    reservations (or a reservation and ``this_host()``).  The first one started is the
+    process's current runtime (what ``keys=None`` returns, and what ports and actors hosted in
+    the client use); a message to a peer of another job goes through that job's runtime
+    (``monarch_agents.runtime.claim``).
 
     ``reach``: agent addresses it will talk to, so it listens where their answers can arrive.
     ``route``: how a reservation's hosts are reached when not directly (a reservation's
     ``route``: ``{"via": "port-forward", "socks": "HOST:PORT", "control": PATH}``).
     """
     with _lock:
-        rt = rt_mod.current()
-        if rt is not None:
-            if keys is not None and keys != rt.keys:
-                raise RuntimeError("this process already talks to another monarch job; "
-                                   "use one reservation per process (or load the job before calling this_host())")
+        reach = list(reach)
+        current = rt_mod.current()
+        if current is not None and (keys is None or keys == current.keys):
+            return current
+        rt = _by_keys.get(keys) if keys is not None else None
+        if rt is not None and not rt.closed:
             return rt
         keys = keys or JobKeys.generate()
-        global _route
-        _route = route
+        # A second runtime needs a ZeroMQ context of its own: each context has one ZAP handler,
+        # which admits one job's keys.
+        ctx = None
+        if current is not None:
+            from monarch_agents import transport
+
+            ctx = transport.new_context()
+        name = "client" if current is None else f"client-{len(_by_keys) + 1}"
         if route and route.get("via") == "port-forward":
-            rt = Runtime(keys, bind_host="127.0.0.1", name="client", socks_proxy=route["socks"],
-                         advertise=lambda endpoint: _relayed_address(route["control"], endpoint))
+            holder: list[Runtime] = []
+            rt = Runtime(keys, bind_host="127.0.0.1", name=name, socks_proxy=route["socks"], ctx=ctx,
+                         advertise=lambda endpoint: _relayed_address(holder, route["control"], endpoint))
+            holder.append(rt)
         else:
-            rt = Runtime(keys, bind_host=bind_address(reach), name="client")
+            rt = Runtime(keys, bind_host=bind_address(reach), name=name, ctx=ctx)
+        _routes[id(rt)] = route
         supervision.install(rt)
         rt.register(m.ActorDebugWaiting, _debug_waiting)
         rt.start()
-        rt_mod.install(rt)
+        _by_keys[keys] = rt
+        if current is None:
+            rt_mod.install(rt)
+        else:
+            rt_mod.add_client_runtime(rt)
+            rt_mod.claim(rt, reach)
+            from monarch_agents.proc_agent import share_client_agent
+
+            share_client_agent(rt)
         return rt
 
 
-def _relayed_address(control: str, endpoint: str) -> str:
+def _relayed_address(holder: list, control: str, endpoint: str) -> str:
     """Ask the reservation's forwarder for an address in the cluster that reaches ``endpoint``.
 
     The answer stays valid while this process keeps the control stream open (until it exits or
@@ -80,7 +108,6 @@ def _relayed_address(control: str, endpoint: str) -> str:
     import json
     import socket
 
-    global _relay_control
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(30)
     try:
@@ -96,7 +123,7 @@ def _relayed_address(control: str, endpoint: str) -> str:
         raise MonarchError(f"the reservation's port-forward refused: {answer.get('error', 'no answer')}",
                            "`monarch status` says whether the pods still run")
     s.settimeout(None)
-    _relay_control = s
+    _relay_controls[id(holder[0])] = s
     return answer["advertise"]
 
 
@@ -111,19 +138,19 @@ def _debug_waiting(msg: m.ActorDebugWaiting) -> None:
 
 
 def close_runtime() -> None:
-    """Close this process's runtime; the next :func:`ensure_runtime` starts a fresh one."""
+    """Close this process's runtimes; the next :func:`ensure_runtime` starts a fresh one."""
     from monarch_agents import transport
 
     with _lock:
-        global _relay_control, _route
-        _route = None
-        rt = rt_mod.current()
-        if rt is not None:
-            rt.close()
-        rt_mod.uninstall(rt)
-        if _relay_control is not None:
-            _relay_control.close()
-            _relay_control = None
+        for rt in [*rt_mod.client_runtimes(), *_by_keys.values()]:
+            if not rt.closed:
+                rt.close()
+            rt_mod.uninstall(rt)
+            control = _relay_controls.pop(id(rt), None)
+            if control is not None:
+                control.close()
+        _by_keys.clear()
+        _routes.clear()
         # The next runtime gets a fresh ZeroMQ context: the closed one's ZAP handler may still
         # hold its inproc address for a moment (sockets close asynchronously).
         transport.reset_context()

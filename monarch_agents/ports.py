@@ -40,7 +40,9 @@ class Port(Generic[R]):
         _runtime().send(self._ref.addr, Reply(self._ref.port_id, self._rank, False, Pickled.of(exc)))
 
     def __reduce__(self) -> Any:
-        return Port, (self._ref, self._rank)
+        from monarch_agents.runtime import port_for_peer
+
+        return Port, (port_for_peer(self._ref), self._rank)
 
     def __repr__(self) -> str:
         return f"Port({self._ref.addr}#{self._ref.port_id})"

@@ -439,9 +439,8 @@ class ActorSlot:
             return  # what fails while it is being stopped is not news to its owner
         try:
             self.agent.rt.send(self.msg.owner, m.ActorFailed(self.agent.rt.addr, self.msg.actor_id, rank or 0, host, text))
-        except Exception as e:
-            # The owner is gone: there is nobody to tell; the failure stays in telemetry (status above).
-            log.debug("%s: failure not sent to its owner: %s", self.display_name, e)
+        except Exception:
+            pass
 
     # -- stopping -------------------------------------------------------------------
 
@@ -629,8 +628,8 @@ class ProcAgent:
         for owner in owners:
             try:
                 self.rt.send(owner, m.ProcStopping(self.rt.addr))
-            except Exception as e:
-                log.debug("ProcStopping not sent to %s (already gone): %s", owner, e)
+            except Exception:
+                pass
         futs = []
         for s in slots:
             s.begin_stop()
@@ -642,9 +641,8 @@ class ProcAgent:
         for f in futs:
             try:
                 f.get(timeout=_CHILD_STOP_S)
-            except Exception as e:
-                # A child that fails or hangs in its stop must not keep this proc from stopping.
-                log.debug("an actor's stop: %s", e)
+            except Exception:
+                pass
         if not self.in_client:
             finalize()
         if msg.reply is not None:
@@ -687,8 +685,8 @@ def finalize() -> None:
             if not (key.startswith("__") and key.endswith("__")):
                 try:
                     del d[key]
-                except KeyError:
-                    pass  # a module's code, run by a finalizer just now, removed it first
+                except Exception:
+                    pass
     gc.collect()
 
 
@@ -709,14 +707,43 @@ def current_agent() -> ProcAgent | None:
 
 
 def host_actors_in_client(rt: Runtime) -> ProcAgent:
-    """Let this client process run actors itself (``this_proc().spawn`` in the client), once per runtime."""
+    """Let this client process run actors itself (``this_proc().spawn`` in the client), once per process.
+
+    The actors live on the client's first runtime; a client of several jobs answers spawns and
+    calls on each job's runtime too (see :func:`share_client_agent`)."""
     global _agent
+    from monarch_agents import runtime as rt_mod
+
     with _agent_lock:
-        if _agent is None or _agent.rt is not rt:
-            _agent = ProcAgent(rt, {}, in_client=True).register()
+        if _agent is None or _agent.rt.closed:
+            base = rt_mod.current() or rt
+            _agent = ProcAgent(base, {}, in_client=True).register()
+            _agent_runtimes.clear()
+            _agent_runtimes.add(id(base))
+        for other in {id(r): r for r in (rt, *rt_mod.client_runtimes())}.values():
+            _share(_agent, other)
         return _agent
 
 
+def share_client_agent(rt: Runtime) -> None:
+    """``rt`` (another job's runtime in this client) hands spawns and calls to the client's actors too."""
+    with _agent_lock:
+        if _agent is not None and not _agent.rt.closed:
+            _share(_agent, rt)
+
+
+def _share(agent: ProcAgent, rt: Runtime) -> None:
+    if id(rt) in _agent_runtimes or rt.closed:
+        return
+    _agent_runtimes.add(id(rt))
+    rt.register(m.SpawnActor, agent.on_spawn)
+    rt.register(m.Call, agent.on_call)
+    rt.register(m.StopActor, agent.on_stop_actor)
+    rt.register(m.StopProc, agent.on_stop_proc)
+
+
+#: The runtimes (by id) the client's agent answers on.
+_agent_runtimes: set[int] = set()
 _agent_lock = threading.Lock()
 
 

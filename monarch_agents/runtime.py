@@ -1,7 +1,9 @@
 """The per-process runtime: ports, answers, and who has died.
 
-Each process (the client, a host agent, a proc agent) has exactly one
-:class:`Runtime`.  It owns the :class:`~monarch_agents.transport.Mailbox`, hands
+Each host agent and proc agent has exactly one :class:`Runtime`; a client has one per job
+it talks to (its meshes of two reservations each go through their own job's keys, see
+``monarch_agents.client``), and a message to a peer another of its runtimes talks to is
+handed to that one (:func:`claim`).  It owns the :class:`~monarch_agents.transport.Mailbox`, hands
 incoming messages to registered handlers, routes :class:`Reply` messages to
 open ports, and, when a peer dies, fails every port still waiting on it with a
 :class:`SupervisionError` that says which process died and why.
@@ -89,6 +91,24 @@ class StreamPort:
         self.rt.close_port(self.port_id)
 
 
+class _Relay:
+    """Hands every answer it gets to a port of another runtime of this process (see :meth:`Runtime.relay_from`)."""
+
+    __slots__ = ("src", "target", "port_id")
+
+    def __init__(self, src: "Runtime", target: int):
+        self.src = src
+        self.target = target
+        self.port_id = 0
+
+    def deliver(self, reply: Reply) -> None:
+        msg = Reply(self.target, reply.rank, reply.ok, reply.payload)
+        self.src.mailbox.call_soon(lambda: self.src._on_message(msg))
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        pass  # a port can have many senders; one dying does not end it
+
+
 def _as_exception(payload: Any) -> BaseException:
     from monarch_agents.messages import Pickled
 
@@ -107,17 +127,20 @@ class Runtime:
 
     def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = "",
                  bind_port: int = 0, host_agent: bool = False, admit: Callable[[type, str], bool] | None = None,
-                 socks_proxy: str = "", advertise: Callable[[str], str] | None = None):
+                 socks_proxy: str = "", advertise: Callable[[str], str] | None = None, ctx: Any = None):
         """``host_agent``: listen as a host agent (its own server keys); ``admit(type, role)``: which
         senders' messages are handled; ``socks_proxy``/``advertise``: for a client reaching its hosts
-        through tunnels (see :class:`~monarch_agents.transport.Mailbox`)."""
+        through tunnels (see :class:`~monarch_agents.transport.Mailbox`); ``ctx``: a ZeroMQ context
+        of its own (a second runtime in one process: each context has one ZAP handler)."""
         self.keys = keys
         self.name = name
         self.host = host or os.environ.get("MONARCH_HOSTNAME") or _hostname()
         self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, bind_port=bind_port,
                                name=name, host=host_agent, admit=admit, on_refused=self._on_refused,
-                               socks_proxy=socks_proxy, advertise=advertise)
+                               socks_proxy=socks_proxy, advertise=advertise, ctx=ctx)
         self.addr = ""
+        self._own_ctx = ctx
+        self._relays: dict[tuple[str, int], PortRef] = {}
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
         self._waiting: dict[str, set[int]] = defaultdict(set)  # peer addr -> ports waiting on it
@@ -141,6 +164,9 @@ class Runtime:
             return
         self.closed = True
         self.mailbox.close()
+        if self._own_ctx is not None:
+            # Its own context (a client's second job): ended in the background, as sockets linger.
+            threading.Thread(target=self._own_ctx.term, name="zmq-term", daemon=True).start()
 
     # -- messages ----------------------------------------------------------
 
@@ -157,6 +183,12 @@ class Runtime:
 
     def send(self, addr: str, msg: Any) -> None:
         """Send ``msg``; raises :class:`SupervisionError` if ``addr`` is known dead."""
+        if _peers:
+            other = _peers.get(addr)
+            if other is not None and other is not self and not other.closed:
+                # A peer of another job this client talks to: only that job's keys reach it.
+                other.send(addr, msg)
+                return
         if addr == self.addr:
             # To an actor this process hosts (or a port it opened): no socket, same order.
             self.mailbox.call_soon(lambda: self._on_message(msg))
@@ -250,11 +282,22 @@ class Runtime:
             fut.set_exception(e)
         return fut
 
+    def relay_from(self, src: "Runtime", ref: PortRef) -> PortRef:
+        """A port of this runtime that hands what it gets to ``ref``, a port of ``src`` (another job's
+        runtime in this client): a port opened in the client, passed to an actor of this job."""
+        key = (ref.addr, ref.port_id)
+        with self._lock:
+            relay = self._relays.get(key)
+        if relay is None:
+            relay = self._relays[key] = self.open_port(_Relay(src, ref.port_id))
+        return relay
+
     # -- death ----------------------------------------------------------------
 
     def own(self, addr: str, description: dict) -> None:
         """Record that this process owns the proc at ``addr`` (its host agent reports its death here)."""
         self._owned[addr] = description
+        claim(self, (addr,))
 
     def disown(self, addr: str) -> None:
         self._owned.pop(addr, None)
@@ -337,8 +380,77 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
+#: In a client talking to several jobs: which of its runtimes talks to a peer address (a host agent
+#: of that job's, a proc it spawned there).  Empty in agents and procs, which have one runtime.
+_peers: dict[str, Runtime] = {}
+#: Every runtime of a client process that talks to more than one job (empty otherwise).
+_client_runtimes: list[Runtime] = []
+
+
 def current() -> Runtime | None:
-    """This process's runtime, if one was started."""
+    """This process's runtime, if one was started (a client of several jobs: the first one's)."""
+    return _runtime
+
+
+def claim(rt: Runtime, addrs: Any) -> None:
+    """``rt`` is the runtime that talks to ``addrs``: what this process sends them goes through it.
+
+    Only a client of several jobs keeps this (a process with one runtime has nothing to choose)."""
+    if rt is _runtime and not _client_runtimes:
+        return
+    with _runtime_lock:
+        for a in addrs:
+            _peers[a] = rt
+
+
+def add_client_runtime(rt: Runtime) -> None:
+    """Another job's runtime in this client (see ``monarch_agents.client.ensure_runtime``)."""
+    with _runtime_lock:
+        if _runtime is not None and _runtime not in _client_runtimes:
+            _client_runtimes.append(_runtime)
+        _client_runtimes.append(rt)
+
+
+def client_runtimes() -> list[Runtime]:
+    """Every open runtime of this process (the current one first)."""
+    with _runtime_lock:
+        rts = [_runtime] if _runtime is not None else []
+        return rts + [r for r in _client_runtimes if r is not _runtime and not r.closed]
+
+
+_pickling = threading.local()
+
+
+class pickling_for:
+    """``with pickling_for(rt): Pickled.of(args)``: what is pickled now goes to a peer of ``rt``, so a
+    port of another runtime of this client in it is relayed through ``rt`` (see :func:`port_for_peer`)."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_pickling, "rt", None)
+        _pickling.rt = self.rt
+
+    def __exit__(self, *exc: Any) -> None:
+        _pickling.rt = self.prev
+
+
+def port_for_peer(ref: PortRef) -> PortRef:
+    """The port to hand a peer for ``ref`` while pickling for it: ``ref`` itself, or, when ``ref`` is a
+    port of another of this client's runtimes than the one that sends, a relay on the sender."""
+    dest = getattr(_pickling, "rt", None)
+    if dest is None or not _client_runtimes or ref.addr == dest.addr:
+        return ref
+    src = next((r for r in client_runtimes() if r.addr == ref.addr), None)
+    return ref if src is None else dest.relay_from(src, ref)
+
+
+def for_peer(addr: str) -> Runtime | None:
+    """The runtime of this process that talks to ``addr``: the one that claimed it, else the current one."""
+    rt = _peers.get(addr)
+    if rt is not None and not rt.closed:
+        return rt
     return _runtime
 
 
@@ -355,6 +467,10 @@ def uninstall(rt: Runtime | None) -> None:
     with _runtime_lock:
         if _runtime is rt:
             _runtime = None
+        if rt in _client_runtimes:
+            _client_runtimes.remove(rt)
+        for a in [a for a, r in _peers.items() if r is rt]:
+            del _peers[a]
 
 
 def ensure() -> Runtime:

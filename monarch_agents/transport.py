@@ -78,6 +78,13 @@ def context() -> zmq.Context:
         return _ctx
 
 
+def new_context() -> zmq.Context:
+    """A ZeroMQ context apart from the process's (a second client runtime: one ZAP handler each)."""
+    ctx = zmq.Context()
+    ctx.linger = 500
+    return ctx
+
+
 def reset_context() -> None:
     """The next :func:`context` is a fresh one (after this process's runtime was closed)."""
     global _ctx

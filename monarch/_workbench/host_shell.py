@@ -27,7 +27,7 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdi
     ``env`` adds to the shell's environment; ``workdir`` is where it starts (default: this
     process's working directory).  Keys typed here go to the shell, raw, when stdin is a terminal.
     """
-    from monarch_agents.client import current_route, ensure_runtime
+    from monarch_agents.client import current_route
     from monarch._workbench.shell import RemoteShell
 
     if host_mesh_singleton.size() != 1:
@@ -40,7 +40,8 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdi
     argv = [os.environ.get("SHELL", "/bin/bash"), "-i"]
     out = sys.stdout.fileno()
     sys.stdout.flush()
-    sh = RemoteShell(SimpleNamespace(keys=ensure_runtime().keys, route=current_route()), host, argv, env=shell_env,
+    rt = host_mesh_singleton._rt()  # the runtime of the mesh's job (a client may talk to several)
+    sh = RemoteShell(SimpleNamespace(keys=rt.keys, route=current_route(rt)), host, argv, env=shell_env,
                      cwd=workdir or os.getcwd(), rows=rows, cols=cols, on_output=lambda data: os.write(out, data))
     sh.start()
     stdin = sys.stdin.fileno()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 from monarch_agents.errors import SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.messages import Call, Pickled, PortRef, Reply
+from monarch_agents.runtime import pickling_for
 from monarch.actor import _telemetry
 from monarch.actor._shape import Shape, ValueMesh
 
@@ -231,7 +232,8 @@ class Endpoint(Generic[R]):
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
         rt = mesh._rt()
-        payload = Pickled.of((args, kwargs))
+        with pickling_for(rt):  # a client's port in the arguments reaches this job's actors
+            payload = Pickled.of((args, kwargs))
         _telemetry.sent(rt, mesh, self._name, shape, reply)
         extent = dict(zip(shape.labels, shape.sizes))
         labels = shape.labels

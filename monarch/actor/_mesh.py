@@ -30,14 +30,15 @@ from monarch_agents.errors import MeshFailure, SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
 from monarch_agents.runtime import Runtime
-from monarch_agents.runtime import current as rt_current
+from monarch_agents.runtime import claim as rt_claim
+from monarch_agents.runtime import for_peer as rt_for_peer
+from monarch_agents.runtime import pickling_for as rt_pickling_for
 from monarch.actor import _telemetry
 from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
 
 T = TypeVar("T")
-log = logging.getLogger("monarch.actor")
 _SPAWN_TIMEOUT_S = float(os.environ.get("MONARCH_SPAWN_TIMEOUT", "120"))
 _STOP_TIMEOUT_S = 5.0
 _mesh_ids = itertools.count()
@@ -93,7 +94,11 @@ class _MeshBase:
         return tuple(self._shape.labels)
 
     def _rt(self) -> Runtime:
-        return rt_current() or ensure_runtime()
+        # The runtime of the job this mesh belongs to (a client may hold meshes of several).
+        return rt_for_peer(self._first_addr()) or ensure_runtime()
+
+    def _first_addr(self) -> str:
+        return ""
 
 
 def _report(owner_actor: Any, failure: MeshFailure) -> None:
@@ -117,6 +122,9 @@ class HostMesh(_MeshBase):
     @property
     def hosts(self) -> list[HostRef]:
         return [self._hosts[i] for i in self._shape.indices]
+
+    def _first_addr(self) -> str:
+        return self._hosts[0].addr if self._hosts else ""
 
     @property
     def initialized(self) -> Future:
@@ -166,6 +174,8 @@ class HostMesh(_MeshBase):
                 procs.extend(f.get(timeout=_SPAWN_TIMEOUT_S))
             except TimeoutError:
                 raise SupervisionError(f"host {h.host} did not start {count} procs within {_SPAWN_TIMEOUT_S:.0f} s") from None
+        # These procs are this job's: what this client sends them goes through its runtime.
+        rt_claim(rt, [p.addr for p in procs])
         shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
         pm = ProcMesh(procs, shape, mesh_id, mesh_name, self, owner=True)
         _telemetry.proc_mesh(rt, self, mesh_id, mesh_name, shape)
@@ -245,6 +255,9 @@ class ProcMesh(_MeshBase):
         self._owner_actor: Any = None  # who is told of its procs' deaths (None: the client)
         self._stopped = False
 
+    def _first_addr(self) -> str:
+        return self._procs[0].addr if self._procs else ""
+
     def __reduce__(self) -> Any:
         return ProcMesh, (self._procs, self._shape, self._mesh_id, self._name, self._host_mesh, False)
 
@@ -291,7 +304,8 @@ class ProcMesh(_MeshBase):
                                    "spawn on a new one")
         rt = self._rt()
         actor_id = f"{name}-{uuid.uuid4().hex[:12]}"
-        payload = m.Pickled.of((cls, args, kwargs))
+        with rt_pickling_for(rt):  # a client's port in the arguments reaches this job's actors
+            payload = m.Pickled.of((cls, args, kwargs))
         shape = self._shape
         extent = dict(zip(shape.labels, shape.sizes))
         initialized: Future = Future(lambda _: None)
@@ -343,9 +357,8 @@ class ProcMesh(_MeshBase):
         for a in acks:
             try:
                 a.get(timeout=_STOP_TIMEOUT_S)
-            except Exception as e:
-                # A proc that is already gone (or does not answer in time) is retired below all the same.
-                log.debug("proc mesh %r: stop of a proc: %s", self._name, e)
+            except Exception:
+                pass
         err = SupervisionError(f"actor mesh is stopped due to proc mesh shutdown (proc mesh {self._name!r}: {reason})")
         for p in procs:
             if p.addr == rt.addr:
@@ -358,9 +371,8 @@ class ProcMesh(_MeshBase):
                 if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
                     try:
                         rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=_STOP_TIMEOUT_S)
-                    except Exception as e:
-                        # The host agent is gone or busy: its procs were already asked to stop one by one.
-                        log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)
+                    except Exception:
+                        pass
         fut.set_result(None)
 
     async def __aenter__(self) -> "ProcMesh":
@@ -399,6 +411,9 @@ class ActorMesh(_MeshBase, Generic[T]):
         self._proc_mesh = proc_mesh
         self._initialized = initialized
         self._stopped = False
+
+    def _first_addr(self) -> str:
+        return self._procs[0].addr if self._procs else ""
 
     def __reduce__(self) -> Any:
         return ActorMesh, (self._actor_id, self._name, self._class, self._procs, self._shape, None)

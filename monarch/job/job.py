@@ -515,8 +515,7 @@ def _release_at_exit(job: JobTrait) -> None:
 def _release_uncached() -> None:
     from monarch_agents import runtime
 
-    rt = runtime.current()
-    if rt is not None:
+    for rt in runtime.client_runtimes():
         rt.stopping = True  # the procs dying with the job now are expected, not failures
     for job in list(_exit_jobs):
         try:

@@ -79,3 +79,39 @@ def test_a_job_cached_by_one_process_is_reloaded_by_job_load_in_another(cwd):
     assert "['hello again from rank 0', 'hello again from rank 1']" in second.stdout
     assert second.stdout.strip().endswith("active=False")
     assert not os.path.exists(cwd / ".monarch" / "job_state.pkl")
+
+
+TWO_JOBS_OUT = """\
+0 A ['A:1', 'A:1', 'A:1', 'A:1']
+0 B ['B:1', 'B:1', 'B:1', 'B:1']
+0 local local:1
+1 A ['A:2', 'A:2', 'A:2', 'A:2']
+1 B ['B:2', 'B:2', 'B:2', 'B:2']
+1 local local:2
+inside A ['a:100', 'a:100', 'a:100', 'a:100']
+inside B ['b:100', 'b:100', 'b:100', 'b:100']
+port A
+port B
+done
+"""
+
+
+def test_one_program_holds_meshes_of_two_reservations_and_this_host(tmp_path, no_leaked_processes):
+    """Two `monarch serve` in two folders (two jobs, two sets of keys) and this_host() in one program:
+    each mesh is called through its own job's runtime, an actor calls a mesh of its own job, and a
+    port the client opened reaches actors of both jobs."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    try:
+        for d in dirs:
+            d.mkdir()
+            monarch("serve", "--hosts", "2", "--procs-per-host", "1", cwd=d, check=True)
+        args = [str(d / ".monarch" / "job_state.pkl") for d in dirs]
+        e = {**os.environ, "PYTHONPATH": ROOT}
+        e.pop("MONARCH_JOB", None)
+        r = subprocess.run([sys.executable, os.path.join(HERE, "two_jobs.py"), *args], cwd=tmp_path, env=e,
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout == TWO_JOBS_OUT
+    finally:
+        for d in dirs:
+            monarch("stop", "--force", cwd=d)
