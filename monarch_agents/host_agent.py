@@ -90,6 +90,8 @@ class HostAgent:
         self.pending: dict[int, Child] = {}  # zygote request id -> child, until "spawned" (or "error")
         self.children: dict[int, Child] = {}  # pid -> child, until it exits
         self.owners: set[str] = set()
+        #: A shared agent's owners (``monarch_agents.local_agent``): their stdout/stderr and cwd, for their procs.
+        self.owner_places: dict[str, tuple[list[int], str]] = {}
         #: Set once a stop was asked for (Shutdown, SIGTERM, the zygote's death, an ephemeral agent's
         #: last owner leaving); :meth:`run_until_stopped` then stops everything in order.
         self.stopping = threading.Event()
@@ -165,8 +167,12 @@ class HostAgent:
             cwd, env = s.place(cwd, env)
         return cwd, env
 
-    def stdio_for(self, rel: str) -> list[int]:
-        """stdout and stderr fds for a child logging to ``<log_dir>/<rel>`` (the caller closes them)."""
+    def stdio_for(self, rel: str, owner: str = "") -> list[int]:
+        """stdout and stderr fds for a child logging to ``<log_dir>/<rel>`` (the caller closes them);
+        an owner of a shared agent's own stdout and stderr where it handed them over."""
+        place = self.owner_places.get(owner)
+        if place is not None:
+            return [os.dup(fd) for fd in place[0]]
         if self.inherit_stdio:
             return [1, 2]
         path = os.path.join(self.log_dir, rel)
@@ -186,7 +192,30 @@ class HostAgent:
             return self.exits.wait_for(lambda: all(c.exited is not None for c in children),
                                        max(0.0, deadline - time.monotonic()))
 
+    def owner_cwd(self, owner: str) -> str | None:
+        """Where an owner of a shared agent stands (its procs start there), else None."""
+        place = self.owner_places.get(owner)
+        return place[1] if place is not None else None
+
     # -- owners and children -------------------------------------------------
+
+    def add_owner_place(self, owner: str, fds: list[int], cwd: str) -> None:
+        with self.lock:
+            old = self.owner_places.pop(owner, None)
+            self.owner_places[owner] = (fds, cwd)
+        for fd in old[0] if old else ():
+            os.close(fd)
+
+    def release_owner(self, owner: str, wait_s: float) -> None:
+        """A shared agent's owner left: stop its children, wait up to ``wait_s`` for them to exit."""
+        with self.lock:
+            place = self.owner_places.pop(owner, None)
+            mine = [c for c in self.children.values() if c.owner == owner]
+        for fd in place[0] if place else ():
+            os.close(fd)
+        self._owner_lost(owner)
+        if mine and wait_s > 0:
+            self.wait_exited(mine, time.monotonic() + wait_s)
 
     def _owner_lost(self, owner: str) -> None:
         log.info("owner %s is gone; reaping what it owned", owner)
@@ -341,6 +370,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     p.add_argument("--preload", default="", help="comma-separated modules the zygote imports once")
     p.add_argument("--relay-port", type=int, default=0,
                    help="stand in on this port for a client that reaches hosts only through port-forwards")
+    p.add_argument("--shared-socket", default="", help="serve owners on this Unix socket (monarch_agents.local_agent)")
+    p.add_argument("--idle-exit", type=float, default=0.0, help="with --shared-socket: exit after this long unowned")
     p.add_argument("--info-fd", type=int, default=-1, help="write the address JSON to this fd, then close it")
     args = p.parse_args(argv)
 
@@ -367,6 +398,12 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()
+    listener = None
+    if args.shared_socket:
+        from monarch_agents.local_agent import DEFAULT_IDLE_S, OwnerListener
+
+        listener = OwnerListener(agent, args.shared_socket, args.idle_exit or DEFAULT_IDLE_S)
+        listener.start()
     info = {"addr": addr, "pid": os.getpid(), "host": host, "host_rank": args.host_rank, "ip": bind,
             "log_dir": log_dir, "started_at": agent.started_at}
     if args.agent_file:
@@ -376,7 +413,11 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
             f.write(json.dumps(info) + "\n")
     else:
         print(json.dumps(info), flush=True)
-    agent.run_until_stopped()
+    try:
+        agent.run_until_stopped()
+    finally:
+        if listener is not None:
+            listener.close()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # in the temp folder itself by someone else.
 os.environ["MONARCH_CEILING_DIRECTORIES"] = os.path.realpath(__import__("tempfile").gettempdir())
 
+# Scripts start a private host agent each, which exits with them: a shared one (see
+# monarch_agents.local_agent) would outlive the test that started it.  Its own tests turn it on.
+os.environ["MONARCH_SHARED_AGENT"] = "0"
+
 DEFAULT_DEADLINE_S = 5.0
 
 

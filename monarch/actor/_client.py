@@ -1,7 +1,8 @@
 """The client side of a process: its runtime, and the host it runs on.
 
-The first ``this_host()`` of a script starts a private host agent on this
-machine (it exits with the script); inside an actor, ``this_host()`` is the host
+The first ``this_host()`` of a script reaches this machine through the user's
+shared host agent (``monarch_agents.local_agent``; started if none is warm), or
+a private one that exits with the script where that cannot be used; inside an actor, ``this_host()`` is the host
 the actor runs on.  A reservation's hosts come from ``monarch.job.job_load()``.
 Under ``monarch run script.py`` (``MONARCH_RUN_JOB`` set) this process talks
 with the reservation's keys, so both kinds of host can be used together.
@@ -22,6 +23,7 @@ from typing import Iterable, TypeVar
 from monarch_agents import runtime as rt_mod
 from monarch_agents.messages import HostInfo, Ping, Shutdown
 from monarch_agents import client as _agents_client
+from monarch_agents import local_agent as _local_agent
 from monarch_agents import ports as _ports
 from monarch_agents.client import _lock
 from monarch_agents.keys import JobKeys
@@ -84,19 +86,25 @@ class HostRef:
 
 
 def local_host() -> HostRef:
-    """The private host agent of this client, started on first use."""
+    """The host agent of this client on this machine, found or started on first use: the user's
+    shared agent (``monarch_agents.local_agent``) where it may be used, else a private one."""
     global _local_host, _local_proc
     with _lock:
         if _local_host is not None:
             return _local_host
-        rt = ensure_runtime()
         # This API for every proc; torch and numpy where this program already paid for them.
         preload = ["monarch.actor", *(m for m in _PRELOADABLE if m in sys.modules)]
-        r, w = os.pipe()
         hostname = os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
+        log_dir = os.path.join(os.path.expanduser("~"), ".monarch", "logs", "local")
+        if rt_mod.current() is None and not os.environ.get(RUN_JOB_ENV):
+            shared = _local_agent.connect(preload, _agents_client.bind_address(), hostname, log_dir, _pythonpath())
+            if shared is not None:
+                return _use_shared(shared)
+        rt = ensure_runtime()
+        r, w = os.pipe()
         cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
-               "--log-dir", os.path.join(os.path.expanduser("~"), ".monarch", "logs", "local")]
+               "--log-dir", log_dir]
         global _env_baseline
         _env_baseline = dict(os.environ)
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
@@ -112,6 +120,25 @@ def local_host() -> HostRef:
         rt.request(info["addr"], lambda port: Ping(port)).get(timeout=_AGENT_START_TIMEOUT_S)
         atexit.register(_stop_local_host)
         return _local_host
+
+
+_shared: "_local_agent.SharedAgent | None" = None
+
+
+def _use_shared(shared: "_local_agent.SharedAgent") -> HostRef:
+    """Talk to the shared agent with its keys, and own our procs there (called under ``_lock``)."""
+    global _local_host, _shared, _env_baseline
+    rt = ensure_runtime(JobKeys(**shared.keys))
+    shared.join(rt.addr, os.getcwd())
+    # Procs get the agent's environment plus what differs in ours (see env_changes), so they see
+    # ours; PYTHONPATH stays the agent's where we have none (it is how procs find this package).
+    _env_baseline = dict(shared.env)
+    if "PYTHONPATH" not in os.environ:
+        _env_baseline.pop("PYTHONPATH", None)
+    _shared = shared
+    _local_host = HostRef(shared.addr, shared.host, 0)
+    atexit.register(_stop_local_host)
+    return _local_host
 
 
 #: Carries :func:`user_sys_path` to new procs (see ``monarch_agents.proc_agent.main``).
@@ -174,9 +201,15 @@ def _read_info(fd: int, proc: subprocess.Popen) -> dict:
 
 
 def _stop_local_host() -> None:
-    global _local_host, _local_proc
-    host, proc = _local_host, _local_proc
-    _local_host = _local_proc = None
+    global _local_host, _local_proc, _shared
+    host, proc, shared = _local_host, _local_proc, _shared
+    _local_host = _local_proc = _shared = None
+    if shared is not None:
+        rt = rt_mod.current()
+        if rt is not None:
+            rt.stopping = True  # procs dying now are expected, not failures
+        shared.leave()  # the agent stops what we own there; it stays for the next script
+        return
     if host is None or proc is None:
         return
     rt = rt_mod.current()

@@ -475,8 +475,8 @@ class ActorMesh(_MeshBase, Generic[T]):
 def this_host() -> HostMesh:
     """The host this code runs on, as in PyTorch Monarch.
 
-    In a script (``python prog.py`` or ``monarch run prog.py``) that is this machine, through a
-    private host agent that exits with the script; inside an actor, the host the actor runs on.
+    In a script (``python prog.py`` or ``monarch run prog.py``) that is this machine, through the
+    user's shared host agent (or a private one: see ``monarch.actor._client``); inside an actor, the host the actor runs on.
     A job's hosts come from the job, as in Monarch: ``monarch.job.job_load().state().hosts``
     (``monarch run prog.py`` points ``job_load()`` at the reservation it runs on).
     """

@@ -90,7 +90,7 @@ class ProcsService(Service):
         agent = self.agent
         agent.track_owner(msg.owner)
         pending = _PendingSpawn(msg, [None] * msg.count)
-        cwd, env = agent.place_child(None, agent.child_env(msg.env))
+        cwd, env = agent.place_child(agent.owner_cwd(msg.owner), agent.child_env(msg.env))
         for i in range(msg.count):
             token = uuid.uuid4().hex
             proc = _Proc(self, msg, token, i, pending)
@@ -107,7 +107,7 @@ class ProcsService(Service):
                 "owner": msg.owner,
                 "env": msg.env,
             }
-            fds = agent.stdio_for(f"procs/{path_component(msg.mesh_id)}-{i}.log")
+            fds = agent.stdio_for(f"procs/{path_component(msg.mesh_id)}-{i}.log", msg.owner)
             try:
                 agent.start_child({"kind": "proc", "config": config, "env": env, "cwd": cwd}, fds, proc)
             finally:

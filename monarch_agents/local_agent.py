@@ -1,0 +1,346 @@
+"""A user's shared local host agent: what lets ``this_host()`` in a fresh script answer in milliseconds.
+
+Starting a host agent (an interpreter, its imports, a zygote importing the actor API) is most of
+what a script pays before its first actor answers.  So the first ``this_host()`` of a script
+starts one agent per user (and per interpreter, code tree, preloaded modules and ``MONARCH_*``
+settings), detached from the script, and later scripts reuse it while it is warm.  Each script
+is an *owner* of the agent while it runs:
+
+* it connects to the agent's Unix socket in the user's runtime folder (``$XDG_RUNTIME_DIR/monarch``,
+  else ``<tmp>/monarch-<uid>``; 0700 and owned by the user, or it is not used), and each side
+  checks that the other runs as the same user (``SO_PEERCRED``);
+* the agent hands it the job keys it runs with (they never touch argv, environ or a file);
+* the script hands the agent its stdout and stderr (file descriptors, passed over the socket),
+  its working directory and its runtime's address: its procs write where it writes and start
+  where it stands, as with an agent of its own;
+* when that connection closes (the script exits or dies), every proc it owned is stopped; a script
+  that exits normally says goodbye first and waits (briefly) until they are gone.
+
+With no owner and no child for ``MONARCH_AGENT_IDLE_S`` seconds (default 600) the agent exits and
+removes its socket.  ``MONARCH_SHARED_AGENT=0`` turns this off (every script then starts a private
+agent that exits with it, as before); the test suite does so except where it tests this module.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monarch_agents.host_agent import HostAgent
+
+log = logging.getLogger("monarch.host_agent")
+
+RUNTIME_DIR_ENV = "MONARCH_RUNTIME_DIR"
+SHARED_ENV = "MONARCH_SHARED_AGENT"
+IDLE_ENV = "MONARCH_AGENT_IDLE_S"
+DEFAULT_IDLE_S = 600.0
+#: ``MONARCH_*`` variables that differ per process and say nothing about how an agent behaves.
+_PER_PROCESS_ENV = frozenset({"MONARCH_TEST_SESSION", "MONARCH_RUN_JOB", "MONARCH_ROOT", "MONARCH_SYS_PATH",
+                              "MONARCH_ENV_UNSET", "MONARCH_CEILING_DIRECTORIES"})
+#: What the agent's code is made of: a change to any of these files means another agent.
+_CODE_DIRS = ("monarch_agents", "monarch_agents/services", "monarch/actor", "monarch_telemetry")
+_MAX_MSG = 1 << 20
+_START_TIMEOUT_S = 60.0
+_BYE_TIMEOUT_S = 4.0
+_SOCK_PATH_MAX = 107
+
+
+def enabled() -> bool:
+    return os.environ.get(SHARED_ENV, "1") not in ("0", "", "false", "no")
+
+
+def runtime_dir() -> str | None:
+    """The user's private folder for agent sockets, made 0700 if missing; None if it is not safe
+    (another owner, or open to others): the caller then starts an agent of its own."""
+    base = os.environ.get(RUNTIME_DIR_ENV)
+    if not base:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        base = os.path.join(xdg, "monarch") if xdg and os.path.isdir(xdg) else \
+            os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
+    try:
+        os.makedirs(base, 0o700, exist_ok=True)
+        st = os.lstat(base)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        log.warning("not using %s for the shared host agent: it must be a folder of yours with mode 0700", base)
+        return None
+    return base
+
+
+def _code_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def agent_key(preload: list[str]) -> str:
+    """Which agent a script may share: same interpreter, same code (paths and mtimes), same
+    preloaded modules, same ``MONARCH_*`` settings."""
+    h = hashlib.sha256()
+    root = _code_root()
+    h.update(f"{sys.executable}\0{sys.version}\0{root}\0{','.join(preload)}\0".encode())
+    for d in _CODE_DIRS:
+        try:
+            entries = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(os.path.join(root, d))
+                             if e.name.endswith(".py"))
+        except OSError:
+            continue
+        h.update(repr((d, entries)).encode())
+    h.update(repr(sorted((k, v) for k, v in os.environ.items()
+                         if k.startswith("MONARCH_") and k not in _PER_PROCESS_ENV)).encode())
+    return h.hexdigest()[:20]
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _send(sock: socket.socket, msg: dict, fds: list[int] = ()) -> None:
+    data = json.dumps(msg).encode()
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def _recv(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None, list[int]]:
+    data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, max_fds)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds
+
+
+# -- the client's side --------------------------------------------------------------------------
+
+
+@dataclass
+class SharedAgent:
+    """A connection to the shared agent, held for as long as this process owns what it spawns there."""
+
+    sock: socket.socket
+    addr: str
+    host: str
+    pid: int
+    keys: dict
+    env: dict
+
+    def join(self, owner: str, cwd: str) -> None:
+        """Become an owner: procs of ``owner`` write to our stdout/stderr and start in ``cwd``."""
+        _send(self.sock, {"op": "join", "owner": owner, "cwd": cwd}, [1, 2])
+        answer, _ = _recv(self.sock)
+        if not answer or not answer.get("ok"):
+            raise RuntimeError(f"the shared host agent refused this client: {answer}")
+
+    def leave(self, timeout: float = _BYE_TIMEOUT_S) -> None:
+        """Stop what we own there and wait (``timeout`` at most) until it has exited."""
+        try:
+            self.sock.settimeout(timeout)
+            _send(self.sock, {"op": "bye"})
+            _recv(self.sock)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.sock.close()
+
+
+def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str) -> SharedAgent | None:
+    """The shared agent for ``preload``, started (detached) if none runs; None where there can be none."""
+    if not enabled():
+        return None
+    d = runtime_dir()
+    if d is None:
+        return None
+    key = agent_key(preload)
+    path = os.path.join(d, f"agent-{key}.sock")
+    if len(path) > _SOCK_PATH_MAX:
+        return None
+    sock = _try_connect(path)
+    if sock is None:
+        lock_fd = os.open(os.path.join(d, f"agent-{key}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one starter; the others wait, then connect
+            sock = _try_connect(path)
+            if sock is None:
+                _start(path, preload, bind, hostname, log_dir, pythonpath)
+                sock = _try_connect(path)
+        finally:
+            os.close(lock_fd)
+    if sock is None:
+        return None
+    try:
+        sock.settimeout(_START_TIMEOUT_S)
+        info, _ = _recv(sock)
+        sock.settimeout(None)
+    except (OSError, ValueError):
+        sock.close()
+        return None
+    if not info:
+        sock.close()
+        return None
+    return SharedAgent(sock, info["addr"], info["host"], info["pid"], info["keys"], info["env"])
+
+
+def _try_connect(path: str) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        return None
+    if _peer_uid(s) != os.getuid():  # someone else's socket where ours should be: never talk to it
+        s.close()
+        return None
+    return s
+
+
+def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str) -> None:
+    from monarch_agents.keys import JobKeys
+
+    try:
+        os.unlink(path)  # a dead agent's socket (nothing answered on it)
+    except FileNotFoundError:
+        pass
+    idle = os.environ.get(IDLE_ENV, str(DEFAULT_IDLE_S))
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--shared-socket", path, "--idle-exit", idle,
+           "--info-fd", str(w), "--hostname", hostname, "--bind", bind, "--preload", ",".join(preload),
+           "--log-dir", log_dir]
+    log_fd = os.open(path[:-len(".sock")] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # Its own session, stdio and cwd: nothing ties it to the script that happened to start it.
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_fd, stderr=log_fd, pass_fds=(w,),
+                                start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": pythonpath})
+    finally:
+        os.close(w)
+        os.close(log_fd)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(JobKeys.generate().as_dict()) + "\n").encode())
+        proc.stdin.close()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        import select
+
+        while time.monotonic() < deadline:  # until it says where it listens, or exits
+            ready, _, _ = select.select([r], [], [], 0.5)
+            if ready:
+                os.read(r, 65536)
+                return
+            if proc.poll() is not None:
+                return
+    finally:
+        os.close(r)
+
+
+# -- the agent's side ---------------------------------------------------------------------------
+
+
+class OwnerListener:
+    """The shared agent's Unix socket: one connection per owner (see the module docstring)."""
+
+    def __init__(self, agent: "HostAgent", path: str, idle_s: float):
+        self.agent = agent
+        self.path = path
+        self.idle_s = idle_s
+        self.lock = threading.Lock()
+        self.conns = 0
+        self.idle_since = time.monotonic()
+        old = os.umask(0o077)
+        try:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            self.sock.bind(path)
+        finally:
+            os.umask(old)
+        self._ino = os.stat(path).st_ino
+        self.sock.listen(64)
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="owners", daemon=True).start()
+        threading.Thread(target=self._idle_watch, name="idle", daemon=True).start()
+
+    def close(self) -> None:
+        try:
+            if os.stat(self.path).st_ino == self._ino:  # not a newer agent's socket
+                os.unlink(self.path)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while not self.agent.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                continue
+            with self.lock:
+                self.conns += 1
+            threading.Thread(target=self._serve, args=(conn,), name="owner", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        agent = self.agent
+        owner = ""
+        try:
+            _send(conn, {"addr": agent.rt.addr, "host": agent.host, "pid": os.getpid(), "keys": agent.keys.as_dict(),
+                         "env": agent.child_env({})})
+            while True:
+                msg, fds = _recv(conn, 2)
+                if msg is None:
+                    return
+                if msg.get("op") == "join" and not owner and len(fds) == 2:
+                    owner = str(msg["owner"])
+                    agent.add_owner_place(owner, fds, str(msg.get("cwd") or "/"))
+                    _send(conn, {"ok": True})
+                    continue
+                for fd in fds:
+                    os.close(fd)
+                if msg.get("op") == "bye":
+                    if owner:
+                        agent.release_owner(owner, wait_s=_BYE_TIMEOUT_S - 1)
+                        owner = ""
+                    _send(conn, {"bye": True})
+                    return
+        except (OSError, ValueError) as e:
+            log.debug("owner connection failed: %s", e)
+        finally:
+            if owner:  # gone without a goodbye (killed): its procs go too
+                agent.release_owner(owner, wait_s=0)
+            conn.close()
+            with self.lock:
+                self.conns -= 1
+                self.idle_since = time.monotonic()
+
+    def _idle_watch(self) -> None:
+        while not self.agent.stopping.wait(min(1.0, self.idle_s / 4)):
+            with self.lock:
+                busy = self.conns > 0
+                if busy or self.agent.children:
+                    self.idle_since = time.monotonic()
+                    continue
+                if time.monotonic() - self.idle_since >= self.idle_s:
+                    log.info("no owner for %.0f s: the shared agent exits", self.idle_s)
+                    self.close()  # no new owner from here on
+                    self.agent.request_stop()
+                    return
+

@@ -1,0 +1,144 @@
+"""The user's shared local host agent (``monarch_agents.local_agent``): real scripts, real agent.
+
+Each test gives the agent a runtime folder of its own and stops the agent at the end, so none
+outlives the test (``MONARCH_SHARED_AGENT=0`` is the suite's default; these tests turn it on).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests.helpers import ROOT, alive, wait_gone
+
+SCRIPT = r"""
+import os, sys, time
+os.environ["SHARED_AGENT_TEST"] = "changed-after-start"
+from monarch.actor import Actor, endpoint, this_host
+
+class Where(Actor):
+    @endpoint
+    def where(self):
+        print("actor-stdout", flush=True)
+        print("actor-stderr", file=sys.stderr, flush=True)
+        return os.getcwd(), os.environ.get("SHARED_AGENT_TEST"), os.getpid(), os.environ["MONARCH_HOST_AGENT"]
+
+procs = this_host().spawn_procs(per_host={"gpus": 2})
+answers = [v for _, v in procs.spawn("where", Where).where.call().get(timeout=60)]
+print("ANSWERS", repr(answers), flush=True)
+if sys.argv[1:] == ["hang"]:
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def shared_env(tmp_path):
+    # A short folder: a Unix socket's path is at most 107 bytes (a longer one means no shared agent).
+    short = pathlib.Path(tempfile.mkdtemp(prefix="ma-"))
+    rt_dir = short / "rt"
+    env = {**os.environ, "MONARCH_SHARED_AGENT": "1", "MONARCH_RUNTIME_DIR": str(rt_dir),
+           "MONARCH_AGENT_IDLE_S": "60", "SHARED_AGENT_TEST": "at-agent-start"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    (tmp_path / "wd").mkdir()
+    (tmp_path / "wd" / "prog.py").write_text(SCRIPT)
+    yield env, rt_dir, tmp_path / "wd"
+    for pid in _agent_pids(rt_dir):
+        os.kill(pid, signal.SIGTERM)
+        if wait_gone([pid], 10):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def _agent_pids(rt_dir) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "--shared-socket" in cmd and cmd[cmd.index("--shared-socket") + 1].startswith(str(rt_dir)):
+            out.append(p.pid)
+    return out
+
+
+def _run(env, wd, *args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "prog.py", *args], cwd=wd, env=env, capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def _answers(stdout: str) -> list:
+    line = [ln for ln in stdout.splitlines() if ln.startswith("ANSWERS ")]
+    assert line, stdout
+    return eval(line[-1][len("ANSWERS "):])
+
+
+def test_scripts_share_one_agent_and_see_their_own_cwd_env_and_stdio(shared_env):
+    env, rt_dir, wd = shared_env
+    first = _run(env, wd)
+    assert first.returncode == 0, first.stderr
+    second = _run(env, wd)
+    assert second.returncode == 0, second.stderr
+    a1, a2 = _answers(first.stdout), _answers(second.stdout)
+    assert {a[3] for a in a1} == {a[3] for a in a2}  # the same agent answered both
+    assert len(_agent_pids(rt_dir)) == 1
+    for cwd, var, pid, _ in a1 + a2:
+        assert cwd == str(wd)
+        assert var == "changed-after-start"  # the script's environment as it is at spawn time
+        assert not alive(pid)  # a script's procs end with it
+    for run in (first, second):
+        assert run.stdout.count("actor-stdout") == 2
+        assert run.stderr.count("actor-stderr") == 2
+    socks = glob.glob(str(rt_dir / "agent-*.sock"))
+    assert len(socks) == 1
+    assert os.stat(rt_dir).st_mode & 0o777 == 0o700
+
+
+def test_a_killed_script_loses_its_procs_and_the_agent_stays(shared_env):
+    env, rt_dir, wd = shared_env
+    proc = subprocess.Popen([sys.executable, "prog.py", "hang"], cwd=wd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        while not line.startswith("ANSWERS "):
+            line = proc.stdout.readline()
+            assert line, "the script ended before its actors answered"
+        pids = [a[2] for a in eval(line[len("ANSWERS "):])]
+        proc.kill()
+        proc.wait()
+        assert wait_gone(pids, 10) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(_agent_pids(rt_dir)) == 1
+    again = _run(env, wd)
+    assert again.returncode == 0, again.stderr
+
+
+def test_idle_agent_exits_and_removes_its_socket(shared_env):
+    env, rt_dir, wd = shared_env
+    env = {**env, "MONARCH_AGENT_IDLE_S": "1"}
+    assert _run(env, wd).returncode == 0
+    deadline = time.monotonic() + 30
+    while (_agent_pids(rt_dir) or glob.glob(str(rt_dir / "agent-*.sock"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _agent_pids(rt_dir)
+    assert not glob.glob(str(rt_dir / "agent-*.sock"))
+
+
+def test_an_open_runtime_folder_is_not_used(shared_env):
+    env, rt_dir, wd = shared_env
+    rt_dir.mkdir(mode=0o755)
+    os.chmod(rt_dir, 0o755)
+    run = _run(env, wd)
+    assert run.returncode == 0, run.stderr  # a private agent of its own instead
+    assert not _agent_pids(rt_dir)
+    assert not glob.glob(str(rt_dir / "agent-*"))
