@@ -9,6 +9,7 @@ buffers, one-sided reads) is not written yet, and the reason says so, so that
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -53,3 +54,31 @@ def choose_transport() -> TransportChoice:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def choose_buffer_path(*, same_host: bool, same_process: bool, write: bool, cma_refused: bool) -> TransportChoice:
+    """How the bytes of one ``RDMABuffer`` transfer move (``monarch_agents/rdma_buffers.py``).
+
+    ``local`` (a memmove), ``cma`` (a read straight out of the owner's memory on this host,
+    ``process_vm_readv``), ``shm`` (through the owner, in a shared-memory segment) or ``tcp``
+    (through the owner, over the job's connection to its host).
+    """
+    if same_process:
+        return TransportChoice("local", "the buffer's owner is this process")
+    if same_host:
+        if write:
+            return TransportChoice("shm", "writes go through the owner (it alone knows its memory is still in use)")
+        if cma_refused:
+            return TransportChoice("shm", "the kernel refuses cross-memory reads here (ptrace_scope)")
+        if os.environ.get("MONARCH_RDMA_CMA") == "0":
+            return TransportChoice("shm", "cross-memory reads turned off (MONARCH_RDMA_CMA=0)")
+        return TransportChoice("cma", "same host: read straight out of the owner's memory")
+    devices, why = _devices_once()
+    if devices:
+        return TransportChoice("tcp", f"RDMA device {devices[0]} found, but this build has no RDMA data path yet", devices)
+    return TransportChoice("tcp", why)
+
+
+@functools.cache
+def _devices_once() -> tuple[tuple[str, ...], str]:
+    return rdma_devices()  # a failed import of pyverbs is not cached by Python: ask once per process
