@@ -23,7 +23,6 @@ modules' objects go (their ``__del__`` runs) before the process exits.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import collections
 import gc
@@ -35,7 +34,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents import actor_logging, actor_telemetry, supervision
 from monarch_agents import messages as m
@@ -44,6 +43,9 @@ from monarch_agents.errors import ActorError, MeshFailure, SupervisionError, act
 from monarch_agents.ports import Port
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.transport import JobKeys
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("monarch.proc_agent")
 
@@ -104,7 +106,7 @@ class ActorSlot:
         self.constructing = True  # in __init__: a stop cannot be waited for
         #: Meshes this actor made (anything with ``stop() -> Future``): stopped with it.
         self.children: list[Any] = []
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set["asyncio.Task"] = set()
         self.thread = threading.Thread(target=self._run, name=f"actor-{msg.name}", daemon=True)
         actor_telemetry.created(self)
 
@@ -120,6 +122,8 @@ class ActorSlot:
         ok = self._construct()
         self.constructing = False
         if ok and self.kind == "async":
+            import asyncio
+
             asyncio.run(self._run_async())
             return
         # A sync actor, or one whose __init__ failed: that one answers every call with
@@ -168,6 +172,8 @@ class ActorSlot:
         return True
 
     async def _run_async(self) -> None:
+        import asyncio  # here, not at the top: a client that has no async actor never pays for it
+
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
 
@@ -204,6 +210,8 @@ class ActorSlot:
             self.mailbox.put(_STOP)  # or the pump thread would wait for a message forever
 
     async def _cancel_tasks(self) -> None:
+        import asyncio  # here, not at the top: a client that has no async actor never pays for it
+
         tasks = list(self.tasks)
         for t in tasks:
             t.cancel()
@@ -259,6 +267,8 @@ class ActorSlot:
         return False
 
     async def _handle_async(self, item: Any, concurrent: bool = False) -> bool:
+        import asyncio  # here, not at the top: a client that has no async actor never pays for it
+
         if isinstance(item, m.Call):
             if self._refuse(item):
                 return False

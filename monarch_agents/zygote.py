@@ -293,7 +293,7 @@ def main() -> None:
     sock = socket.socket(fileno=fd)
     # Everything a proc agent needs, imported once here instead of once per proc; the API its user
     # code imports is named by whoever started the host agent (--preload), a layer above this one.
-    for mod in ["monarch_agents.proc_agent", *preload]:
+    for mod in ["monarch_agents.proc_agent", "asyncio", *preload]:  # asyncio: async actors, imported lazily
         try:
             importlib.import_module(mod)
         except Exception as e:  # a missing optional library only costs speed
