@@ -65,11 +65,27 @@ def _global_params() -> list[click.Option]:
     ]
 
 
+def _also_global_json(own):
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value and not ctx.resilient_parsing and ctx.find_object(Options) is not None:
+            ctx.find_object(Options).json = True
+        return own(ctx, param, value) if own is not None else value
+
+    callback._sets_global_json = True
+    return callback
+
+
 def _adopt(cmd: click.Command) -> click.Command:
     """Give a loaded command (and a group's subcommands) the global flags and the Rich help."""
     cmd.context_class = RichContext
     names = {n for p in cmd.params for n in getattr(p, "opts", [])}
     cmd.params.extend(p for p in _global_params() if not names & set(p.opts))
+    for p in cmd.params:
+        # A command's own --json (query, why, stack, debug list) is also the global one: an error
+        # raised under it must be the JSON document on stdout too.
+        if "--json" in getattr(p, "opts", []) and p.callback is not _global_flag and \
+                not getattr(p.callback, "_sets_global_json", False):
+            p.callback = _also_global_json(p.callback)
     if isinstance(cmd, click.Group):
         for sub in cmd.commands.values():
             _adopt(sub)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import click
 
 from monarch.errors import UsageError
-from monarch_cli.commands._common import handled, name_option, opts
+from monarch_cli.commands._common import CommandCommand, handled, name_option, opts
 from monarch_cli.output import err, escape, print_json
 
 
@@ -22,7 +22,7 @@ class Target:
     what: str
 
 
-@click.command("exec", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@click.command("exec", cls=CommandCommand, context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @click.option("--all", "run_all", is_flag=True, help="Every rank of every mesh (output streamed, prefixed by host).")
 @click.option("--mesh", metavar="NAME", help="Every rank of the mesh NAME (output streamed, prefixed by host).")
 @click.option("--one", is_flag=True, help="Rank 0 of the first mesh (the default).")

@@ -10,11 +10,11 @@ import sys
 import click
 
 from monarch.errors import UsageError
-from monarch_cli.commands._common import name_option, handled, opts
+from monarch_cli.commands._common import CommandCommand, name_option, handled, opts
 from monarch_cli.output import err, escape, print_json
 
 
-@click.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+@click.command("run", cls=CommandCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                      "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @name_option
@@ -49,6 +49,7 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         record, path = load_live(name, progress=lambda *a: None)
         if record.workspace:
             _push_workspace(record, o.verbose)
+        _check_script_exists(argv[0], workdir)
         if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
             raise click.exceptions.Exit(_run_program(record, path, argv, extra, o.json))
         selected = record.hosts
@@ -206,3 +207,16 @@ def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json:
     if code == ExitCode.INTERRUPTED:
         err.print("[yellow]interrupted[/]")
     return int(code)
+
+
+def _check_script_exists(first: str, workdir: str | None) -> None:
+    """`monarch run train.py` with no train.py here: say so, not that it is missing from the hosts' PATH."""
+    import shutil
+
+    if not first.endswith(".py") or shutil.which(first):
+        return
+    where = workdir if workdir and os.path.isdir(workdir) else os.getcwd() if not workdir else None
+    if where is not None and not os.path.exists(os.path.join(where, first)):
+        raise UsageError(f"{first}: no such file in {where}",
+                         "`monarch run script.py` runs a Python file from this folder (or -w DIR); "
+                         "`monarch run -- CMD` runs a command")
