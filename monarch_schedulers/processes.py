@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 #: Two start times this close name the same process (psutil's clock ticks are 10 ms).
 _SAME_START_S = 0.05
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+_boot_time: float | None = None
+
+
+def _proc_stat(pid: int) -> tuple[float, str] | None:
+    """(start time as psutil's ``create_time`` reads it, state letter) from /proc, a pid that is gone
+    reading as a zombie; None where there is no /proc to read (then ask psutil)."""
+    global _boot_time
+    try:
+        if _boot_time is None:
+            with open("/proc/stat", "rb") as f:
+                _boot_time = float(next(ln for ln in f if ln.startswith(b"btime ")).split()[1])
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return (0.0, "Z") if os.path.isdir("/proc/self") else None
+    except (OSError, StopIteration, ValueError):
+        return None
+    fields = data[data.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
+    return _boot_time + int(fields[19]) / _CLOCK_TICKS, fields[0].decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +64,10 @@ class OwnedProcess:
             return None
 
     def alive(self) -> bool:
+        proc = _proc_stat(self.pid)
+        if proc is not None:  # Linux: read /proc, no psutil (every `monarch run` asks this of each agent)
+            started, state = proc
+            return state != "Z" and abs(started - self.started) <= _SAME_START_S
         return self._process() is not None
 
     def signal(self, sig: int) -> None:
