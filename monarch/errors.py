@@ -45,13 +45,10 @@ _MEANINGS = {
 
 
 # The base, UsageError and SchedulerError live where the lowest layer raising them can reach them
-# (schedulers may not import monarch); they are monarch.errors' all the same, with codes from the table.
+# (schedulers may not import monarch); they are monarch.errors' all the same, their codes the
+# table's (written there as numbers; tests/cli/test_exit_codes.py pins them to it).
 from monarch_agents.errors import MonarchError, UsageError  # noqa: E402
-from monarch_schedulers.errors import SchedulerError  # noqa: E402
-
-MonarchError.exit_code = ExitCode.FAILED
-UsageError.exit_code = ExitCode.USAGE
-SchedulerError.exit_code = ExitCode.SCHEDULER
+from monarch_schedulers.errors import SchedulerError  # noqa: E402, F401  (re-exported)
 
 
 class StateError(MonarchError):
@@ -70,6 +67,18 @@ class RunError(MonarchError):
     """A command could not be run (another run going on, bad arguments)."""
 
     exit_code = ExitCode.RUN
+
+
+class RunFailed(MonarchError):
+    """A run ended badly: a rank failed, its host agent was lost, the reservation ended under it, or
+    it was interrupted.  Worded by the engine (``monarch._workbench.run.run_failure``); ``exit_code``
+    is the run's own status (a rank's code passed through, 128+N for a signal N, or this table's)."""
+
+    def __init__(self, message: str, hint: str = "", *, exit_code: int, run_id: str = "", interrupted: bool = False):
+        super().__init__(message, hint)
+        self.exit_code = exit_code
+        self.run_id = run_id
+        self.interrupted = interrupted
 
 
 class WorkspaceError(MonarchError):

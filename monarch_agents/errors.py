@@ -133,7 +133,9 @@ class MeshFailure:
 class MonarchError(Exception):
     """Base: ``message`` is one line; ``hint`` is the command or step that fixes it."""
 
-    exit_code = 1  # this and the subclasses' codes are set from monarch.errors.ExitCode, the one table
+    # The codes are monarch.errors.ExitCode's (the one table, which this layer cannot import):
+    # written here as numbers, pinned to the table by tests/cli/test_exit_codes.py.
+    exit_code = 1  # ExitCode.FAILED
 
     def __init__(self, message: str, hint: str = ""):
         self.message = message
@@ -143,3 +145,5 @@ class MonarchError(Exception):
 
 class UsageError(MonarchError):
     """The command line (or an API call) asked for something impossible."""
+
+    exit_code = 2  # ExitCode.USAGE

@@ -22,7 +22,7 @@ from monarch_cli.output import print_json
 def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> click.exceptions.Exit:
     """Print ``e`` as one line (plus hint) and return the Exit to raise."""
     if isinstance(e, MonarchError):
-        message, hint, code = e.message, e.hint, ExitCode(e.exit_code)
+        message, hint, code = e.message, e.hint, int(e.exit_code)  # a run passes its rank's status on: not only the table's
     elif isinstance(e, KeyboardInterrupt):
         message, hint, code = "interrupted", "", ExitCode.INTERRUPTED
     else:
@@ -50,7 +50,7 @@ def report_click_error(e: click.ClickException, as_json: bool) -> int:
     return int(code)
 
 
-def _report(message: str, hint: str, code: ExitCode, as_json: bool) -> None:
+def _report(message: str, hint: str, code: int, as_json: bool) -> None:
     if as_json:
         print_json({"error": message, "hint": hint, "exit_code": int(code)})
     if code == ExitCode.INTERRUPTED:

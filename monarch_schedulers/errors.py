@@ -8,4 +8,6 @@ __all__ = ["SchedulerError", "UsageError"]
 
 
 class SchedulerError(MonarchError):
-    """The scheduler refused or failed a request (its exit code: monarch.errors.ExitCode.SCHEDULER)."""
+    """The scheduler refused or failed a request."""
+
+    exit_code = 4  # monarch.errors.ExitCode.SCHEDULER (pinned by tests/cli/test_exit_codes.py)

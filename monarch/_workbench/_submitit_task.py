@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from monarch._workbench.exit_status import exit_status
+
 #: What a task exits with to be started again (see MonarchJobEnvironment._requeue).
 REQUEUE_EXIT_CODE = 144
 #: What this launcher exits with when the job ran out of time (as `timeout(1)` does).
@@ -98,9 +100,10 @@ class Tasks:
 
 
 def exit_code(codes: list[int]) -> int:
+    """The first failing task's status (tasks are one run: the first failure is the news)."""
     for c in codes:
         if c != 0:
-            return c if c > 0 else 128 - c
+            return exit_status(c)
     return 0
 
 

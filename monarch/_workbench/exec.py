@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from monarch.actor import Actor, Future, context, endpoint
+from monarch._workbench.exit_status import exit_status
 
 
 class _Command(Actor):
@@ -64,7 +65,7 @@ def _run(argv: list[str], cwd: str | None, env: dict, out: Any, err: Any, captur
             return {"returncode": 127, "stdout": "", "stderr": msg}
         err.write(msg)
         return 127
-    code = p.returncode if p.returncode >= 0 else 128 - p.returncode
+    code = exit_status(p.returncode)
     if capture:
         return {"returncode": code, "stdout": p.stdout, "stderr": p.stderr}
     return code

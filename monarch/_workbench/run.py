@@ -3,14 +3,19 @@
 Each selected host agent runs the command with the environment multi-node
 torchrun and ``torch.distributed`` expect (``MASTER_ADDR``/``MASTER_PORT``,
 ``NODE_RANK``, ``NNODES`` and torchrun's ``PET_*`` twins) plus ``MONARCH_*``.
-Output comes back live; the first rank that fails stops the others and its
-exit code becomes ours.  Interrupting stops every rank within 2 s.
+Output comes back live.  A :class:`FailurePolicy` says whether the first rank that fails stops
+the others (``monarch run``: torchrun's ranks would wait forever for it) or not (``monarch exec``:
+each rank's command stands alone); :attr:`RunOutcome.exit_code` is the one rule for the status a
+run ends with, and :func:`run_failure` the one place its failure is worded (a :class:`RunFailed`).
+Interrupting stops every rank within 2 s.
 """
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import json
+import logging
 import os
 import random
 import signal
@@ -26,9 +31,11 @@ from typing import Callable, Iterator
 from monarch_agents import messages as m
 from monarch_agents.errors import SupervisionError
 from monarch_agents.runtime import Runtime, StreamPort
-from monarch.errors import ExitCode, MonarchError, RunError
+from monarch.errors import ExitCode, MonarchError, RunError, RunFailed, UsageError
+from monarch._workbench.exit_status import exit_status
 from monarch._workbench.state import HostRecord, JobRecord
 
+log = logging.getLogger("monarch.run")
 _STOP_GRACE_S = 1.5
 #: How often a run re-reads its reservation's time left (an admin may change the limit).
 _TIME_RECHECK_S = 60.0
@@ -54,12 +61,24 @@ class RankResult:
         return not self.reason.startswith(NOT_STARTED)
 
 
+class FailurePolicy(enum.Enum):
+    """What a rank's failure does to the others of its run."""
+
+    #: The others get SIGTERM (``monarch run``, ``run_spmd``, submitit): torchrun's ranks would wait
+    #: forever for the failed one.  The run's status is the first failed rank's.
+    STOP_OTHERS = "stop-others"
+    #: The others go on (``monarch exec``): each rank's command stands alone.  The run's status is
+    #: the highest of its ranks' statuses.
+    INDEPENDENT = "independent"
+
+
 @dataclass
 class RunOutcome:
     run_id: str
     results: list[RankResult] = field(default_factory=list)
     interrupted: bool = False
     first_failed: int | None = None  # the rank that failed first, in time
+    policy: FailurePolicy = FailurePolicy.STOP_OTHERS
 
     @property
     def first_failure(self) -> RankResult | None:
@@ -67,18 +86,45 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        """ExitCode's table: 130 interrupted, 5 a host agent lost, 6 a rank that could not start;
-        else the first failed rank's own code (128+N for a signal N), as a shell gives it."""
+        """The run's status, the one rule: 130 interrupted; else the first failed rank's status
+        (:attr:`FailurePolicy.STOP_OTHERS`: the others' ends are our SIGTERM's doing) or the highest
+        of every rank's (:attr:`FailurePolicy.INDEPENDENT`), where a rank's status is 5 for a host
+        agent lost, 6 for a rank that could not start, else :func:`exit_status` of its own code
+        (a signal N is 128+N, as a shell gives it)."""
         if self.interrupted:
             return ExitCode.INTERRUPTED
         f = self.first_failure
         if f is None:
             return ExitCode.OK
-        if f.agent_lost:
-            return ExitCode.AGENT
-        if not f.started:
-            return ExitCode.RUN
-        return f.exit_code if f.exit_code and f.exit_code > 0 else 128 + abs(f.exit_code or 1)
+        if self.policy is FailurePolicy.INDEPENDENT:
+            return max(rank_status(r) for r in self.results)
+        return rank_status(f)
+
+
+def rank_status(r: RankResult) -> int:
+    """One rank's status in a run's: see :attr:`RunOutcome.exit_code`."""
+    if r.exit_code == 0:
+        return ExitCode.OK
+    if r.agent_lost:
+        return ExitCode.AGENT
+    if not r.started:
+        return ExitCode.RUN
+    return exit_status(r.exit_code)
+
+
+def select_hosts(record: JobRecord, ranks: list[int] | None) -> list[HostRecord]:
+    """The hosts of ``ranks`` (in that order), or every host by rank; a rank named twice or not in
+    the reservation is a :class:`UsageError` (a run runs once per host: its ranks are its hosts)."""
+    by_rank = {h.host_rank: h for h in record.hosts}
+    if not ranks:
+        return [by_rank[r] for r in sorted(by_rank)]
+    missing = [r for r in ranks if r not in by_rank]
+    if missing:
+        raise UsageError(f"no host rank {missing[0]} in this reservation (it has 0..{len(record.hosts) - 1})")
+    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    if twice:
+        raise UsageError(f"host rank {twice[0]} is named twice", "name each host once, e.g. --hosts 0,1")
+    return [by_rank[r] for r in ranks]
 
 
 def new_run_id() -> str:
@@ -205,8 +251,10 @@ class RemoteRun:
 
     def __init__(self, record: JobRecord, hosts: list[HostRecord], argv: list[str], *, env: dict[str, str],
                  cwd: str | None, on_output: Callable[[int, str, bytes], None], detach: bool = False,
-                 expand: dict[str, str] | None = None, on_debug: Callable[[dict], None] | None = None):
-        """``expand``: when given, ``$NAME``/``${NAME}`` in ``argv`` is replaced per rank from the rank's
+                 expand: dict[str, str] | None = None, on_debug: Callable[[dict], None] | None = None,
+                 policy: FailurePolicy = FailurePolicy.STOP_OTHERS):
+        """``policy``: whether the first failure stops the other ranks (:class:`FailurePolicy`).
+        ``expand``: when given, ``$NAME``/``${NAME}`` in ``argv`` is replaced per rank from the rank's
         environment and then from ``expand`` (TorchX macros such as ``${replica_id}``), as TorchX and a
         shell would; ``$$`` is a literal ``$``.  Without it, ``argv`` goes out untouched."""
         self.expand = expand
@@ -222,7 +270,8 @@ class RemoteRun:
         self.detach = detach
         self.run_id = new_run_id()
         self.rt: Runtime = record.runtime()
-        self.outcome = RunOutcome(self.run_id, [RankResult(i, h.host) for i, h in enumerate(hosts)])
+        self.policy = policy
+        self.outcome = RunOutcome(self.run_id, [RankResult(i, h.host) for i, h in enumerate(hosts)], policy=policy)
         self.left = len(hosts)
         self.done = threading.Event()
         self.lock = threading.Lock()
@@ -280,7 +329,7 @@ class RemoteRun:
             if first_failure:
                 self.outcome.first_failed = rank
             finished = self.left == 0
-        if first_failure:
+        if first_failure and self.policy is FailurePolicy.STOP_OTHERS:
             # The other ranks would wait forever for the failed one (torchrun does): stop them.
             self.signal(signal.SIGTERM)
         if finished:
@@ -318,19 +367,21 @@ def run_command(record: JobRecord, argv: list[str], *, hosts: list[HostRecord] |
                 env: dict[str, str] | None = None, cwd: str | None = None, show_output: bool = True,
                 color: bool = False, expand: dict[str, str] | None = None, detach: bool = False,
                 warn_before_s: float | None = None, on_warning: Callable[[str], None] | None = None,
-                on_debug: Callable[[dict], None] | None = None, all_to_stderr: bool = False) -> RunOutcome:
+                on_debug: Callable[[dict], None] | None = None, all_to_stderr: bool = False,
+                policy: FailurePolicy = FailurePolicy.STOP_OTHERS) -> RunOutcome:
     """Run ``argv`` on ``hosts`` (default: every host, by rank) of ``record`` and wait for it: the one
     engine behind ``monarch run -- CMD`` and :meth:`monarch.job.spmd.SPMDJob.run_spmd`.
 
     One run at a time per reservation (:class:`RunLock`); the run is added to the history for
     ``monarch logs``.  Output is printed as it comes, each line prefixed by its host
-    (``show_output`` False keeps it in the hosts' logs only).  The first rank that fails stops
-    the others.  In the main thread, a first Ctrl-C or SIGTERM stops every rank (TERM, then
+    (``show_output`` False keeps it in the hosts' logs only).  ``policy``: whether the first rank
+    that fails stops the others (the default) or not (``monarch exec``).  In the main thread, a first Ctrl-C or SIGTERM stops every rank (TERM, then
     KILL) and the outcome says ``interrupted``; a second kills them at once.  ``detach``
     starts the ranks and returns at once.  ``on_warning`` gets one line if the reservation
     comes within ``warn_before_s`` of its time limit during the run; ``on_debug`` gets each debug
     session a rank opens (``breakpoint()``, ``--pdb``).  ``all_to_stderr`` prints stdout lines to
-    stderr too (``--json`` keeps stdout for its document).
+    stderr too (``--json`` keeps stdout for its document).  How it failed, in words:
+    :func:`run_failure`.
     """
     hosts = hosts or sorted(record.hosts, key=lambda h: h.host_rank)
     printer = LinePrinter(hosts, color, all_to_stderr=all_to_stderr)
@@ -338,7 +389,7 @@ def run_command(record: JobRecord, argv: list[str], *, hosts: list[HostRecord] |
     watch = None
     with RunLock(record):
         rr = RemoteRun(record, hosts, argv, env=env or {}, cwd=cwd or os.getcwd(), on_output=output, detach=detach,
-                       expand=expand, on_debug=on_debug)
+                       expand=expand, on_debug=on_debug, policy=policy)
         record_run(record, rr.run_id, argv, hosts, detach)
         if detach:
             rr.start()
@@ -430,6 +481,51 @@ def time_limit_warning(record: JobRecord, left_s: float) -> str:
         return f"the reservation ({job}) is past its time limit: the scheduler is about to end it, and this run with it"
     return (f"the reservation ({job}) reaches its time limit in {format_duration(left_s)}: "
             "this run is stopped then; `monarch serve` a longer --time for more")
+
+
+def run_failure(record: JobRecord, outcome: RunOutcome) -> RunFailed | None:
+    """How ``outcome`` failed, in words (the one place they are chosen); None when it succeeded.
+
+    A run killed with its allocation (a time limit, a scancel, a node failure) says so instead of
+    showing only a signal; a lost host agent says whether it died or froze.
+    """
+    code = outcome.exit_code
+    if outcome.interrupted:
+        return RunFailed("interrupted: stopped every rank", exit_code=code, run_id=outcome.run_id, interrupted=True)
+    f = outcome.first_failure
+    if f is None:
+        return None
+    hint = ""
+    ended = reservation_end(record)
+    if ended:
+        # The ranks died with the allocation: say that, not only the signal they got.
+        message = f"the reservation ended during the run ({record.spec.scheduler} job {record.job_id}: {ended})"
+        hint = "`monarch serve` reserves again (`monarch status` shows why it ended)"
+    elif f.agent_lost:
+        message, hint = _agent_lost_words(record, f)
+    else:
+        message = f"rank {f.rank} on {f.host} {f.reason}"
+        if not f.started and "working directory" in f.reason:
+            hint = "-w must name a folder that exists on every host (default: this one)"
+    return RunFailed(message, hint, exit_code=code, run_id=outcome.run_id)
+
+
+def _agent_lost_words(record: JobRecord, f: RankResult) -> tuple[str, str]:
+    """Dead or frozen: the scheduler still counting the agent's process as alive means it froze
+    (stopped, or hung), not that it died."""
+    from monarch._workbench.reserve import describe
+
+    try:
+        d = describe(record)
+    except Exception as e:
+        log.debug("describe after a lost host agent: %s", e)  # then it reads as died: the likelier case
+        d = None
+    if d is not None and d.state.alive:
+        return (f"host agent on {f.host} stopped answering during the run (its process is still there: "
+                "stopped or hung?)", "`monarch status` shows which agents answer; `monarch serve --replace` starts new ones")
+    why = f": {d.reason}" if d is not None and d.reason else ""
+    return (f"host agent on {f.host} died during the run{why}",
+            "`monarch serve --replace` makes a new reservation (`monarch status` shows what is left)")
 
 
 def reservation_end(record: JobRecord) -> str | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
 import sys
 import threading
 import typing as tp
@@ -35,6 +34,7 @@ from pathlib import Path
 from submitit.core import core, job_environment, utils
 
 from monarch._workbench._submitit_task import REQUEUE_EXIT_CODE, TIMEOUT_EXIT_CODE
+from monarch._workbench.exit_status import signal_of
 
 _DEFAULT_TIMEOUT_MIN = 5.0
 _DEFAULT_SIGNAL_DELAY_S = 30
@@ -155,8 +155,11 @@ class _Dispatcher:
                 self._end(sub, "TIMEOUT", f"node {failure.rank} on {failure.host}: ran out of its "
                                           f"{float(sub.env['MONARCH_SUBMITIT_TIMEOUT_S']) / 60:g} min")
             else:
-                if code is not None and 128 < code < 160:
-                    reason = f"a task was killed by {signal.Signals(code - 128).name}"
+                # 128+N: the launcher passed on a task's signal; a raw -N is the launcher itself
+                # killed, and the host agent's reason says why (the reservation released, say).
+                sig = signal_of(code) if code is not None and code > 0 else None
+                if sig is not None:
+                    reason = f"a task was killed by {sig.name}"
                 else:
                     reason = failure.reason or f"exit code {code}"
                 self._end(sub, "FAILED", f"node {failure.rank} on {failure.host}: {reason}")

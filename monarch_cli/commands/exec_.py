@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from dataclasses import dataclass
 
 import click
@@ -40,7 +39,8 @@ class Target:
 def exec_(ctx: click.Context, run_all: bool, mesh: str | None, one: bool, point: str | None, per_host: str | None,
           env: tuple[str, ...], workdir: str | None, kill: bool, script: str | None, module: str | None,
           name: str | None, cmd: tuple[str, ...]) -> None:
-    """Run CMD on the reservation's ranks (Monarch's `monarch exec`); exit status: the highest of the ranks'.
+    """Run CMD on the reservation's ranks (Monarch's `monarch exec`); exit status: the highest of the ranks'
+    (a rank killed by signal N counts as 128+N).
 
     Targeting (one of; default --one): --one rank 0, --point DIM=N,... one coordinate, --mesh NAME
     or --all every rank.  Where Monarch writes --all/--mesh output to files on the workers, this
@@ -179,51 +179,18 @@ def _fan_out(argv: list[str], dim: str, n: int) -> list[str]:
     return ["bash", "-c", script, "monarch-exec", *argv]
 
 
-def _independent_run_class():
-    from monarch._workbench.run import RemoteRun
-
-    class IndependentRun(RemoteRun):
-        """Monarch's exec: ranks are independent, one failing does not stop the others (torchrun's
-        rule in `monarch run`), so the exit status is the highest of their own codes."""
-
-        _finishing: int | None = None  # the thread inside _finish (Ctrl-C's stop() still signals)
-
-        def _finish(self, *a, **kw) -> None:
-            self._finishing = threading.get_ident()
-            try:
-                super()._finish(*a, **kw)
-            finally:
-                self._finishing = None
-
-        def signal(self, signum: int) -> None:
-            if self._finishing != threading.get_ident():
-                super().signal(signum)
-
-    return IndependentRun
-
-
 def _run(record, hosts: list, argv: list[str], extra: dict, workdir: str | None, as_json: bool) -> int:
-    """Run on ``hosts`` as `monarch run` does (recorded for `monarch logs`); the highest rank exit code."""
-    from monarch._workbench.run import LinePrinter, RunLock, record_run, record_run_end, stop_on_signals
+    """Run on ``hosts`` with the run engine, ranks independent (recorded for `monarch logs`); the run's status."""
+    from monarch._workbench.run import FailurePolicy, run_command, run_failure
+    from monarch_cli.commands.run import outcome_doc
 
-    _IndependentRun = _independent_run_class()
-    printer = LinePrinter(hosts, sys.stdout.isatty() and not as_json, all_to_stderr=as_json)
-    with RunLock(record):
-        rr = _IndependentRun(record, hosts, argv, env=extra, cwd=workdir or os.getcwd(), on_output=printer.write)
-        record_run(record, rr.run_id, argv, hosts, False)
-        with stop_on_signals(rr):
-            rr.start()
-            while not rr.wait(0.2):
-                pass
-        codes = [r.exit_code or 0 for r in rr.outcome.results]
-        code = 130 if rr.outcome.interrupted else max(codes, default=0)
-        record_run_end(record, rr.run_id, code)
-    printer.flush()
+    # Monarch's exec: one rank failing does not stop the others (torchrun's rule in `monarch run`).
+    outcome = run_command(record, argv, hosts=hosts, env=extra, cwd=workdir or os.getcwd(),
+                          color=sys.stdout.isatty() and not as_json, all_to_stderr=as_json,
+                          policy=FailurePolicy.INDEPENDENT)
+    failure = run_failure(record, outcome)
     if as_json:
-        print_json({"run_id": rr.run_id, "exit_code": code,
-                    "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason}
-                              for r in rr.outcome.results]})
-    elif code and rr.outcome.first_failure is not None:
-        f = rr.outcome.first_failure
-        err.print(f"[dim]rank {f.rank} on {escape(f.host)} {escape(f.reason)}[/]")
-    return code
+        print_json(outcome_doc(outcome, failure))
+    elif failure is not None:
+        err.print(f"[dim]{escape(failure.message)}[/]")
+    return outcome.exit_code

@@ -206,6 +206,7 @@ def _ask_agents_how_it_ended(record, run: dict) -> None:
     One whose exit file is there but unreadable (damaged) ended in a way nobody can tell: the run
     shows "exit ?" with the reason, and is not noted, so a later --list looks again.
     """
+    from monarch._workbench.exit_status import exit_status
     from monarch._workbench.logs import RankExit
     from monarch._workbench.run import record_run_end
 
@@ -230,8 +231,7 @@ def _ask_agents_how_it_ended(record, run: dict) -> None:
     if not exits:
         return
     failed = sorted((e for e in exits if e.code != 0), key=lambda e: e.ended)
-    code = failed[0].code if failed else 0
-    code = code if code >= 0 else 128 - code
+    code = exit_status(failed[0].code) if failed else 0
     ended = max(e.ended for e in exits)
     run.update(exit_code=code, ended=ended)
     record_run_end(record, run["run_id"], code, ended)

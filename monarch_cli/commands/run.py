@@ -31,7 +31,7 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         workdir: str | None, detach: bool, post_mortem: bool, warn_before: float | None) -> None:
     """Run CMD on the reserved hosts with torchrun's multi-node environment, streaming output."""
     from monarch._workbench.reserve import load_live, time_warning_s
-    from monarch._workbench.run import reservation_end, run_command
+    from monarch._workbench.run import run_command, run_failure, select_hosts
     o = opts(ctx)
     argv = list(command or []) + list(ctx.args)
     with handled(ctx):
@@ -52,19 +52,13 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
         _check_script_exists(argv[0], workdir)
         if argv[0].endswith(".py") and os.path.isfile(argv[0]) and not hosts:
             raise click.exceptions.Exit(_run_program(record, path, argv, extra, o.json))
-        selected = record.hosts
+        wanted = None
         if hosts:
             try:
                 wanted = [int(x) for x in hosts.split(",") if x.strip()]
             except ValueError:
                 raise UsageError(f"--hosts expects ranks like 0,2, got {hosts!r}") from None
-            by_rank = {h.host_rank: h for h in record.hosts}
-            missing = [w for w in wanted if w not in by_rank]
-            if missing:
-                raise UsageError(f"no host rank {missing[0]} in this reservation (it has 0..{len(record.hosts) - 1})")
-            selected = [by_rank[w] for w in wanted]
-        else:
-            selected = sorted(record.hosts, key=lambda h: h.host_rank)
+        selected = select_hosts(record, wanted)
         # --json: stdout holds the one document; the ranks' output goes to stderr.
         outcome = run_command(record, argv, hosts=selected, env=extra, cwd=workdir or os.getcwd(),
                               color=sys.stdout.isatty() and not o.json, all_to_stderr=o.json, detach=detach,
@@ -77,39 +71,29 @@ def run(ctx: click.Context, command: tuple[str, ...], name: str | None, hosts: s
                 err.print(f"started run {outcome.run_id} on {len(selected)} host(s); "
                           f"`monarch logs --run {outcome.run_id} -f` follows it")
             return
-        code = outcome.exit_code
-        message, hint = "", ""
-        if outcome.interrupted:
-            message = "interrupted: stopped every rank"
-        elif outcome.first_failure is not None:
-            f = outcome.first_failure
-            ended = reservation_end(record)
-            if ended:
-                # The ranks died with the allocation: say that, not only the signal they got.
-                message = (f"the reservation ended during the run ({record.spec.scheduler} job {record.job_id}: {ended})")
-                hint = "`monarch serve` reserves again (`monarch status` shows why it ended)"
-            elif f.agent_lost:
-                message, hint = _agent_lost_message(record, f)
-            else:
-                message = f"rank {f.rank} on {f.host} {f.reason}"
-                if not f.started and "working directory" in f.reason:
-                    hint = "-w must name a folder that exists on every host (default: this one)"
+        failure = run_failure(record, outcome)
         if o.json:
-            doc = {"run_id": outcome.run_id, "exit_code": code,
-                   "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason}
-                             for r in outcome.results]}
-            if message:
-                doc.update(error=message, hint=hint)
-            print_json(doc)
-        if outcome.interrupted:
-            err.print(f"[yellow]{escape(message)}[/]")
-        elif message:
-            err.print(f"[bold red]error:[/] {escape(message)}")
-            if hint:
-                err.print(f"  [dim]hint:[/] {escape(hint)}")
-            if o.verbose and outcome.first_failure is not None:
+            print_json(outcome_doc(outcome, failure))
+        if failure is not None and failure.interrupted:
+            err.print(f"[yellow]{escape(failure.message)}[/]")
+        elif failure is not None:
+            err.print(f"[bold red]error:[/] {escape(failure.message)}")
+            if failure.hint:
+                err.print(f"  [dim]hint:[/] {escape(failure.hint)}")
+            f = outcome.first_failure
+            if o.verbose and f is not None:
                 err.print(f"  first failure: rank {f.rank} on {f.host} {escape(f.reason)}")
-        raise click.exceptions.Exit(code)
+        raise click.exceptions.Exit(outcome.exit_code)
+
+
+def outcome_doc(outcome, failure) -> dict:
+    """A finished run as --json's one document (`monarch run`, `monarch exec`)."""
+    doc = {"run_id": outcome.run_id, "exit_code": outcome.exit_code,
+           "ranks": [{"rank": r.rank, "host": r.host, "exit_code": r.exit_code, "reason": r.reason}
+                     for r in outcome.results]}
+    if failure is not None:
+        doc.update(error=failure.message, hint=failure.hint)
+    return doc
 
 
 def _push_workspace(record, verbose: bool) -> None:
@@ -128,23 +112,6 @@ def _say_debug_waiting(session: dict) -> None:
     err.print(f"[yellow]{escape(waiting_line(session))}[/]")
 
 
-def _agent_lost_message(record, f) -> tuple[str, str]:
-    """Dead or frozen: the scheduler still counting the agent's process as alive means it froze
-    (stopped, or hung), not that it died."""
-    from monarch._workbench.reserve import describe
-
-    try:
-        d = describe(record)
-    except Exception:
-        d = None
-    if d is not None and d.state.alive:
-        return (f"host agent on {f.host} stopped answering during the run (its process is still there: "
-                "stopped or hung?)", "`monarch status` shows which agents answer; `monarch serve --replace` starts new ones")
-    why = f": {d.reason}" if d is not None and d.reason else ""
-    return (f"host agent on {f.host} died during the run{why}",
-            "`monarch serve --replace` makes a new reservation (`monarch status` shows what is left)")
-
-
 def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json: bool) -> int:
     """Run a single-controller actor program here, recorded for `monarch logs` like any run.
 
@@ -154,6 +121,7 @@ def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json:
     import selectors
 
     from monarch.errors import ExitCode
+    from monarch._workbench.exit_status import exit_status
     from monarch._workbench.logs import ProgramLog
     from monarch._workbench.run import new_run_id, record_run, record_run_end
 
@@ -193,7 +161,7 @@ def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json:
         sel.close()
         for s, h in old.items():
             signal.signal(s, h)
-    code = 128 - rc if rc < 0 else rc
+    code = exit_status(rc)
     if interrupted or code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         code = ExitCode.INTERRUPTED
     log.close(code, "interrupted" if code == ExitCode.INTERRUPTED else f"exited with code {code}")

@@ -48,6 +48,15 @@ def test_every_code_is_tested_here():
     assert {int(c) for c in ExitCode} == tested | {int(c) for c in _NOT_FROM_A_COMMAND_YET}
 
 
+def test_lower_layers_errors_carry_the_tables_codes():
+    """MonarchError, UsageError (monarch_agents) and SchedulerError (monarch_schedulers) cannot import
+    the table: their codes are written as numbers there, and are the table's."""
+    from monarch.errors import MonarchError, SchedulerError, UsageError
+
+    assert (MonarchError.exit_code, UsageError.exit_code, SchedulerError.exit_code) == (
+        ExitCode.FAILED, ExitCode.USAGE, ExitCode.SCHEDULER)
+
+
 def test_ok_and_failed_pass_the_ranks_code_through(workdir):
     _serve(workdir)
     r = monarch("run", "--json", "--", "true", cwd=workdir)
