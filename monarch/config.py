@@ -8,7 +8,10 @@
     get_global_config()["mesh_proc_spawn_max_idle"]   # '5m'
 
 Layers, lowest first: defaults, environment variables, then what ``configure`` set (the
-"runtime" layer).  Durations take humantime strings ("30s", "5m", "1h 30m", "250ms") or seconds.
+"runtime" layer).  Durations take humantime strings ("30s", "5m", "1h 30m", "250ms") or seconds,
+in ``configure`` and in the environment alike.  What a setting governs reads it through
+:func:`seconds` when it needs it: the one path, so a setting changed later applies to what comes
+after, and nothing here writes into other modules.
 
 The settings are the ones monarch has, under Monarch's name where one means the same thing:
 
@@ -31,38 +34,21 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 
 @dataclass(frozen=True)
 class _Setting:
     default: str
     env: str
-    apply: Callable[[float], None]
     doc: str
 
 
-def _set_mesh(attr: str) -> Callable[[float], None]:
-    def apply(seconds: float) -> None:
-        from monarch.actor import _mesh
-
-        setattr(_mesh, attr, seconds)
-    return apply
-
-
-def _set_port_forward(seconds: float) -> None:
-    from monarch._workbench import port_forward
-
-    port_forward._DEFAULT_CONNECT_TIMEOUT_S = seconds
-
-
 _SETTINGS: dict[str, _Setting] = {
-    "mesh_proc_spawn_max_idle": _Setting("120s", "MONARCH_SPAWN_TIMEOUT", _set_mesh("_SPAWN_TIMEOUT_S"),
+    "mesh_proc_spawn_max_idle": _Setting("120s", "MONARCH_SPAWN_TIMEOUT",
                                          "how long spawn_procs waits for a host to start its procs"),
-    "stop_actor_timeout": _Setting("5s", "", _set_mesh("_STOP_TIMEOUT_S"),
-                                   "how long stopping a proc mesh waits for each proc"),
-    "port_forward_connect_timeout": _Setting("10s", "", _set_port_forward,
-                                             "how long a forwarded connection waits for its destination"),
+    "stop_actor_timeout": _Setting("5s", "", "how long stopping a proc mesh waits for each proc"),
+    "port_forward_connect_timeout": _Setting("10s", "", "how long a forwarded connection waits for its destination"),
 }
 
 _runtime: dict[str, str] = {}
@@ -116,8 +102,14 @@ def _is_number(text: str) -> bool:
         return False
 
 
-def _push(key: str) -> None:
-    _SETTINGS[key].apply(parse_duration(_effective(key)))
+def seconds(key: str) -> float:
+    """The setting ``key`` as it applies now, in seconds (what the code a setting governs reads).
+
+    A bad value in the environment (``MONARCH_SPAWN_TIMEOUT=soon``) raises ``ValueError`` here, when
+    it is used, naming the forms a duration takes; it never breaks an import."""
+    _check(key)
+    with _lock:
+        return parse_duration(_effective(key))
 
 
 def configure(**kwargs: Any) -> None:
@@ -129,8 +121,6 @@ def configure(**kwargs: Any) -> None:
             parse_duration(value)  # a bad value changes nothing
             checked[key] = value if isinstance(value, str) else f"{float(value):g}s"
         _runtime.update(checked)
-        for key in checked:
-            _push(key)
 
 
 def get_global_config() -> dict[str, Any]:
@@ -148,10 +138,7 @@ def get_runtime_config() -> dict[str, Any]:
 def clear_runtime_config() -> None:
     """Forget what ``configure`` set (the environment and defaults apply again)."""
     with _lock:
-        keys = list(_runtime)
         _runtime.clear()
-        for key in keys:
-            _push(key)
 
 
 @contextlib.contextmanager
@@ -170,4 +157,4 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
 
 
 __all__ = ["clear_runtime_config", "configure", "configured", "get_global_config", "get_runtime_config",
-           "parse_duration"]
+           "parse_duration", "seconds"]

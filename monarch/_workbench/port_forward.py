@@ -31,7 +31,6 @@ log = logging.getLogger("monarch.port_forward")
 _LOOPBACK = "127.0.0.1"
 _CHUNK = 64 * 1024
 _RETRY_S = 0.1
-_DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
 class _Data(NamedTuple):
@@ -234,7 +233,9 @@ class PortForwarder(Actor):
         if not callable(src_address):
             _parse_address(src_address)
         if connect_timeout is None:
-            connect_timeout = _DEFAULT_CONNECT_TIMEOUT_S  # monarch.config's port_forward_connect_timeout
+            from monarch import config
+
+            connect_timeout = config.seconds("port_forward_connect_timeout")
         if not (isinstance(connect_timeout, (int, float)) and connect_timeout >= 0):
             raise ValueError(f"connect_timeout must be a number of seconds >= 0, got {connect_timeout!r}")
         suffix = uuid.uuid4().hex[:12]

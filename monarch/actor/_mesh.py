@@ -33,14 +33,14 @@ from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
 from monarch_agents.runtime import pickling_for as rt_pickling_for
+from monarch import config as _config
 from monarch.actor import _telemetry
 from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
 
 T = TypeVar("T")
-_SPAWN_TIMEOUT_S = float(os.environ.get("MONARCH_SPAWN_TIMEOUT", "120"))
-_STOP_TIMEOUT_S = 5.0
+log = logging.getLogger("monarch.actor")
 _mesh_ids = itertools.count()
 
 
@@ -150,6 +150,7 @@ class HostMesh(_MeshBase):
             count *= v
         if proc_bind is not None:
             _hostmesh_extras.check_proc_bind(proc_bind, count)
+        spawn_timeout = _config.seconds("mesh_proc_spawn_max_idle")  # a bad value fails here, before any spawn
         rt = self._rt()
         mesh_name = name or "procs"
         mesh_id = f"{mesh_name}-{os.getpid()}-{next(_mesh_ids)}-{uuid.uuid4().hex[:6]}"
@@ -171,9 +172,9 @@ class HostMesh(_MeshBase):
         procs: list[m.ProcInfo] = []
         for h, f in zip(hosts, futures):
             try:
-                procs.extend(f.get(timeout=_SPAWN_TIMEOUT_S))
+                procs.extend(f.get(timeout=spawn_timeout))
             except TimeoutError:
-                raise SupervisionError(f"host {h.host} did not start {count} procs within {_SPAWN_TIMEOUT_S:.0f} s") from None
+                raise SupervisionError(f"host {h.host} did not start {count} procs within {spawn_timeout:.0f} s") from None
         # These procs are this job's: what this client sends them goes through its runtime.
         rt_claim(rt, [p.addr for p in procs])
         shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
@@ -353,12 +354,14 @@ class ProcMesh(_MeshBase):
     def _stop(self, fut: Future, reason: str) -> None:
         rt = self._rt()
         procs = [self._procs[i] for i in self._shape.indices]
+        stop_timeout = _config.seconds("stop_actor_timeout")
         acks = [rt.request(p.addr, lambda port: m.StopProc(port)) for p in procs]
         for a in acks:
             try:
-                a.get(timeout=_STOP_TIMEOUT_S)
-            except Exception:
-                pass
+                a.get(timeout=stop_timeout)
+            except Exception as e:
+                # A proc that is already gone (or does not answer in time) is retired below all the same.
+                log.debug("proc mesh %r: stop of a proc: %s", self._name, e)
         err = SupervisionError(f"actor mesh is stopped due to proc mesh shutdown (proc mesh {self._name!r}: {reason})")
         for p in procs:
             if p.addr == rt.addr:
@@ -370,9 +373,10 @@ class ProcMesh(_MeshBase):
             for h in self._host_mesh._hosts:
                 if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
                     try:
-                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=_STOP_TIMEOUT_S)
-                    except Exception:
-                        pass
+                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=stop_timeout)
+                    except Exception as e:
+                        # The host agent is gone or busy: its procs were already asked to stop one by one.
+                        log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)
         fut.set_result(None)
 
     async def __aenter__(self) -> "ProcMesh":

@@ -15,18 +15,27 @@ def test_layers_and_configured_restores():
     with config.configured(stop_actor_timeout="30s", port_forward_connect_timeout=2) as merged:
         assert merged["stop_actor_timeout"] == "30s" and merged["port_forward_connect_timeout"] == "2s"
         assert config.get_runtime_config() == {"stop_actor_timeout": "30s", "port_forward_connect_timeout": "2s"}
-        from monarch.actor import _mesh
-
-        assert _mesh._STOP_TIMEOUT_S == 30.0
+        assert config.seconds("stop_actor_timeout") == 30.0
     assert config.get_global_config() == base and config.get_runtime_config() == {}
-    from monarch.actor import _mesh
-
-    assert _mesh._STOP_TIMEOUT_S == 5.0
+    assert config.seconds("stop_actor_timeout") == 5.0
 
 
 def test_environment_layer(monkeypatch):
     monkeypatch.setenv("MONARCH_SPAWN_TIMEOUT", "90")
     assert config.get_global_config()["mesh_proc_spawn_max_idle"] == "90s"
+    monkeypatch.setenv("MONARCH_SPAWN_TIMEOUT", "5m")  # the documented duration form
+    assert config.seconds("mesh_proc_spawn_max_idle") == 300.0
+
+
+def test_duration_in_the_environment_does_not_break_import():
+    """`MONARCH_SPAWN_TIMEOUT=5m` made `import monarch.actor` raise (one place parsed it with float())."""
+    import subprocess
+    import sys
+
+    code = "import monarch.actor; from monarch import config; print(config.seconds('mesh_proc_spawn_max_idle'))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "MONARCH_SPAWN_TIMEOUT": "5m"})
+    assert r.returncode == 0 and r.stdout.strip() == "300.0", r.stderr
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -48,11 +57,9 @@ def test_durations():
 
 
 def test_spawn_timeout_setting_reaches_spawn_procs():
-    from monarch.actor import _mesh
-
     with config.configured(mesh_proc_spawn_max_idle="2m"):
-        assert _mesh._SPAWN_TIMEOUT_S == 120.0
+        assert config.seconds("mesh_proc_spawn_max_idle") == 120.0
         config.configure(mesh_proc_spawn_max_idle="3m")
-        assert _mesh._SPAWN_TIMEOUT_S == 180.0
+        assert config.seconds("mesh_proc_spawn_max_idle") == 180.0
         pm = this_host().spawn_procs()  # still spawns with the new limit
         pm.stop().get()
