@@ -449,8 +449,9 @@ class ActorSlot:
             return  # what fails while it is being stopped is not news to its owner
         try:
             self.agent.rt.send(self.msg.owner, m.ActorFailed(self.agent.rt.addr, self.msg.actor_id, rank or 0, host, text))
-        except Exception:
-            pass
+        except Exception as e:
+            # The owner is gone: there is nobody to tell; the failure stays in telemetry (status above).
+            log.debug("%s: failure not sent to its owner: %s", self.display_name, e)
 
     # -- stopping -------------------------------------------------------------------
 
@@ -638,8 +639,8 @@ class ProcAgent:
         for owner in owners:
             try:
                 self.rt.send(owner, m.ProcStopping(self.rt.addr))
-            except Exception:
-                pass
+            except Exception as e:
+                log.debug("ProcStopping not sent to %s (already gone): %s", owner, e)
         futs = []
         for s in slots:
             s.begin_stop()
@@ -651,8 +652,9 @@ class ProcAgent:
         for f in futs:
             try:
                 f.get(timeout=_CHILD_STOP_S)
-            except Exception:
-                pass
+            except Exception as e:
+                # A child that fails or hangs in its stop must not keep this proc from stopping.
+                log.debug("an actor's stop: %s", e)
         if not self.in_client:
             finalize()
         if msg.reply is not None:
@@ -695,8 +697,8 @@ def finalize() -> None:
             if not (key.startswith("__") and key.endswith("__")):
                 try:
                     del d[key]
-                except Exception:
-                    pass
+                except KeyError:
+                    pass  # a module's code, run by a finalizer just now, removed it first
     gc.collect()
 
 

@@ -16,6 +16,7 @@ to hosts (the caller fans out; see ``monarch/_workbench/telemetry.py``).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -28,6 +29,8 @@ from datafusion import SessionConfig, SessionContext, SQLOptions
 from datafusion.unparser import Dialect, Unparser
 
 from monarch_telemetry.schema import TABLES, VIEWS
+
+log = logging.getLogger("monarch.telemetry")
 
 #: Rows a query returns unless asked for more (``--limit N``, ``--no-limit``).
 DEFAULT_ROW_LIMIT = 1000
@@ -67,9 +70,9 @@ def _register_views(ctx: SessionContext) -> None:
     for v in VIEWS.values():
         try:
             ctx.register_view(v.name, ctx.sql(v.sql))
-        except Exception:
+        except Exception as e:
             # Only the columns a query reads are fetched: a view over others is not in this query.
-            pass
+            log.debug("view %s not registered: %s", v.name, e)
 
 
 def _empty(schema: pa.Schema) -> list[list[pa.RecordBatch]]:
@@ -107,8 +110,9 @@ def plan(sql: str, row_limit: int | None = DEFAULT_ROW_LIMIT) -> Plan:
     if row_limit is not None:
         try:
             lp = df.limit(row_limit + 1).optimized_logical_plan()
-        except Exception:
-            pass
+        except Exception as e:
+            # A plan DataFusion cannot put a LIMIT on is planned without it; the rows are cut after the run.
+            log.debug("no row limit pushed into the plan: %s", e)
     found: dict[str, list[_ScanInfo]] = {}
     _collect(lp, [], found)
     return Plan(sql, row_limit, {t: _combine(t, infos) for t, infos in found.items() if t in TABLES})

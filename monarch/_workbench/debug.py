@@ -8,6 +8,7 @@ source files between this terminal and the rank's pdb through the host agents.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import time
@@ -17,6 +18,8 @@ from typing import Any
 from monarch_agents.services.debug import waiting_line  # noqa: F401  (the line a run shows; for the CLI)
 from monarch.errors import MonarchError
 from monarch._workbench.state import JobRecord
+
+log = logging.getLogger("monarch.debug")
 
 _LIST_TIMEOUT_S = 3.0
 _ATTACH_TIMEOUT_S = 5.0
@@ -266,8 +269,9 @@ class DebugClient:
         files = {str(name): self.read_source(str(name)) for name in names}
         try:
             self.rt.send(self.addr_of(info), m.DebugSource(info.sid, files))
-        except Exception:
-            pass
+        except Exception as e:
+            # The host went away or the session ended while we read: nobody is left to answer.
+            log.debug("sources for debug session %s not sent: %s", info.id, e)
 
     def read_source(self, name: str) -> str | None:
         """This machine's copy of a source file a rank's host lacks, if it may be shared."""

@@ -99,8 +99,9 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, to_
     except BaseException as e:
         try:
             to_peer.send(_Abort(f"{type(e).__name__}: {e}"))
-        except Exception:
-            pass
+        except Exception as e2:
+            # The peer is already gone: it has nothing left to abort.
+            log.debug("abort not sent to the other side: %s", e2)
         writer.transport.abort()
         if not isinstance(e, Exception):
             raise
@@ -253,8 +254,9 @@ class PortForwarder(Actor):
                 if mesh is not None:
                     try:
                         await mesh.stop()
-                    except Exception:
-                        pass
+                    except Exception as e:
+                        # Cleanup after a failed start: the start's own error is the one to raise.
+                        log.debug("port forward cleanup: stopping %s failed: %s", mesh, e)
             raise
 
 

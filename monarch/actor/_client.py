@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import select
 import socket
@@ -28,6 +29,8 @@ from monarch_agents import ports as _ports
 from monarch_agents.client import _lock
 from monarch_agents.keys import JobKeys
 from monarch_agents.runtime import Runtime
+
+log = logging.getLogger("monarch.actor")
 
 R = TypeVar("R")
 
@@ -217,8 +220,9 @@ def _stop_local_host() -> None:
         if rt is not None:
             rt.stopping = True  # procs dying now are expected, not failures
             rt.request(host.addr, lambda port: Shutdown(port)).get(timeout=2)
-    except Exception:
-        pass
+    except Exception as e:
+        # The local host agent did not answer its shutdown: the kill below ends it anyway.
+        log.debug("local host agent shutdown request: %s", e)
     try:
         proc.wait(timeout=3)
     except subprocess.TimeoutExpired:

@@ -18,6 +18,7 @@ from monarch_agents.future import Future
 from monarch.actor._endpoint import endpoint
 from monarch.actor._mesh import Actor, HostMesh, ProcMesh, current_rank
 
+log = logging.getLogger("monarch.actor")
 _BIND_KEYS = ("cpus", "physcpubind", "cpunodebind", "membind")
 _STOP_WAIT_S = 30.0
 
@@ -53,8 +54,9 @@ def stop_procs_on(host_addrs: set[str], reason: str = "its job was killed") -> N
     for f in [p.stop(reason) for p in victims]:
         try:
             f.get(timeout=_STOP_WAIT_S)
-        except Exception:
-            pass
+        except Exception as e:
+            # A proc that fails to stop is released with its hosts right after this.
+            log.debug("stopping a proc mesh before its hosts are released: %s", e)
 
 
 def stop_spawned(hm: HostMesh, final: bool) -> Future:
@@ -69,8 +71,8 @@ def stop_spawned(hm: HostMesh, final: bool) -> Future:
         for f in stops:
             try:
                 f.get(timeout=_STOP_WAIT_S)
-            except Exception:
-                pass  # a proc already gone is as stopped as it gets
+            except Exception as e:
+                log.debug("stopping a proc mesh of a stopped host mesh: %s", e)  # a proc already gone is stopped
         done.set_result(None)
 
     if meshes:

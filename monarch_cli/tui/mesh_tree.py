@@ -86,7 +86,7 @@ class MeshTree(Tree):
             self._made_from.pop(key, None)
             try:
                 node.remove()
-            except Exception:  # already gone with its parent
+            except (ValueError, KeyError):  # already gone with its parent (textual's _remove)
                 pass
         many = len(snap.hosts) > EXPAND_HOSTS_MAX or len(snap.procs) > EXPAND_PROCS_MAX
         added = relabelled = 0
