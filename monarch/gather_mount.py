@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
+import time
 from typing import Any
+
+from monarch_rdmafs.helper import HelperProcess
 
 __all__ = ["GatherMount", "gather_mount"]
 
 _READY_TIMEOUT_S = 30.0
 _CALL_TIMEOUT_S = 30.0
+#: How long the mount process may take to unmount and end when its stdin closes.
+_STOP_TIMEOUT_S = 10.0
 
 
 class GatherMount:
@@ -53,38 +56,20 @@ class GatherMount:
         # The mount's own process reaches the hosts as this one does (a Kubernetes port-forward too).
         config = {"keys": rt.keys.as_dict(), "hosts": hosts, "mountpoint": self._local_mount_point,
                   "route": current_route(rt)}
-        self._proc = subprocess.Popen([sys.executable, "-m", "monarch.gather_mount"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, start_new_session=True)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        # Keys go through a pipe, never the command line (where `ps` would show them).
-        self._proc.stdin.write((json.dumps(config) + "\n").encode())
-        self._proc.stdin.flush()
-        line: list[bytes] = []
-        t = threading.Thread(target=lambda: line.append(self._proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(_READY_TIMEOUT_S)
-        if not line or line[0].strip() != b"ready":
+        # Keys go through a pipe, never the command line (where `ps` would show them); the
+        # mount ends when its stdin closes.
+        self._proc = HelperProcess([sys.executable, "-m", "monarch.gather_mount"])
+        self._proc.start((json.dumps(config) + "\n").encode())
+        line = self._proc.wait_ready(_READY_TIMEOUT_S)
+        if line != "ready":
             self.close()
-            raise RuntimeError(f"gather_mount at {self._local_mount_point} failed to start: "
-                               f"{line[0].decode().strip() if line and line[0] else 'no answer'}")
+            raise RuntimeError(f"gather_mount at {self._local_mount_point} failed to start: {line or 'no answer'}")
 
     def close(self) -> None:
         """Unmount (safe to call twice)."""
         from monarch_rdmafs.mount import is_mounted, unmount
 
-        p = self._proc
-        if p.poll() is None:
-            try:
-                p.stdin.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+        self._proc.stop(time.monotonic() + _STOP_TIMEOUT_S)
         if is_mounted(self._local_mount_point):
             unmount(self._local_mount_point)
 

@@ -27,8 +27,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from monarch_rdmafs.errors import SyncError
+from monarch_rdmafs.helper import HelperProcess
 from monarch_rdmafs.manifest import DIR, FILE, LINK, Manifest
 from monarch_rdmafs.store import ChunkStore
 
@@ -120,61 +122,41 @@ class FuseMount:
     def __init__(self, store: ChunkStore, mountpoint: str):
         self.store = store
         self.mountpoint = os.path.abspath(mountpoint)
-        self.proc: subprocess.Popen | None = None
+        self.proc: HelperProcess | None = None
         self._lock = threading.Lock()
 
     def start(self, manifest_id: str) -> None:
         prepare_mount_point(self.mountpoint)
         cmd = [sys.executable, "-m", "monarch_rdmafs.mount", "--store", self.store.root, "--manifest", manifest_id,
                self.mountpoint]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-                                     start_new_session=True)
-        line = self._read_line(_READY_TIMEOUT_S)
+        self.proc = HelperProcess(cmd)
+        self.proc.start()
+        line = self.proc.wait_ready(_READY_TIMEOUT_S)
         if line != "ready":
             self.stop()
             raise SyncError(f"the workspace mount at {self.mountpoint} failed to start: {line or 'no answer'}")
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.proc.alive
 
     def switch(self, manifest_id: str) -> None:
         """Serve ``manifest_id`` from now on; returns once the switch is visible at the mount point."""
         with self._lock:
             if not self.alive:
                 raise SyncError(f"the workspace mount at {self.mountpoint} is not running")
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(f"switch {manifest_id}\n".encode())
-            self.proc.stdin.flush()
-            line = self._read_line(_SWITCH_TIMEOUT_S)
+            assert self.proc is not None
+            self.proc.send(f"switch {manifest_id}\n".encode())
+            line = self.proc.read_line(_SWITCH_TIMEOUT_S)
         if line != f"ok {manifest_id}":
             raise SyncError(f"the workspace mount at {self.mountpoint} did not switch: {line or 'no answer'}")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Unmount and end the mount process; safe to call twice."""
-        p = self.proc
-        if p is not None and p.poll() is None:
-            try:
-                p.stdin.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        if p is not None and p.stdout is not None:
-            p.stdout.close()
+        if self.proc is not None:
+            self.proc.stop(time.monotonic() + timeout)
         if is_mounted(self.mountpoint):
             unmount(self.mountpoint)
-
-    def _read_line(self, timeout: float) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        result: list[bytes] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        return result[0].decode().strip() if result else ""
 
 
 class MaterializedMount:

@@ -14,9 +14,7 @@ import atexit
 import json
 import logging
 import os
-import select
 import socket
-import subprocess
 import sys
 import time
 from typing import Iterable, TypeVar
@@ -29,6 +27,7 @@ from monarch_agents import ports as _ports
 from monarch_agents.client import _lock
 from monarch_agents.keys import JobKeys
 from monarch_agents.runtime import Runtime
+from monarch_rdmafs.helper import HelperProcess
 
 log = logging.getLogger("monarch.actor")
 
@@ -57,7 +56,7 @@ def _run_job() -> tuple[JobKeys | None, list[str], dict | None]:
     return record.keys, [h.addr for h in record.hosts], record.route
 
 _local_host: "HostRef | None" = None
-_local_proc: subprocess.Popen | None = None
+_local_proc: HelperProcess | None = None
 
 #: The environment the host agents were started with, as far as this process knows: its
 #: own at start (a reservation's agents), or what it gave its private agent.
@@ -104,19 +103,15 @@ def local_host() -> HostRef:
             if shared is not None:
                 return _use_shared(shared)
         rt = ensure_runtime()
-        r, w = os.pipe()
-        cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--info-fd", str(w),
+        cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio",
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
                "--log-dir", log_dir]
         global _env_baseline
         _env_baseline = dict(os.environ)
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": _pythonpath()})
-        os.close(w)
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(rt.keys.as_dict()) + "\n").encode())
-        proc.stdin.close()
-        info = _read_info(r, proc)
+        # Its address comes on a pipe of its own (--info-fd): its stdout is the user's terminal.
+        proc = HelperProcess(cmd, env={**os.environ, "PYTHONPATH": _pythonpath()}, ready_fd_flag="--info-fd")
+        proc.start((json.dumps(rt.keys.as_dict()) + "\n").encode(), keep_stdin=False)
+        info = _read_info(proc)
         _local_proc = proc
         _local_host = HostRef(info["addr"], info["host"], 0)
         # The agent learns its owner from this ping, and exits when we go away.
@@ -182,25 +177,15 @@ def _pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(parts))
 
 
-def _read_info(fd: int, proc: subprocess.Popen) -> dict:
-    deadline = time.monotonic() + _AGENT_START_TIMEOUT_S
-    buf = b""
-    try:
-        while not buf.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                proc.kill()
-                raise RuntimeError("the local host agent did not start within 60 s")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    code = proc.wait()
-                    raise RuntimeError(f"the local host agent exited during startup (exit code {code})")
-                buf += chunk
-    finally:
-        os.close(fd)
-    return json.loads(buf)
+def _read_info(proc: HelperProcess) -> dict:
+    line = proc.wait_ready(_AGENT_START_TIMEOUT_S)
+    if not line:
+        still_starting = not proc.eof
+        code = proc.stop(time.monotonic() + (0.0 if still_starting else 5.0))  # an exiting one: its code
+        if still_starting:
+            raise RuntimeError(f"the local host agent did not start within {_AGENT_START_TIMEOUT_S:.0f} s")
+        raise RuntimeError(f"the local host agent exited during startup (exit code {code})")
+    return json.loads(line)
 
 
 def _stop_local_host() -> None:
@@ -223,11 +208,7 @@ def _stop_local_host() -> None:
     except Exception as e:
         # The local host agent did not answer its shutdown: the kill below ends it anyway.
         log.debug("local host agent shutdown request: %s", e)
-    try:
-        proc.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    proc.stop(time.monotonic() + 3.0)
 
 
 def host_info(host: HostRef, timeout: float = 5.0) -> HostInfo:

@@ -1,0 +1,143 @@
+"""One helper process of ours: start it, wait until it says it is ready, stop it by a deadline.
+
+The FUSE mounts (:mod:`monarch_rdmafs.mount`, ``monarch.gather_mount``) and a client's private host
+agent (``monarch.actor``) are each a child process that is handed its configuration on stdin (keys
+never go on a command line, where ``ps`` shows them), says one line when it is ready (on stdout or
+on a pipe of its own), and ends when its stdin closes; a child that does not end by the deadline is
+killed.  It lives in the lowest layer so that all three can use it.
+
+    helper = HelperProcess([sys.executable, "-m", "x"], name="the mount")
+    helper.start(config_line)
+    if helper.wait_ready(10.0) != "ready": ...
+    helper.stop(time.monotonic() + 5.0)
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+
+
+class HelperProcess:
+    """A child process with a line protocol: ``start``, ``wait_ready``/``read_line``, ``stop(deadline)``.
+
+    ``ready_fd_flag``: the child says its lines on a pipe of its own, whose fd follows this flag on
+    its command line (``--info-fd 7``); without it, on its stdout.  Lines are read with ``select``
+    on the pipe, so a child that never answers costs no thread.
+    """
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, ready_fd_flag: str | None = None,
+                 stderr: int | None = None):
+        self.argv = list(argv)
+        self.env = env
+        self.ready_fd_flag = ready_fd_flag
+        self.stderr = stderr
+        self.proc: subprocess.Popen | None = None
+        self._fd = -1
+        self._buf = b""
+        #: The child closed its end of the pipe (it exited, or is exiting): no line will come.
+        self.eof = False
+
+    def start(self, config: bytes | None = None, *, keep_stdin: bool = True) -> None:
+        """Start the child in a session of its own; ``config`` is written to its stdin, which then
+        stays open (the child ends when it closes) unless ``keep_stdin`` is False."""
+        argv, w = self.argv, -1
+        pass_fds: tuple[int, ...] = ()
+        if self.ready_fd_flag:
+            self._fd, w = os.pipe()
+            argv, pass_fds = [*argv, self.ready_fd_flag, str(w)], (w,)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                         stdout=None if self.ready_fd_flag else subprocess.PIPE,
+                                         stderr=self.stderr, pass_fds=pass_fds, start_new_session=True, env=self.env)
+        finally:
+            if w >= 0:
+                os.close(w)
+        if not self.ready_fd_flag:
+            assert self.proc.stdout is not None
+            self._fd = self.proc.stdout.fileno()
+        assert self.proc.stdin is not None
+        try:
+            if config is not None:
+                self.proc.stdin.write(config)
+                self.proc.stdin.flush()
+            if not keep_stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass  # it died at once: wait_ready says so
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the child to exit by itself (``subprocess.TimeoutExpired`` after ``timeout`` s)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def send(self, line: bytes) -> None:
+        """One line to the child's stdin (``switch M``)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+
+    def read_line(self, timeout: float) -> str:
+        """The child's next line, stripped; "" if none came within ``timeout`` s or its end of the pipe closed."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._fd < 0:
+                return ""
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if not ready:
+                return ""
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                self.eof = True
+                return ""
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+    def wait_ready(self, timeout: float) -> str:
+        """The child's first line (its "ready", or why not); "" when it said nothing within ``timeout`` s
+        (then :attr:`returncode` says whether it exited)."""
+        return self.read_line(timeout)
+
+    def stop(self, deadline: float) -> int | None:
+        """End the child: close its stdin (its cue to end), wait until ``deadline`` (``time.monotonic()``),
+        then SIGKILL.  Safe to call twice; returns its exit code."""
+        p = self.proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            try:
+                if p.stdin is not None:
+                    p.stdin.close()
+            except OSError:
+                pass  # a pipe the child already closed: it is ending
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in (p.stdout, p.stdin):
+            if f is not None and not f.closed:
+                try:
+                    f.close()
+                except OSError:
+                    pass  # a broken pipe on a last flush: the child is gone either way
+        if self.ready_fd_flag and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+        return p.returncode
