@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, dataclass_transform
 
 from monarch_agents import wire
+
+_M = TypeVar("_M")
 
 
 class Message:
@@ -37,8 +39,10 @@ class Message:
         return all(getattr(self, k) == getattr(other, k) for k in self.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
-def message(cls: type) -> type:
-    """Make ``cls`` (a subclass of :class:`Message`) a dataclass with only ``__init__`` generated."""
+@dataclass_transform(eq_default=False, field_specifiers=(field,))
+def message(cls: type[_M]) -> type[_M]:
+    """Make ``cls`` (a subclass of :class:`Message`) a dataclass with only ``__init__`` generated
+    (``dataclass_transform``: type checkers see its fields and ``__init__``)."""
     return dataclass(repr=False, eq=False)(cls)
 
 

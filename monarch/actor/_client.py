@@ -224,6 +224,6 @@ class Channel(_ports.Channel[R]):
         return _ports.Channel.open(once)
 
     @staticmethod
-    def open_ranked(once: bool = False) -> tuple[_ports.Port[R], _ports.RankedPortReceiver[R]]:
+    def open_ranked(once: bool = False) -> tuple[_ports.Port[R], _ports.RankedPortReceiver]:
         ensure_runtime()
         return _ports.Channel.open_ranked(once)

@@ -130,7 +130,7 @@ class _Gather:
 class _One:
     __slots__ = ("rt", "port_id", "future", "label", "rank")
 
-    def __init__(self, rt: Any, future: Future, label: str, rank: int):
+    def __init__(self, rt: Any, future: Future, label: str, rank: int | None):
         self.rt = rt
         self.port_id = 0
         self.future = future
@@ -369,7 +369,7 @@ class Accumulator(Generic[R, A]):
         results = list(self._endpoint.stream(*args, **kwargs))
         out: Future = Future()
         lock = threading.Lock()
-        state = {"value": self._identity, "left": len(results), "done": False}
+        state: dict[str, Any] = {"value": self._identity, "left": len(results), "done": False}
 
         def one(f: Future) -> None:
             try:

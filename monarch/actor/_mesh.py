@@ -112,6 +112,9 @@ def _report(owner_actor: Any, failure: MeshFailure) -> None:
 class HostMesh(_MeshBase):
     """One or more hosts with a monarch host agent on each."""
 
+    #: Set by shutdown(): a shut-down mesh spawns nothing more (a class default: older pickles lack it).
+    _shut_down: bool = False
+
     def __init__(self, hosts: list[HostRef], shape: Shape | None = None):
         self._hosts = list(hosts)
         self._shape = shape or (Shape(("hosts",), (len(hosts),)) if len(hosts) > 1 else Shape((), (), (0,)))
@@ -315,7 +318,7 @@ class ProcMesh(_MeshBase):
         ctx = _current_ctx()
         owner_actor = ctx.actor
         creator = owner_actor.qualname if owner_actor is not None else "<root>"
-        mesh = ActorMesh(actor_id, name, cls, self._procs, shape, self, initialized)
+        mesh: ActorMesh[Any] = ActorMesh(actor_id, name, cls, self._procs, shape, self, initialized)
         _telemetry.actor_mesh(rt, self, actor_id, name, cls, shape)
         supervision.watch_actor(actor_id, lambda msg: _report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
@@ -432,7 +435,7 @@ class ActorMesh(_MeshBase, Generic[T]):
                 # ``as_endpoint`` turns into an endpoint.
                 return NotAnEndpoint(self, name)
             raise AttributeError(f"{self._class.__name__} has no endpoint {name!r}")
-        ep = Endpoint(self, name, prop)
+        ep: Endpoint[Any] = Endpoint(self, name, prop)
         self.__dict__[name] = ep  # the next ``mesh.name`` is a plain attribute
         return ep
 
@@ -466,7 +469,7 @@ class ActorMesh(_MeshBase, Generic[T]):
                 rt.send(self._procs[idx].addr, m.StopActor(self._actor_id, port, i))
             except SupervisionError:
                 # Its proc is already gone, so it is as stopped as it will ever be.
-                rt.mailbox.call_soon(lambda i=i: gather.deliver(m.Reply(port.port_id, i, True, None)))
+                rt.mailbox.call_soon(functools.partial(gather.deliver, m.Reply(port.port_id, i, True, None)))
         return fut
 
     def __repr__(self) -> str:

@@ -17,7 +17,17 @@ private ``monarch._workbench``.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# What type checkers see (re-exported through __all__); at run time the names load lazily (__getattr__ below).
+if TYPE_CHECKING:
+    from monarch.job.job import (DEFAULT_JOB_PATH, Job, JobState, JobTrait, LocalJob, job_load,  # noqa: F401
+                                 job_loads, load_current_job, set_current_job)
+    from monarch.job.process import ProcessJob  # noqa: F401
+    from monarch.job.slurm import SlurmJob  # noqa: F401
+    from monarch._workbench.state import JobSpec  # noqa: F401
+    from monarch._workbench.exec import exec_command  # noqa: F401
+    from monarch._workbench.port_forward import PortForwarder  # noqa: F401
 
 _EXPORTS = {
     "DEFAULT_JOB_PATH": "monarch.job.job",

@@ -290,6 +290,9 @@ class Job(JobTrait):
     for a reservation made by ``monarch serve``).
     """
 
+    record: JobRecord | None
+    path: str | None
+
     def __init__(self, record: "JobRecord | None" = None, path: str | None = None):
         super().__init__()
         self.record = record

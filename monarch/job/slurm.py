@@ -74,6 +74,8 @@ class SlurmJob(Job):
         if job_start_timeout is not None and (isinstance(job_start_timeout, bool) or job_start_timeout <= 0):
             raise ValueError(f"job_start_timeout must be a positive number of seconds, got {job_start_timeout!r}")
         self._python_exe = python_exe
+        #: Options of a saved reservation that the constructor does not take (constraint, client_host).
+        self._extra_options: dict = {}
         self._slurm_args = tuple(slurm_args)
         self._port = monarch_port
         self._job_name = job_name

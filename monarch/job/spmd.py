@@ -29,7 +29,7 @@ from typing import Any
 
 from monarch.errors import RunError, UsageError
 from monarch.job import Job
-from monarch._workbench.state import DEFAULT_CONTEXT, JobSpec, StatePaths
+from monarch._workbench.state import DEFAULT_CONTEXT, JobRecord, JobSpec, StatePaths
 
 #: TorchX scheduler names and what runs them here.
 _SCHEDULERS = {"local_cwd": "local", "local": "local", "slurm": "slurm"}
@@ -143,6 +143,8 @@ def _spec_for(program: SPMDProgram, scheduler: str, scheduler_cfg: dict | None) 
 
 class SPMDJob(Job):
     """A reservation with an SPMD program: ``run_spmd()`` runs it on every host, as often as you like."""
+
+    record: JobRecord  # always made from a reservation (serve() or job_load()), never reserved by itself
 
     @property
     def program(self) -> SPMDProgram | None:

@@ -78,7 +78,7 @@ class _Submission:
         self.state = "PENDING"
         self.reason = ""
         self.hosts: list = []
-        self.run = None
+        self.run: tp.Any = None  # monarch._workbench.run.RemoteRun once started
         self.cancelled = False
         self.dispatcher: _Dispatcher | None = None
         self.done = threading.Event()
@@ -289,7 +289,7 @@ class MonarchExecutor(core.PicklingExecutor):
             job: MonarchJob = MonarchJob(folder=self.folder, job_id=job_id, tasks=list(range(nodes * per_node)))
             # The pickle is in place before the tasks start: they never wait for it.
             job.paths.folder.mkdir(parents=True, exist_ok=True)
-            delayed.set_timeout(timeout_min, self.max_num_timeout)
+            delayed.set_timeout(timeout_min, self.max_num_timeout)  # type: ignore[arg-type]  # submitit types minutes as int; it takes a float
             delayed.dump(job.paths.submitted_pickle)
             size = job.paths.submitted_pickle.stat().st_size / 1024**3
             if size * len(delayed_submissions) > self.max_pickle_size_gb:
