@@ -101,22 +101,29 @@ def _wrap_buffers(obj: Any) -> Any:
 
 
 def _has_big(obj: Any) -> bool:
-    todo, budget = [(obj, _WALK_DEPTH)], _WALK_ITEMS
-    while todo:
-        o, depth = todo.pop()
-        t = type(o)
-        if t is bytes or t is bytearray:
-            if len(o) >= OOB_THRESHOLD:
+    return _big_in(obj, _WALK_DEPTH, [_WALK_ITEMS])
+
+
+#: Types that are never a big buffer nor hold one: skipped without a call (every call's arguments are walked).
+_ATOMS = frozenset({int, float, str, bool, type(None)})
+
+
+def _big_in(o: Any, depth: int, budget: list[int]) -> bool:
+    t = type(o)
+    if t is tuple or t is list or t is dict:
+        if not depth:
+            return False
+        budget[0] -= len(o)
+        if budget[0] < 0:
+            return False
+        for x in (o.values() if t is dict else o):
+            if type(x) not in _ATOMS and _big_in(x, depth - 1, budget):
                 return True
-        elif t is memoryview:
-            if o.nbytes >= OOB_THRESHOLD:
-                return True
-        elif depth and (t is tuple or t is list or t is dict):
-            budget -= len(o)
-            if budget < 0:
-                return False
-            for x in (o.values() if t is dict else o):
-                todo.append((x, depth - 1))
+        return False
+    if t is bytes or t is bytearray:
+        return len(o) >= OOB_THRESHOLD
+    if t is memoryview:
+        return o.nbytes >= OOB_THRESHOLD
     return False
 
 
@@ -180,7 +187,7 @@ def _reduce_tensor(t: Any) -> Any:
 # The C pickler is ~10x faster than a Python-level reducer_override; it is
 # right unless the stream names ``__main__`` (must go by value), holds torch
 # tensors (we send their memory out of band) or big in-band bytes.
-_REDO_MARKERS = (b"__main__",)
+_REDO_MARKER = b"__main__"
 
 
 _dispatch: dict | None = None
@@ -206,19 +213,25 @@ def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle a user value; returns the body and its out-of-band buffers."""
     obj = _wrap_buffers(obj)
     buffers: list[pickle.PickleBuffer] = []
-    f = io.BytesIO()
-    try:
-        p = pickle.Pickler(f, protocol=5, buffer_callback=_keep_into(buffers))
-        table = _tensor_dispatch()
-        if table is not None:
-            p.dispatch_table = table
-        p.dump(obj)
-        body = f.getvalue()
-    except Exception:
-        body = None
-    if body is not None and not any(m in body for m in _REDO_MARKERS):
+    body = _dumps_c(obj, buffers)
+    if body is not None and _REDO_MARKER not in body:
         return body, buffers
     return dumps_full(obj)
+
+
+def _dumps_c(obj: Any, buffers: list) -> bytes | None:
+    """``obj`` by the C pickler (None if it cannot: cloudpickle then does)."""
+    try:
+        table = _tensor_dispatch()
+        if table is None:  # one C call: a Pickler object and a BytesIO cost more than the pickling itself
+            return pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+        f = io.BytesIO()
+        p = pickle.Pickler(f, protocol=5, buffer_callback=_keep_into(buffers))
+        p.dispatch_table = table
+        p.dump(obj)
+        return f.getvalue()
+    except Exception:
+        return None
 
 
 def _keep_into(buffers: list) -> Any:

@@ -235,11 +235,11 @@ class Endpoint(Generic[R]):
         with pickling_for(rt):  # a client's port in the arguments reaches this job's actors
             payload = Pickled.of((args, kwargs))
         _telemetry.sent(rt, mesh, self._name, shape, reply)
-        extent = dict(zip(shape.labels, shape.sizes))
-        labels = shape.labels
+        extent, points = shape.send_plan()
+        procs, actor_id, name, addr = mesh._procs, mesh._actor_id, self._name, rt.addr
         for i, idx in enumerate(shape.indices):
-            point = dict(zip(labels, _coords(i, shape.sizes))) if labels else {}
-            rt.send(mesh._procs[idx].addr, Call(mesh._actor_id, self._name, payload, point, extent, reply, i, rt.addr))
+            # Copies: an actor in this process gets the message itself, not an unpickled copy.
+            rt.send(procs[idx].addr, Call(actor_id, name, payload, dict(points[i]), dict(extent), reply, i, addr))
 
     def _targets(self, shape: Shape) -> dict:
         return {self._mesh._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
@@ -310,14 +310,6 @@ class Endpoint(Generic[R]):
             i = random.randrange(len(shape))
             shape = Shape((), (), (shape.indices[i],))
         self._send(args, kwargs, port._ref if port is not None else None, shape)
-
-
-def _coords(i: int, sizes: tuple) -> list[int]:
-    out = []
-    for s in reversed(sizes):
-        out.append(i % s)
-        i //= s
-    return list(reversed(out))
 
 
 def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Any = None, selection: str = "all") -> None:

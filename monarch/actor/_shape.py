@@ -89,7 +89,7 @@ def _unravel(rank: int, sizes: Sequence[int]) -> list[int]:
 class Shape:
     """Labels and sizes over a list of underlying indices (row-major)."""
 
-    __slots__ = ("labels", "sizes", "indices")
+    __slots__ = ("labels", "sizes", "indices", "_plan")
 
     def __init__(self, labels: Sequence[str], sizes: Sequence[int], indices: Sequence[int] | None = None):
         self.labels = tuple(labels)
@@ -98,6 +98,20 @@ class Shape:
         for s in self.sizes:
             n *= s
         self.indices = tuple(range(n)) if indices is None else tuple(indices)
+        self._plan: tuple[dict, list[dict]] | None = None
+
+    def __reduce__(self) -> tuple:
+        return Shape, (self.labels, self.sizes, self.indices)  # not the plan: made again where needed
+
+    def send_plan(self) -> tuple[dict, list[dict]]:
+        """(extent, the point of each position) as a message to this shape carries them; made once
+        per shape, as every call to a mesh sends them (read-only: copy before changing them)."""
+        plan = getattr(self, "_plan", None)
+        if plan is None:
+            labels = self.labels
+            points = [dict(zip(labels, _unravel(i, self.sizes))) if labels else {} for i in range(len(self.indices))]
+            plan = self._plan = (dict(zip(labels, self.sizes)), points)
+        return plan
 
     @property
     def extent(self) -> Extent:
