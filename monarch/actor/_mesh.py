@@ -351,6 +351,8 @@ class ProcMesh(_MeshBase):
             fut.set_result(None)
             return fut
         self._stopped = True
+        if "monarch._tensor.mesh" in __import__("sys").modules:
+            __import__("sys").modules["monarch._tensor.mesh"].forget(self)
         threading.Thread(target=self._stop, args=(fut, reason), daemon=True).start()
         return fut
 
@@ -388,6 +390,25 @@ class ProcMesh(_MeshBase):
     async def __aexit__(self, *exc: Any) -> None:
         if not self._stopped:
             await self.stop()
+
+    # -- the tensor engine (monarch/_tensor/): torch ops inside the block run on these procs --
+
+    @property
+    def _device_mesh(self) -> Any:
+        from monarch._tensor.mesh import device_mesh_of
+
+        return device_mesh_of(self)
+
+    def activate(self) -> Any:
+        """Inside the block, torch ops (factories too) run on every proc and return remote tensors."""
+        return self._device_mesh.activate()
+
+    def rank_tensor(self, dim: str | list[str]) -> Any:
+        """A remote 0-d tensor: each proc's coordinate along ``dim``."""
+        return self._device_mesh.rank(dim)
+
+    def rank_tensors(self) -> dict[str, Any]:
+        return self._device_mesh.ranks
 
     async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,
                              level: int = logging.INFO) -> None:

@@ -1,0 +1,1 @@
+from tests.fixtures import _every_test_cleans_up, client  # noqa: F401  (shared fixtures)

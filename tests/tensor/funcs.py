@@ -1,0 +1,36 @@
+"""Functions the tensor engine tests run on the procs (importable there by name)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+
+def boom(t: torch.Tensor) -> torch.Tensor:
+    raise ValueError("boom: this remote function always fails")
+
+
+def add_scaled(a: torch.Tensor, b: torch.Tensor, k: float = 1.0) -> torch.Tensor:
+    return a + k * b
+
+
+def split_halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return t[: t.shape[0] // 2].clone(), t[t.shape[0] // 2:].clone()
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def live_refs() -> int:
+    from monarch._tensor import worker
+
+    assert worker.current is not None
+    return len(worker.current.env)
+
+
+def slow_identity(t: torch.Tensor, seconds: float) -> torch.Tensor:
+    time.sleep(seconds)
+    return t.clone()
