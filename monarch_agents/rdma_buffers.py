@@ -43,7 +43,7 @@ from monarch_agents.errors import SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.messages import Message, PortRef, Reply, message
 
-log = logging.getLogger("monarch.rdma")
+log = logging.getLogger("monarch.rdma_buffers")
 
 __all__ = ["BufferHandle", "RDMAError", "drop", "read_into", "register", "write_from"]
 
