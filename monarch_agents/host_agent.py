@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 from monarch_agents import messages as m
 from monarch_agents.keys import CLIENT, LOCAL_PROC
@@ -37,6 +37,7 @@ from monarch_agents.services import (Child, SerialWorker, Service, debug, killpg
 from monarch_agents.transport import JobKeys, route_ip
 from monarch_agents.zygote import ZygoteClient
 
+S = TypeVar("S", bound=Service)
 log = logging.getLogger("monarch.host_agent")
 
 #: The agent's services, in start order; they stop in the reverse order.  A new capability is a
@@ -96,9 +97,6 @@ class HostAgent:
         #: last owner leaving); :meth:`run_until_stopped` then stops everything in order.
         self.stopping = threading.Event()
         self.stopped = threading.Event()
-        #: This host's telemetry (``monarch_telemetry.host.HostTelemetry``), set by the telemetry
-        #: service; other services tell it what happens.  None when that service is not listed.
-        self.telemetry: Any = None
         self._base_env = dict(os.environ)
         self._base_env["MONARCH_HOSTNAME"] = host
         os.makedirs(log_dir, exist_ok=True)
@@ -106,6 +104,21 @@ class HostAgent:
         self.services: list[Service] = [cls(self) for cls in services]
         self._from_local_procs = frozenset().union(*(type(s).from_local_procs for s in self.services))
         self._workers: list[SerialWorker] = []
+
+    def service(self, kind: type[S]) -> S | None:
+        """This agent's service of type ``kind``, or None when it is not listed: how services find
+        each other (never by writing into one another)."""
+        for s in self.services:
+            if isinstance(s, kind):
+                return s
+        return None
+
+    @property
+    def telemetry(self) -> Any:
+        """This host's telemetry (``monarch_telemetry.host.HostTelemetry``), which services tell what
+        happens; None when the telemetry service is not listed."""
+        svc = self.service(telemetry.TelemetryService)
+        return svc.tel if svc is not None else None
 
     def _admit(self, msg_type: type, role: str) -> bool:
         """Who may ask what: the client anything; user code in procs (which holds only the proc key)

@@ -90,9 +90,6 @@ class DebugService(Service):
         self.listener.bind("\0" + self.sock_name)
         self.listener.listen(64)
         threading.Thread(target=self._accept_loop, name="debug-accept", daemon=True).start()
-        telemetry = getattr(agent, "telemetry", None)  # the telemetry service, listed before this one
-        if telemetry is not None:
-            telemetry.debug_rows = self._telemetry_rows
 
     # -- the service interface -------------------------------------------------
 
@@ -138,7 +135,7 @@ class DebugService(Service):
             sessions = list(self.sessions.values())
         return [self._info(s) for s in sessions]
 
-    def _telemetry_rows(self) -> list[dict]:
+    def telemetry_rows(self) -> list[dict]:
         """The ``debug_sessions`` table's rows (``monarch query "select * from debug_sessions"``)."""
         return [{"host": d["host"], "sid": d["sid"], "rank": d["rank"], "pid": d["pid"], "kind": d["kind"],
                  "actor": d["actor"], "command": d["command"], "run_id": d["run_id"], "file": d["file"],

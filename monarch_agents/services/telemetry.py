@@ -40,9 +40,16 @@ class TelemetryService(Service):
     def __init__(self, agent: Any):
         super().__init__(agent)
         self.tel = HostTelemetry(agent.host, agent.host_rank)
-        agent.telemetry = self.tel
+        # The debug_sessions table is the debug service's: asked for by type when a query reads it.
+        self.tel.debug_rows = self._debug_rows
         self._rows = SerialWorker("telemetry-rows")
         self._stacks = ThreadPoolExecutor(1, thread_name_prefix="telemetry-stacks")
+
+    def _debug_rows(self) -> list[dict]:
+        from monarch_agents.services.debug import DebugService
+
+        debug = self.agent.service(DebugService)
+        return debug.telemetry_rows() if debug is not None else []
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {m.TelemetryRows: self.on_rows, m.TelemetryScan: self.on_scan, m.TakeStacks: self.on_stacks}
