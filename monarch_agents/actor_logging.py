@@ -18,11 +18,19 @@ class ActorPrefixFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         actor = CURRENT.get().actor
-        if actor is not None and record.msg and not getattr(record, "actor_prefix", None):
+        if actor is not None and record.msg and _prefix_on() and not getattr(record, "actor_prefix", None):
             prefix = f"[actor={actor.qualname or actor.name}] "
             record.actor_prefix = prefix
             record.msg = f"{prefix}{record.msg}"
         return True
+
+
+#: Whether records made in an actor get the prefix (the actor API's config sets it).
+PREFIX_WITH_ACTOR = True
+
+
+def _prefix_on() -> bool:
+    return PREFIX_WITH_ACTOR
 
 
 _filter = ActorPrefixFilter()

@@ -117,6 +117,29 @@ class Future(Generic[R]):
             yield from waiter.__await__()
         return self._outcome()
 
+    def as_asyncio(self) -> Any:
+        """An ``asyncio.Future`` of the running loop that resolves when this one does (each call a new one).
+
+        Raises ``RuntimeError`` off a running event loop."""
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("as_asyncio() requires a running asyncio event loop") from None
+        out = loop.create_future()
+
+        def settle() -> None:
+            if out.done():
+                return
+            try:
+                out.set_result(self._outcome())
+            except BaseException as e:  # noqa: BLE001 - the outcome itself is the exception
+                out.set_exception(RuntimeError("coroutine raised StopIteration") if isinstance(e, StopIteration) else e)
+
+        self.add_done_callback(lambda _: loop.call_soon_threadsafe(settle))
+        return out
+
     def __repr__(self) -> str:
         state = {_PENDING: "pending", _OK: "done", _ERR: "failed"}[self._state]
         return f"<Future {state}>"

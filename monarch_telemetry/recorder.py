@@ -38,7 +38,7 @@ MESSAGE_LOG = TableSpec("_message_log", "internal", "handled messages, as record
     Column("port_index", I64, "", True), Column("host", STR, ""), Column("status", STR, ""),
 ))
 
-_RECORDED = ("meshes", "actors", "actor_status_events", "sent_messages", "logs")
+_RECORDED = ("meshes", "actors", "actor_status_events", "sent_messages", "logs", "spans", "metrics")
 FLUSH_INTERVAL_S = 0.2
 
 
@@ -111,6 +111,14 @@ class Recorder:
                  proc: str | None = None) -> None:
         if self.on:
             self._logs(now_us(), self.host, run_id, rank, proc, stream, line)
+
+    def span(self, start_us: int, actor: str, name: str, duration_us: int, error: str | None = None) -> None:
+        if self.on:
+            self.buffers["spans"].append(start_us, self.host, self.pid, actor, name, duration_us, error)
+
+    def metric(self, actor: str, name: str, kind: str, value: float, attributes: str | None = None) -> None:
+        if self.on:
+            self.buffers["metrics"].append(now_us(), self.host, self.pid, actor, name, kind, float(value), attributes)
 
     # -- handing rows on ---------------------------------------------------------------
 

@@ -257,9 +257,30 @@ DEBUG_SESSIONS = TableSpec("debug_sessions", SNAPSHOT,
     _c("started", TIME, "when the session opened"),
 ), "host agent")
 
+SPANS = TableSpec("spans", EVENT, "Spans a program timed with the actor API's `span(name)` or `@traced`, one row per span that ended.", (
+    _c("time", TIME, "when the span started"),
+    _HOST,
+    _c("pid", I64, "the process"),
+    _c("actor", STR, "the actor it ran in ('<root>' for the client)"),
+    _c("name", STR, "the span's name"),
+    _c("duration_us", I64, "how long it lasted, microseconds"),
+    _c("error", STR, "the exception that left the span, if one did", True),
+), "client, proc agent")
+
+METRICS = TableSpec("metrics", EVENT, "Values a program recorded through the actor API's `get_meter()`: counters, up-down counters, histograms.", (
+    _c("time", TIME, "when the value was recorded"),
+    _HOST,
+    _c("pid", I64, "the process"),
+    _c("actor", STR, "the actor it was recorded in ('<root>' for the client)"),
+    _c("name", STR, "the instrument's name"),
+    _c("kind", STR, "counter, up_down_counter or histogram"),
+    _c("value", F64, "the amount added (counters) or the value recorded (histograms)"),
+    _c("attributes", STR, "the attributes given, as JSON", True),
+), "client, proc agent")
+
 TABLES: dict[str, TableSpec] = {t.name: t for t in (
     MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
-    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS,
+    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, SPANS, METRICS,
 )}
 
 # --- views (run after merging every host's rows) ---------------------------------------------

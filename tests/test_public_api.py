@@ -13,10 +13,19 @@ ACTOR = {
     "SupervisionError", "ValueMesh", "as_endpoint", "concurrent_endpoint", "context", "current_actor_name",
     "current_rank", "current_size", "endpoint", "get_or_spawn_controller", "send", "this_host", "this_proc",
     "unhandled_fault_hook",
+    # Monarch's worker bootstrap, identities, transports, tracing and client lifetime (issue #26)
+    "ChannelTransport", "ProcId", "Uid", "attach", "attach_to_workers", "config", "debug_controller",
+    "default_bootstrap_cmd", "enable_transport", "get_meter", "hosts_from_config", "returns_future",
+    "run_worker_loop_forever", "run_worker_loop_until_shutdown", "shutdown_context", "span",
+    "start_worker_loop_forever", "traced",
 }
 JOB = {
     "DEFAULT_JOB_PATH", "Job", "JobSpec", "JobState", "JobTrait", "LocalJob", "PortForwarder", "ProcessJob",
     "SlurmJob", "exec_command", "job_load", "job_loads", "load_current_job", "set_current_job", "shell",
+    # Monarch's job services and service identities (issue #26)
+    "MeshAdminConfig", "TelemetryConfig", "hosts_from_config", "new_service_proc_id", "SERVICE_PROC_IDS_ENV",
+    "SERVICE_PROC_RANK_ENV", "deserialize_service_proc_ids", "ranked_service_proc_id_from_env",
+    "serialize_service_proc_ids", "service_proc_addr", "service_proc_addrs",
 }
 
 

@@ -38,6 +38,27 @@ from monarch.actor._mesh import (
     this_proc,
 )
 from monarch.actor._shape import Extent, Point, ValueMesh
+from monarch.actor._ids import ChannelTransport, ProcId, Uid, enable_transport
+from monarch.actor._bootstrap import (
+    attach,
+    attach_to_workers,
+    default_bootstrap_cmd,
+    hosts_from_config,
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    shutdown_context,
+    start_worker_loop_forever,
+)
+from monarch.actor._returns_future import returns_future
+from monarch.actor._tracing import get_meter, span, traced
+from monarch.actor import config
+
+
+def debug_controller() -> None:
+    """Monarch's debugger is an actor this returns; monarch's is ``monarch debug`` (each host agent's
+    debug service, which ``breakpoint()`` in any actor or rank reaches), so there is no actor to return."""
+    raise NotImplementedError("debug_controller(): monarch's debugger is the `monarch debug` command "
+                              "(breakpoint() in an actor registers with its host agent); see README 'Debugging'")
 
 __all__ = [
     "Accumulator",
@@ -45,6 +66,7 @@ __all__ = [
     "ActorError",
     "ActorMesh",
     "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "Extent",
@@ -59,16 +81,33 @@ __all__ = [
     "ProcMesh",
     "SupervisionError",
     "ValueMesh",
+    "ProcId",
+    "Uid",
     "as_endpoint",
+    "attach",
+    "attach_to_workers",
     "concurrent_endpoint",
+    "config",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "debug_controller",
+    "default_bootstrap_cmd",
+    "enable_transport",
     "endpoint",
+    "get_meter",
     "get_or_spawn_controller",
+    "hosts_from_config",
+    "returns_future",
+    "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
     "send",
+    "shutdown_context",
+    "span",
+    "start_worker_loop_forever",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]

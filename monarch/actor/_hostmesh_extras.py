@@ -65,6 +65,7 @@ def stop_spawned(hm: HostMesh, final: bool) -> Future:
         hm._shut_down = True
     meshes = hm.__dict__.pop("_spawned", [])
     done: Future = Future()
+    workers = final and hm.__dict__.get("_workers", False)
 
     def stop_all() -> None:
         stops = [pm.stop("its host mesh was shut down" if final else "its host mesh was stopped") for pm in meshes]
@@ -73,9 +74,13 @@ def stop_spawned(hm: HostMesh, final: bool) -> Future:
                 f.get(timeout=_STOP_WAIT_S)
             except Exception as e:
                 log.debug("stopping a proc mesh of a stopped host mesh: %s", e)  # a proc already gone is stopped
+        if workers:  # hosts of attach_to_workers: their agents end, as Monarch's shutdown ends hosts
+            from monarch.actor._bootstrap import release_workers
+
+            release_workers([h.addr for h in hm.hosts])
         done.set_result(None)
 
-    if meshes:
+    if meshes or workers:
         threading.Thread(target=stop_all, name="hostmesh-stop", daemon=True).start()
     else:
         done.set_result(None)

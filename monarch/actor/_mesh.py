@@ -34,7 +34,7 @@ from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
 from monarch_agents.runtime import pickling_for as rt_pickling_for
 from monarch import config as _config
-from monarch.actor import _telemetry
+from monarch.actor import _mock, _telemetry
 from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
@@ -128,6 +128,12 @@ class HostMesh(_MeshBase):
 
     def _first_addr(self) -> str:
         return self._hosts[0].addr if self._hosts else ""
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """False: every monarch host mesh is real host agents (Monarch's fake in-process hosts, which run
+        procs inside the client for tests, are not made here)."""
+        return False
 
     @property
     def initialized(self) -> Future:
@@ -245,6 +251,13 @@ class _Bootstrap(Actor):
             asyncio.run(r)
 
 
+class _MockSetup(Actor):
+    """Installs the spawner's ``patch_actor`` patches in a proc."""
+
+    def __init__(self, state: dict):
+        _mock.set_registry_state(state)
+
+
 class ProcMesh(_MeshBase):
     """Procs started on one or more hosts; spawn actors on them with :meth:`spawn`."""
 
@@ -302,6 +315,9 @@ class ProcMesh(_MeshBase):
         """
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise ValueError(f"{cls!r} is not an Actor subclass")
+        cls = _mock.actor_class(cls)  # monarch._src.actor.mock.patch_actor
+        if _mock._registry and cls is not _MockSetup:
+            self._share_mocks()
         actor_kind(cls)  # ValueError for a class that mixes sync and async endpoints
         if self._stopped:
             raise SupervisionError(f"`ProcMesh` has already been stopped (proc mesh {self._name!r}); "
@@ -331,6 +347,14 @@ class ProcMesh(_MeshBase):
                                                         rt.addr, creator))
         _add_child(mesh)
         return mesh
+
+    def _share_mocks(self) -> None:
+        """Give this mesh's procs the patches active here (once per set of patches)."""
+        version, state = _mock.registry_state()
+        if getattr(self, "_mock_version", None) == version:
+            return
+        self.spawn("mock_setup", _MockSetup, state).initialized.get()
+        self._mock_version = version
 
     def _watch_for(self, owner_actor: Any, name: str, shape: Shape, mesh: "ActorMesh") -> None:
         rt = self._rt()

@@ -34,7 +34,8 @@ import pickle
 import sys
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
 from monarch.errors import StateError, UsageError
 
@@ -55,15 +56,47 @@ if not logger.handlers:
     logger.propagate = False
 
 
+@dataclass
+class TelemetryConfig:
+    """What :meth:`JobTrait.enable_telemetry` starts at the next ``state()`` (Monarch's fields).
+
+    ``retention_secs``: accepted; the hosts keep rows in bounded rings until ``monarch stop``.
+    ``include_dashboard``/``dashboard_port``: monarch's dashboard is ``monarch dashboard --web
+    --port N`` (not started by the job); ``snapshot_interval_secs``: accepted (our snapshot tables
+    are built when read, so they are always current).
+    """
+
+    retention_secs: int = 3600
+    include_dashboard: bool = False
+    dashboard_port: int = 8265
+    snapshot_interval_secs: float = 30.0
+
+
+@dataclass
+class MeshAdminConfig:
+    """What :meth:`JobTrait.enable_admin` starts: the mesh admin HTTP API, at ``admin_addr``
+    ("HOST:PORT"; default: loopback, a free port)."""
+
+    admin_addr: Optional[str] = None
+
+
 class JobState:
     """The host meshes of a running job, by the names its specification gave them.
 
     ``state.trainers`` is the ``HostMesh`` of the mesh called ``trainers``; an unknown name raises
-    ``AttributeError`` listing the names there are.
+    ``AttributeError`` listing the names there are.  ``query_engine``, ``query_engine_client``,
+    ``telemetry_url`` and ``admin_url`` are the job's services (None unless enabled, see
+    :meth:`JobTrait.enable_telemetry`); ``dashboard_url`` is always None (``monarch dashboard``).
     """
 
-    def __init__(self, hosts: dict[str, "HostMesh"]):
+    def __init__(self, hosts: dict[str, "HostMesh"], query_engine: Any = None, query_engine_client: Any = None,
+                 telemetry_url: str | None = None, dashboard_url: str | None = None, admin_url: str | None = None):
         self._hosts = hosts
+        self.query_engine = query_engine
+        self.query_engine_client = query_engine_client
+        self.telemetry_url = telemetry_url
+        self.dashboard_url = dashboard_url
+        self.admin_url = admin_url
 
     def __getattr__(self, attr: str) -> "HostMesh":
         hosts = self.__dict__.get("_hosts")
@@ -140,7 +173,71 @@ class JobTrait(abc.ABC):
         state = self._applied_state(cached_path)
         if getattr(self, "_mount_specs", None):
             self._apply_mounts(state)
+        self._start_services(state)
         return state
+
+    # -- telemetry and admin services --------------------------------------------------------
+
+    def enable_telemetry(self, config: "TelemetryConfig | None" = None, *,
+                         mesh_admin_config: "MeshAdminConfig | None" = None, **kwargs: Any) -> "JobTrait":
+        """Serve the job's telemetry (and, unless already configured, the mesh admin API) from the
+        next ``state()`` on: ``state.telemetry_url``, ``state.query_engine``, ``state.admin_url``
+        (see ``monarch._workbench.job_services``).  Returns ``self``."""
+        self._telemetry_config = config if config is not None else TelemetryConfig(**kwargs)
+        if mesh_admin_config is not None:
+            self._admin_config = mesh_admin_config
+        elif getattr(self, "_admin_config", None) is None:
+            self._admin_config = MeshAdminConfig()
+        return self
+
+    def enable_admin(self, config: "MeshAdminConfig | None" = None, **kwargs: Any) -> "JobTrait":
+        """Serve the mesh admin HTTP API from the next ``state()`` on (``state.admin_url``).  Returns ``self``."""
+        self._admin_config = config if config is not None else MeshAdminConfig(**kwargs)
+        return self
+
+    def telemetry_query_client(self) -> Any:
+        """A client (``query(sql)`` -> ``{"rows": [...]}``) of the running job's telemetry service;
+        started in this process if another process enabled it."""
+        running = self._running
+        if running is None:
+            raise RuntimeError("the saved job is not active")
+        if self.__dict__.get("_telemetry_config") is None and running.__dict__.get("_telemetry_config") is None:
+            raise RuntimeError("the active job has no distributed telemetry configured; "
+                               "call job.enable_telemetry() and apply it again")
+        try:
+            state = running._state()
+        except Exception as e:
+            raise RuntimeError(f"the active job is no longer running or healthy: {e}") from None
+        if self.__dict__.get("_telemetry_config") is None:
+            self._telemetry_config = running._telemetry_config
+        self._start_services(state)
+        return state.query_engine_client
+
+    def _start_services(self, state: JobState) -> None:
+        from monarch._workbench import job_services as js
+
+        telemetry = self.__dict__.get("_telemetry_config")
+        admin = self.__dict__.get("_admin_config")
+        if telemetry is None and admin is None:
+            return
+        services = self.__dict__.setdefault("_services", {})
+        hosts = js.hosts_of(state._hosts)
+        if telemetry is not None:
+            if "telemetry" not in services:
+                services["telemetry"] = js.JobServer(hosts, telemetry=True, admin=False)
+            server = services["telemetry"]
+            state.telemetry_url = server.url
+            state.query_engine = js.QueryEngine(hosts)
+            state.query_engine_client = js.QueryEngineClient(server.url)
+        if admin is not None:
+            if "admin" not in services:
+                bind, port = js.parse_bind(admin.admin_addr)
+                services["admin"] = js.JobServer(hosts, telemetry=False, admin=True, bind=bind, port=port)
+            state.admin_url = services["admin"].url
+
+    def _stop_services(self) -> None:
+        for server in self.__dict__.pop("_services", {}).values():
+            server.close()
 
     # -- mounts ----------------------------------------------------------------------------
 
@@ -231,6 +328,7 @@ class JobTrait(abc.ABC):
     def kill(self) -> None:
         """Release the allocation (safe to repeat)."""
         running = self._running
+        self._stop_services()
         if running is not None:
             running._kill()
         self._status = "not_running"
@@ -254,6 +352,7 @@ class JobTrait(abc.ABC):
         state = dict(self.__dict__)
         state.pop("_cache_target", None)
         state.pop("_mount_handles", None)  # live mounts belong to the process that opened them
+        state.pop("_services", None)  # so do its HTTP servers
         return state
 
     def _describe(self) -> str:

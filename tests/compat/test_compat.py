@@ -1,9 +1,8 @@
-"""Real Monarch programs that get their hosts through the job API, run unchanged as a user runs
-them (``python program.py`` in a fresh working directory), checked by what they print and leave.
+"""Programs in Monarch's API that get their hosts through the job API, run as a user runs them
+(``python program.py`` in a fresh working directory), checked by what they print and leave.
 
-The programs are the files beside this one; each says where it comes from and what, if anything,
-was changed (a GPU-only line on this CPU-only machine).  ``slurm_ddp.py`` runs on the real Slurm
-cluster in ``tests/schedulers/test_slurm_job_api.py``.
+The programs are the files beside this one, each written for these tests; each says what it
+exercises.  ``slurm_ddp.py`` runs on the real Slurm cluster in ``tests/schedulers/test_slurm_job_api.py``.
 """
 
 from __future__ import annotations
@@ -36,27 +35,41 @@ def cwd(tmp_path, no_leaked_processes):
     monarch("stop", "--force", cwd=tmp_path)
 
 
-def test_ping_pong_across_the_hosts_of_a_process_job(cwd):
-    r = run_program("ping_pong_multihost.py", cwd)
-    assert r.stdout.strip().endswith("Example completed successfully!")
+TEAMS_OUT = """\
+['red0', 'red1'] ['blue0', 'blue1']
+red0 pairs with blue0
+red1 pairs with blue1
+blue0 pairs with red0
+blue1 pairs with red1
+red0 served, blue0 returned it
+red1 served, blue1 returned it
+['blue0 served, red0 returned it', 'blue1 served, red1 returned it']
+red heard [['ball 2 from blue0'], ['ball 2 from blue1']]
+blue heard [['ball 1 from red0'], ['ball 1 from red1']]
+teams done
+"""
+
+
+def test_two_teams_of_actors_talk_across_the_hosts_of_a_process_job(cwd):
+    r = run_program("teams_across_hosts.py", cwd)
+    assert r.stdout == TEAMS_OUT
     logs = {}
     for host in ("host0", "host1"):
         logs[host] = "".join(open(p).read() for p in glob.glob(str(cwd / ".monarch/jobs/*/logs" / host / "procs/*.log")))
-    # actor_0 lives on host0 and actor_1 on host1: each received the other's ping.
-    assert logs["host0"].count("Pong!, Receiver (actor_0:") == 2 and "Sender (actor_1:" in logs["host0"]
-    assert logs["host1"].count("Pong!, Receiver (actor_1:") == 2 and "Sender (actor_0:" in logs["host1"]
-    assert logs["host0"].count("Identity: ") == 8
+    # red lives on host0 and blue on host1: what each actor printed is in its own host's proc logs.
+    assert "player red0 received: ball 2 from blue0" in logs["host0"] and "player blue" not in logs["host0"]
+    assert "player blue1 received: ball 1 from red1" in logs["host1"] and "player red" not in logs["host1"]
     # job.kill() released the reservation: `monarch status` has none.
     assert monarch("status", cwd=cwd).returncode == 3
 
 
-def test_spmd_actor_ddp_example(cwd):
+def test_data_parallel_training_through_spmd_actors(cwd):
     out = cwd / "out"
     out.mkdir()
-    r = run_program("spmd_ddp/spmd_ddp.py", cwd, env={"COMPAT_OUT": str(out)})
-    assert "DDP example completed successfully!" in r.stdout
-    assert sorted(os.listdir(out)) == ["rank0", "rank1"]
-    assert {(out / f).read_text().split(" ", 1)[1].strip() for f in os.listdir(out)} == {"world=2 in_sync=True"}
+    r = run_program("spmd_training/launch.py", cwd, env={"COMPAT_OUT": str(out)})
+    assert r.stdout.strip().endswith("training finished on 2 ranks")
+    assert sorted((out / f).read_text() for f in os.listdir(out)) == [
+        "local_rank=0 world=2 same_weights=True\n", "local_rank=1 world=2 same_weights=True\n"]
 
 
 def test_port_forwarder_to_a_toy_http_server_on_a_host(cwd):

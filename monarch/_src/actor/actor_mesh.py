@@ -1,0 +1,25 @@
+"""Compatibility only: Monarch's ``monarch._src.actor.actor_mesh`` names, aliases of ``monarch.actor``'s."""
+
+from monarch.actor import (  # noqa: F401
+    Accumulator,
+    Actor,
+    ActorError,
+    ActorMesh,
+    Channel,
+    Context,
+    Endpoint,
+    Point,
+    Port,
+    PortReceiver,
+    RankedPortReceiver,
+    ValueMesh,
+    as_endpoint,
+    attach,
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+    enable_transport,
+    send,
+    shutdown_context,
+)

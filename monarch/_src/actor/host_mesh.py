@@ -1,0 +1,3 @@
+"""Compatibility only: Monarch's ``monarch._src.actor.host_mesh`` names, aliases of ``monarch.actor``'s."""
+
+from monarch.actor import HostMesh, default_bootstrap_cmd, hosts_from_config, this_host, this_proc  # noqa: F401

@@ -1,0 +1,351 @@
+"""Monarch's worker bootstrap: workers wait at an address, a client attaches to them.
+
+On each worker machine::
+
+    run_worker_loop_forever(ca="trust_all_connections", address="tcp://worker1:4444")
+
+and in the client::
+
+    hosts = attach_to_workers(ca="trust_all_connections", workers=["tcp://worker1:4444", ...])
+    procs = hosts.spawn_procs(per_host={"gpus": 8})
+
+How it is done here: the worker listens at ``address`` for one client at a time.  A client that
+connects sends the keys of a job made for these workers (each ``attach_to_workers`` call makes
+one, so they open nothing else of the client's); the worker
+starts a monarch host agent with them (on the worker's address, a port of its own) and answers
+that agent's address.  From then on client and agent talk CURVE as in any reservation.  When the
+client's connection closes (the client exited or shut the mesh down), the worker stops its agent,
+and with it every proc, and waits for the next client, as Monarch's worker does.
+
+As in Monarch, ``ca="trust_all_connections"`` is the only accepted setting (any client that
+reaches the address may use the worker), and TLS keys raise ``NotImplementedError``.  The keys
+cross the enrollment connection unencrypted: use it where Monarch's would be used, on a network
+you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Sequence, Union
+
+from monarch_agents.future import Future
+
+PrivateKey = Union[bytes, Path, None]
+CA = Union[bytes, Path, Literal["trust_all_connections"]]
+
+_ENROLL_TIMEOUT_S = 60.0
+
+
+def _check_security(private_key: PrivateKey, ca: CA) -> None:
+    if private_key is not None or ca != "trust_all_connections":
+        raise NotImplementedError("TLS keys are not supported: give ca='trust_all_connections' "
+                                  "(monarch's agents then authenticate with CURVE keys of the client's job)")
+
+
+def _parse(address: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT``, ``tcp://ADVERTISE:PORT@tcp://BIND:PORT`` or ``PROC_ID@tcp://HOST:PORT``:
+    (host to bind, port)."""
+    parts = address.split("@")
+    urls = [p for p in parts if "://" in p]
+    if not urls:
+        raise ValueError(f"worker address {address!r} is not a tcp://HOST:PORT address")
+    url = urls[-1]  # the bind side of 'advertise@bind', or the location of 'proc_id@location'
+    scheme, _, rest = url.partition("://")
+    if scheme != "tcp":
+        raise NotImplementedError(f"worker address {address!r}: only tcp:// workers are supported here")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"worker address {address!r} has no port (tcp://HOST:PORT)")
+    host = host.strip("[]")
+    if host == "*":
+        raise NotImplementedError("a wildcard worker address does not say which name clients use; "
+                                  "give the worker's name or address (tcp://worker-fqdn:4444)")
+    return host, int(port)
+
+
+def _dial_address(address: str) -> tuple[str, int]:
+    """Where a client connects for ``address`` (the advertised side of ``advertise@bind``)."""
+    parts = [p for p in address.split("@") if "://" in p]
+    if not parts:
+        raise ValueError(f"worker address {address!r} is not a tcp://HOST:PORT address")
+    host, _, port = parts[0].partition("://")[2].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _serve_one(listener: socket.socket, bind_host: str) -> bool:
+    """Serve one client: True when its host agent was shut down by it (``HostMesh.shutdown``)."""
+    conn, _ = listener.accept()
+    agent: subprocess.Popen | None = None
+    try:
+        conn.settimeout(_ENROLL_TIMEOUT_S)
+        hello = json.loads(conn.makefile("rb").readline() or b"{}")
+        keys = hello.get("keys")
+        if not isinstance(keys, dict):
+            conn.sendall(json.dumps({"error": "expected the job's keys"}).encode() + b"\n")
+            return False
+        r, w = os.pipe()
+        hostname = hello.get("hostname") or os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
+        cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio",
+               "--info-fd", str(w), "--hostname", hostname, "--bind", bind_host,
+               "--host-rank", str(int(hello.get("host_rank", 0)))]
+        agent = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True)
+        os.close(w)
+        assert agent.stdin is not None
+        agent.stdin.write((json.dumps(keys) + "\n").encode())
+        agent.stdin.close()
+        with os.fdopen(r, "rb") as info_file:
+            info = info_file.readline()
+        if not info:
+            conn.sendall(json.dumps({"error": f"the host agent exited at start ({agent.wait()})"}).encode() + b"\n")
+            return False
+        conn.sendall(info)
+        conn.settimeout(None)
+        # Serve until the client goes away, or says its host mesh was shut down ("shutdown" line).
+        while True:
+            ready, _, _ = select.select([conn], [], [], 0.5)
+            if ready:
+                data = conn.recv(64)
+                if not data:
+                    return False
+                if b"shutdown" in data:
+                    return True
+            if agent.poll() is not None:
+                return False
+    finally:
+        conn.close()
+        if agent is not None and agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+
+
+def _listen(address: str) -> tuple[socket.socket, str]:
+    host, port = _parse(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen(1)
+    return s, host
+
+
+def _loop(address: str, until_shutdown: bool, ready: Callable[[], None] = lambda: None) -> None:
+    listener, host = _listen(address)
+    ready()
+    try:
+        while True:
+            if _serve_one(listener, host) and until_shutdown:
+                return
+    finally:
+        listener.close()
+
+
+def run_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address: str) -> None:
+    """Serve clients at ``address`` one after another, forever (see the module docstring)."""
+    _check_security(private_key, ca)
+    _loop(address, until_shutdown=False)
+
+
+def run_worker_loop_until_shutdown(*, private_key: PrivateKey = None, ca: CA, address: str) -> None:
+    """Serve clients at ``address`` until one shuts its host mesh down, then return."""
+    _check_security(private_key, ca)
+    _loop(address, until_shutdown=True)
+
+
+def start_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address: str) -> Future[None]:
+    """Start serving at ``address`` in the background; the future fails if the loop does."""
+    _check_security(private_key, ca)
+    fut: Future = Future()
+    started = threading.Event()
+
+    def run() -> None:
+        try:
+            _loop(address, until_shutdown=False, ready=started.set)
+        except BaseException as e:  # noqa: BLE001 - the loop's failure is the future's outcome
+            fut.set_exception(e)
+        finally:
+            started.set()
+
+    threading.Thread(target=run, name="monarch-worker-loop", daemon=True).start()
+    started.wait()
+    return fut
+
+
+#: Enrollment connections of this client, kept open while it uses the workers.
+_links: dict[str, socket.socket] = {}
+
+
+def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequence[Any],
+                      name: Optional[str] = None) -> Any:
+    """A ``HostMesh({hosts: len(workers)})`` of workers that run a worker loop (each a ``tcp://`` address,
+    or a ``Future`` of one)."""
+    from monarch.actor._client import HostRef, ensure_runtime
+    from monarch.actor._mesh import HostMesh
+    from monarch.actor._shape import Shape
+    from monarch_agents.keys import JobKeys
+    from monarch_agents.messages import Ping
+    from monarch_agents import runtime as rt_mod
+
+    _check_security(private_key, ca)
+    # The workers are a job of their own, with keys made for them: what crosses the enrollment
+    # connections opens these workers only, not this client's other jobs.
+    rt = ensure_runtime(JobKeys.generate())
+    keys = rt.keys.as_dict()
+    refs = []
+    for rank, w in enumerate(workers):
+        address = w.get() if isinstance(w, Future) else w
+        host, port = _dial_address(address)
+        s = socket.create_connection((host, port), timeout=_ENROLL_TIMEOUT_S)
+        s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
+        answer = json.loads(s.makefile("rb").readline() or b"{}")
+        if "addr" not in answer:
+            s.close()
+            raise RuntimeError(f"worker {address} did not start a host agent: {answer.get('error', 'no answer')}")
+        s.settimeout(None)
+        _links[answer["addr"]] = s
+        refs.append(HostRef(answer["addr"], answer.get("host", host), rank))
+    rt_mod.claim(rt, [r.addr for r in refs])
+    for r in refs:  # each agent learns its owner (and stops when it goes away)
+        rt.request(r.addr, lambda port: Ping(port)).get(timeout=_ENROLL_TIMEOUT_S)
+    mesh = HostMesh(refs, Shape(("hosts",), (len(refs),)))
+    mesh._workers = True  # its shutdown() ends the workers' host agents, as Monarch's does
+    return mesh
+
+
+def release_workers(addrs: Sequence[str]) -> None:
+    """The client shut these workers' host mesh down: each worker stops its agent (and, under
+    ``run_worker_loop_until_shutdown``, returns)."""
+    for a in addrs:
+        s = _links.pop(a, None)
+        if s is not None:
+            try:
+                s.sendall(b"shutdown\n")
+            except OSError:
+                pass
+            s.close()
+
+
+# --- bootstrap commands ---------------------------------------------------------------------------
+
+
+@dataclass
+class BootstrapCommand:
+    """How a proc is started: program, arguments, environment (Monarch's ``BootstrapCommand``).
+
+    ``env`` entries set to ``None`` by :meth:`with_env` remove a variable; ``inherit_env=False``
+    starts from an empty environment.  monarch's procs are forked from a warm interpreter of the
+    host agent; a mesh made with ``HostMesh.with_python_executable(exe)`` runs ``exe`` instead.
+    """
+
+    program: str
+    arg0: Optional[str] = None
+    args: list[str] = field(default_factory=list)
+    env: dict[str, Optional[str]] = field(default_factory=dict)
+    inherit_env: bool = True
+
+    def with_env(self, env: dict[str, Optional[str]]) -> "BootstrapCommand":
+        return BootstrapCommand(self.program, self.arg0, list(self.args), {**self.env, **env}, self.inherit_env)
+
+    def __str__(self) -> str:
+        return shlex.join([self.program, *self.args])
+
+
+def default_bootstrap_cmd() -> BootstrapCommand:
+    """The command procs start with here: this interpreter running monarch's proc entry point."""
+    return BootstrapCommand(sys.executable, None, ["-m", "monarch_agents.zygote"], {})
+
+
+# --- the client's lifetime ------------------------------------------------------------------------
+
+
+_shutdown: Future | None = None
+
+
+def shutdown_context(host_timeout: float | None = None) -> Future:
+    """Shut this process's monarch client down: the procs of ``this_host()`` stop, then its runtimes
+    close (and the enrollment connections of :func:`attach_to_workers`).  Later calls return a done
+    future; the program itself goes on.  A process without a client gets a done future."""
+    global _shutdown
+    if host_timeout is not None and not (0 <= host_timeout < 2**64):
+        raise ValueError(f"host_timeout must be finite and non-negative, got {host_timeout!r}")
+    from monarch_agents import runtime as rt_mod
+
+    if _shutdown is not None or rt_mod.current() is None:
+        return Future.completed(None)
+    fut: Future = Future()
+    _shutdown = fut
+    try:
+        from monarch.actor import _client
+        from monarch_agents.client import close_runtime
+
+        _client._stop_local_host()
+        for s in _links.values():
+            s.close()
+        _links.clear()
+        close_runtime()
+        fut.set_result(None)
+    except BaseException as e:  # noqa: BLE001
+        fut.set_exception(e)
+    return fut
+
+
+def attach(addr: str) -> None:
+    """Monarch reaches a client outside a cluster through a gateway at ``addr``; monarch does this
+    with the reservation's port-forward (``monarch serve --reach port-forward``), chosen per job."""
+    from monarch_agents import runtime as rt_mod
+
+    if rt_mod.current() is not None:
+        raise RuntimeError("client was initialized without a remote attachment; call attach(addr) before "
+                           "the first context()/this_host()/this_proc()")
+    raise NotImplementedError("attach(addr): monarch reaches a cluster from outside through the reservation's "
+                              "port-forward (`monarch serve --scheduler kubernetes --reach port-forward`), "
+                              "not through a gateway address")
+
+
+# --- hosts_from_config ----------------------------------------------------------------------------
+
+
+def _serve_once(info_fd: int) -> None:
+    """A worker of :func:`hosts_from_config`: listen on a free loopback port, say which on
+    ``info_fd``, serve the one client that attaches, then exit."""
+    listener, host = _listen("tcp://127.0.0.1:0")
+    with os.fdopen(info_fd, "w") as f:
+        f.write(f"tcp://127.0.0.1:{listener.getsockname()[1]}\n")
+    try:
+        _serve_one(listener, host)
+    finally:
+        listener.close()
+
+
+def hosts_from_config(name: str) -> Any:
+    """The host mesh ``name`` of this project's configuration: as in Monarch today, two workers
+    started on this machine and attached (a ``HostMesh({hosts: 2})``).  The workers end when this
+    client leaves them (its exit, or the mesh's ``shutdown()``)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"hosts_from_config takes a mesh name, got {name!r}")
+    from monarch.actor._client import _pythonpath
+
+    workers = []
+    for _ in range(2):
+        r, w = os.pipe()
+        subprocess.Popen([sys.executable, "-c", f"from monarch.actor._bootstrap import _serve_once; _serve_once({w})"],
+                         pass_fds=(w,), start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
+        os.close(w)
+        with os.fdopen(r) as f:
+            addr = f.readline().strip()
+        if not addr:
+            raise RuntimeError(f"a worker for host mesh {name!r} did not start")
+        workers.append(addr)
+    return attach_to_workers(ca="trust_all_connections", workers=workers, name=name)

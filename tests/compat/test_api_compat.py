@@ -1,0 +1,106 @@
+"""Monarch's API beyond meshes and endpoints (issue #26), each a program of ours in Monarch's API with
+its expected output: identities, returns_future, tracing, the job's telemetry and admin services,
+worker bootstrap.  ``api_names.py`` also runs on torchmonarch 0.7.0 when one is at hand
+(``TORCHMONARCH_PYTHON``, a python with ``torchmonarch==0.7.0`` installed), and both must print
+the same."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.compat.test_compat import HERE, run_program
+from tests.helpers import ROOT
+
+API_NAMES_OUT = """\
+uid trainer<2J> trainer True False 100
+uid round trip True True
+singleton controller True
+values ['<1>', '<a>', '<Z>', '<21>', '<JPwcyDCgEup>']
+proc id trainer<2J> service 42
+service id True
+transports True
+returns_future get 42
+returns_future await 8 8
+as_asyncio 10
+traced 3 4
+forwarder is a handler True
+TelemetryConfig(retention_secs=3600, include_dashboard=False, dashboard_port=8265, snapshot_interval_secs=30.0)
+MeshAdminConfig(admin_addr=None)
+job state services None None None
+timer count 1
+patched fake
+unpatched real
+done
+"""
+
+
+def _torchmonarch_python() -> str | None:
+    """``TORCHMONARCH_PYTHON``, else a ``.tm-venv`` at the checkout's root (ignored by git)."""
+    py = os.environ.get("TORCHMONARCH_PYTHON") or os.path.join(ROOT, ".tm-venv", "bin", "python")
+    return py if os.access(py, os.X_OK) else None
+
+
+def test_api_names_print_what_monarch_prints(tmp_path, no_leaked_processes):
+    r = run_program("api_names.py", tmp_path)
+    assert r.stdout == API_NAMES_OUT
+
+
+def test_api_names_print_the_same_on_torchmonarch(tmp_path):
+    py = _torchmonarch_python()
+    if py is None:
+        pytest.skip("torchmonarch 0.7.0 is not installed here: set TORCHMONARCH_PYTHON to a python with "
+                    "torchmonarch==0.7.0 (python3 -m venv tm && tm/bin/pip install torchmonarch==0.7.0)")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONARCH", "PYTHONPATH"))}
+    r = subprocess.run([py, os.path.join(HERE, "api_names.py")], cwd=tmp_path, env=e, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == API_NAMES_OUT
+
+
+JOB_SERVICES_OUT = """\
+not enabled: None None None None
+enabled: True True
+calls: [6, 6, 6, 6]
+actors: [{'n': 4}]
+spans: [{'name': 'inner', 'n': 4}]
+metrics: [{'name': 'units', 'v': 12.0, 'a': '{"kind": "test"}'}]
+query_engine: [{'n': 2}]
+query client: {'rows': [{'n': 2}]}
+root: ['Root'] 2 ['host:host0', 'host:host1'] None
+host: ['Host'] 2 root
+proc: ['Proc'] 1 True
+actor: idle Worker 1 work
+missing: 404 not_found
+pyspy: ['Ok'] True
+schema: True True
+tree: 4
+admin closed with the job
+"""
+
+
+def test_a_jobs_telemetry_and_mesh_admin_api(tmp_path, no_leaked_processes):
+    r = run_program("job_services.py", tmp_path)
+    assert r.stdout == JOB_SERVICES_OUT
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_workers_started_by_hand_are_attached_used_and_shut_down(tmp_path, no_leaked_processes):
+    e = {**os.environ, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, os.path.join(HERE, "workers.py"), *map(str, _free_ports(2))], cwd=tmp_path,
+                       env=e, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "{hosts: 2}\n['0/0 0', '0/1 0', '1/0 1', '1/1 1']\nworkers exited [0, 0]\n"
