@@ -114,6 +114,8 @@ class HostMesh(_MeshBase):
 
     #: Set by shutdown(): a shut-down mesh spawns nothing more (a class default: older pickles lack it).
     _shut_down: bool = False
+    #: Hosts of ``attach_to_workers``: ``shutdown()`` ends their agents too.
+    _workers: bool = False
 
     def __init__(self, hosts: list[HostRef], shape: Shape | None = None):
         self._hosts = list(hosts)

@@ -50,11 +50,10 @@ class Span:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> bool:
+    def __exit__(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> None:
         duration = int((time.perf_counter() - self._t0) * 1e6)
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         recorder().span(self._start_us, self._actor or _actor_name(), self.name, duration, error)
-        return False
 
 
 def span(name: str) -> Span:
@@ -175,7 +174,7 @@ class TracingForwarder(logging.Handler):
 
             info = current().actor
             if info is not None:
-                record.actor_id = info.qualname or info.actor_id  # type: ignore[attr-defined]
+                record.actor_id = info.qualname or info.actor_id
             recorder().log_line("stderr" if record.levelno >= logging.WARNING else "stdout", self.format(record),
                                 proc=_actor_name())
         except Exception:

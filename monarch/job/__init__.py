@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 # What type checkers see (re-exported through __all__); at run time the names load lazily (__getattr__ below).
 if TYPE_CHECKING:
     from monarch.job.job import (DEFAULT_JOB_PATH, Job, JobState, JobTrait, LocalJob, job_load,  # noqa: F401
-                                 job_loads, load_current_job, set_current_job)
+                                 job_loads, load_current_job, set_current_job, MeshAdminConfig, TelemetryConfig)
+    from monarch.actor._bootstrap import hosts_from_config  # noqa: F401
+    from monarch.job._service_identity import (SERVICE_PROC_IDS_ENV, SERVICE_PROC_RANK_ENV,  # noqa: F401
+                                               deserialize_service_proc_ids, new_service_proc_id,
+                                               ranked_service_proc_id_from_env, serialize_service_proc_ids,
+                                               service_proc_addr, service_proc_addrs)
     from monarch.job.process import ProcessJob  # noqa: F401
     from monarch.job.slurm import SlurmJob  # noqa: F401
     from monarch._workbench.state import JobSpec  # noqa: F401
