@@ -22,6 +22,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -30,6 +31,8 @@ from monarch_agents.future import Future
 from monarch_agents.messages import Pickled, Reply
 from monarch._tensor.worker import DELETE, FETCH, TensorWorker
 
+#: How long the sender lets ops gather after the first one arrives (a fetch sends at once).
+_BATCH_WAIT_S = 0.0005
 #: How many ops' issuing stacks are kept for error reports (the oldest go first).
 _TRACEBACKS_KEPT = 100_000
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -198,6 +201,9 @@ class Controller:
     def _sender(self) -> None:
         while not self._stopped:
             self._kick.wait()
+            # Let the caller go on recording for a moment: waking for every op would hand the GIL
+            # back and forth per op (measured: most of an op's cost) and send batches of one.
+            time.sleep(_BATCH_WAIT_S)
             self._kick.clear()
             try:
                 self.flush()

@@ -64,9 +64,9 @@ class Remote:
         margs, gargs = inputs.convert(args)
         mkwargs, gkwargs = inputs.convert(kwargs)
         mesh, _ = _choose(inputs, self.key)
-        versions = [t._meta._version for t in inputs.remotes]
+        versions = [m._version for m in inputs.metas]
         meta_out = self._meta_result(mesh, margs, mkwargs, gargs, gkwargs, inputs)
-        muts = [t.ref for t, v in zip(inputs.remotes, versions) if t._meta._version != v]
+        muts = [t.ref for t, m, v in zip(inputs.remotes, inputs.metas, versions) if m._version != v]
         return call_remote(mesh, self.key, gargs, gkwargs, meta_out, inputs, muts)
 
     def _meta_result(self, mesh: Any, margs: tuple, mkwargs: dict, gargs: tuple, gkwargs: dict,
@@ -94,7 +94,7 @@ class Remote:
         from monarch.actor._shape import ValueMesh
 
         inputs = _Inputs()
-        gargs, gkwargs = inputs.convert(args)[1], inputs.convert(kwargs)[1]
+        gargs, gkwargs = inputs.message(args), inputs.message(kwargs)
         mesh, stream = _choose(inputs, self.key)
         if one and len(mesh) != 1:
             raise ValueError(f"call_one requires exactly 1 proc, but the active mesh has {len(mesh)}")
@@ -120,7 +120,7 @@ class Remote:
 
     def _inspect_call(self, args: tuple, kwargs: dict) -> None:
         inputs = _Inputs()
-        gargs, gkwargs = inputs.convert(args)[1], inputs.convert(kwargs)[1]
+        gargs, gkwargs = inputs.message(args), inputs.message(kwargs)
         mesh, _ = _choose(inputs, self.key)
         call_remote(mesh, self.key, gargs, gkwargs, None, inputs)
 
@@ -173,7 +173,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
     if mesh is None:
         raise ValueError("fetch_shard needs remote tensors, or an active mesh")
     inputs = _Inputs()
-    g = inputs.convert(obj)[1]
+    g = inputs.message(obj)
     for t in inputs.remotes:
         if t.mesh is not mesh:
             raise TypeError(f"fetch_shard: tensors of several meshes ({t.mesh!r} and {mesh!r})")
@@ -193,7 +193,7 @@ def call_on_shard_and_fetch(fn: Any, *args: Any, shard: dict[str, int] | None = 
 
     r = fn if isinstance(fn, Remote) else Remote(fn, "inspect")
     inputs = _Inputs()
-    gargs, gkwargs = inputs.convert(args)[1], inputs.convert(kwargs)[1]
+    gargs, gkwargs = inputs.message(args), inputs.message(kwargs)
     mesh = inputs.remotes[0].mesh if inputs.remotes else active()
     if mesh is None:
         raise ValueError("call_on_shard_and_fetch needs remote tensors, or an active mesh")

@@ -43,7 +43,6 @@ _EXPLAIN = {
 class Tensor(torch.Tensor):
     """A tensor on every proc of a mesh; the controller knows its shape and dtype, not its values."""
 
-    _meta: torch.Tensor
     mesh: Any
     ref: int | None
     _sid: int
@@ -54,10 +53,18 @@ class Tensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor, mesh: Any, stream: Any, ref: int | None = None) -> "Tensor":
-        r = torch.Tensor._make_wrapper_subclass(cls, meta.size(), strides=meta.stride(),
-                                                storage_offset=meta.storage_offset(), dtype=meta.dtype,
-                                                device=_CPU, requires_grad=False)
-        r._meta = meta
+        return _new(meta.size(), meta.stride(), meta.dtype, mesh, stream, ref)
+
+    @property
+    def _meta(self) -> torch.Tensor:
+        """A meta tensor of this one's shape, strides and dtype (a fresh one each time)."""
+        with _disable_current_modes():
+            return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=_META)
+
+    @classmethod
+    def _build(cls, size: Any, stride: Any, dtype: Any, mesh: Any, stream: Any, ref: int | None) -> "Tensor":
+        r = torch.Tensor._make_wrapper_subclass(cls, size, strides=stride, dtype=dtype, device=_CPU,
+                                                requires_grad=False)
         r.mesh = mesh
         r._stream_obj = stream
         r._sid = stream.id
@@ -93,7 +100,7 @@ class Tensor(torch.Tensor):
             self.ref = None
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return (f"monarch.Tensor(shape={tuple(self._meta.shape)}, dtype={self.dtype}, mesh={self.mesh!r}, "
+        return (f"monarch.Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, mesh={self.mesh!r}, "
                 f"stream={self._stream_obj.name!r})")
 
     def __format__(self, spec: str) -> str:
@@ -119,6 +126,10 @@ class Tensor(torch.Tensor):
 
     def to_mesh(self, mesh: Any, stream: Any = None) -> "Tensor":
         return MeshSliceTensor(self, self.mesh).to_mesh(mesh, stream)
+
+
+def _new(size: Any, stride: Any, dtype: Any, mesh: Any, stream: Any, ref: int | None = None) -> Tensor:
+    return Tensor._build(size, stride, dtype, mesh, stream, ref)
 
 
 # --- dispatch ----------------------------------------------------------------------------------
@@ -168,39 +179,67 @@ def _any_remote(obj: Any) -> bool:
 
 
 class _Inputs:
-    """What one op's arguments hold: remote tensors (for checks) and their metas (for aliasing)."""
+    """What one op's arguments hold: remote tensors (checked, and their metas for propagation)."""
 
-    __slots__ = ("remotes", "locals")
+    __slots__ = ("remotes", "locals", "metas", "sig")
 
     def __init__(self) -> None:
         self.remotes: list[Tensor] = []
         self.locals: list[torch.Tensor] = []
+        self.metas: list[torch.Tensor] = []
+        self.sig: list = []  # what decides the result's metadata, for the propagation cache
+
+    def message(self, obj: Any) -> Any:
+        """``obj`` as the workers get it (remote tensors as Refs); notes its signature."""
+        t = type(obj)
+        if t is Tensor:
+            if obj.ref is None:
+                raise ValueError(f"{_EXPLAIN['DROPPED']}: {obj!r}")
+            self.remotes.append(obj)
+            self.sig.append((obj.shape, obj.stride(), obj.dtype))
+            return obj._r
+        if t is tuple or t is list:
+            self.sig.append((t, len(obj)))
+            return t([self.message(x) for x in obj])
+        if t is dict:
+            self.sig.append((dict, tuple(obj)))
+            return {k: self.message(v) for k, v in obj.items()}
+        if isinstance(obj, torch.Tensor):
+            if isinstance(obj, Tensor):
+                return self.message_subclass(obj)
+            self.locals.append(obj)
+            self.sig.append(("local", obj.shape, obj.dtype, obj.device))
+            return obj.detach()
+        self.sig.append((t, obj))
+        return obj
+
+    def message_subclass(self, obj: Tensor) -> Any:
+        self.remotes.append(obj)
+        self.sig.append((obj.shape, obj.stride(), obj.dtype))
+        return obj._r
+
+    def meta(self, obj: Any) -> Any:
+        """``obj`` with tensors as meta tensors (remote ones in the order ``message`` met them)."""
+        t = type(obj)
+        if isinstance(obj, torch.Tensor):
+            if isinstance(obj, Tensor):
+                m = obj._meta
+                self.metas.append(m)
+                return m
+            with _disable_current_modes():
+                return obj.to(_META)
+        if t is tuple or t is list:
+            return t([self.meta(x) for x in obj])
+        if t is dict:
+            return {k: self.meta(v) for k, v in obj.items()}
+        if t is torch.device:
+            return _META
+        return obj
 
     def convert(self, obj: Any) -> tuple[Any, Any]:
         """(meta version, message version) of an argument."""
-        t = type(obj)
-        if t is Tensor:
-            self.remotes.append(obj)
-            if obj.ref is None:
-                raise ValueError(f"{_EXPLAIN['DROPPED']}: {obj!r}")
-            return obj._meta, obj._r
-        if t is tuple or t is list:
-            pairs = [self.convert(x) for x in obj]
-            return t(p[0] for p in pairs), t(p[1] for p in pairs)
-        if t is dict:
-            m, g = {}, {}
-            for k, v in obj.items():
-                m[k], g[k] = self.convert(v)
-            return m, g
-        if isinstance(obj, torch.Tensor):
-            if isinstance(obj, Tensor):
-                self.remotes.append(obj)
-                return obj._meta, obj._r
-            self.locals.append(obj)
-            return obj.to(_META), obj.detach()
-        if t is torch.device:
-            return _META, obj
-        return obj, obj
+        g = self.message(obj)
+        return self.meta(obj), g
 
 
 def _key(func: Any) -> str:
@@ -229,47 +268,90 @@ def _choose(inputs: _Inputs, what: Any) -> tuple[Any, Any]:
     return mesh, stream
 
 
+#: Propagation results by (op, argument signature): what a training loop repeats is computed once.
+_CACHE: dict = {}
+_CACHE_MAX = 8192
+
+
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``func`` on meta tensors for the result's metadata, and record it for the mesh."""
+    """Work out the result's metadata (from the cache, or by running ``func`` on meta tensors)
+    and record the op for the mesh."""
     inputs = _Inputs()
-    margs, gargs = inputs.convert(args)
-    mkwargs, gkwargs = inputs.convert(kwargs)
-    if "device" in mkwargs:
-        mkwargs["device"] = _META
+    gargs = inputs.message(args)
+    gkwargs = inputs.message(kwargs)
     mesh, stream = _choose(inputs, func)
-    mesh.client.check()
-    metas = {id(t._meta): t for t in inputs.remotes}
-    versions = [t._meta._version for t in inputs.remotes]
+    client = mesh.client
+    client.check()
     if func is torch.ops.aten._local_scalar_dense.default:
         raise RuntimeError("the value of a monarch.Tensor lives on the mesh; bring a shard here with "
                            "monarch.inspect(t) or monarch.fetch_shard(t).result()")
+    key = None
+    if not func._schema.is_mutable:
+        try:
+            key = (func, tuple(inputs.sig))
+            spec = _CACHE.get(key)
+        except TypeError:  # an argument that cannot be hashed: no caching for this call
+            key, spec = None, None
+    else:
+        spec = None
+    if spec is None:
+        spec = _propagate(func, args, kwargs, inputs)
+        if key is not None:
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key] = spec
+    out_spec, mut_idx = spec
+    ids: list[int | None] = []
+    remotes = inputs.remotes
+    result = _build(out_spec, remotes, mesh, stream, ids)
+    muts = [remotes[i].ref for i in mut_idx]
+    seq = client.new_seq(issuing_frames())
+    client.record((CALL, mesh.op_ranks, stream.id, seq, _key(func), gargs, gkwargs, ids, muts))
+    return result
+
+
+def _propagate(func: Any, args: tuple, kwargs: dict, inputs: _Inputs) -> tuple:
+    """Run ``func`` on meta tensors: (the result's spec, indices of the remote inputs it changed)."""
+    margs = inputs.meta(args)
+    mkwargs = inputs.meta(kwargs)
+    if "device" in mkwargs:
+        mkwargs["device"] = _META
+    metas = inputs.metas
+    versions = [m._version for m in metas]
     with _disable_current_modes():
         out = func(*margs, **mkwargs)
-    ids: list[int | None] = []
+    index = {id(m): i for i, m in enumerate(metas)}
 
-    def wrap(x: Any) -> Any:
+    def spec(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            same = metas.get(id(x))
-            if same is not None:  # an in-place op (or out=): the result is that input
-                ids.append(None)
-                return same
-            w = Tensor(x, mesh, stream)
-            ids.append(w.ref)
-            return w
+            i = index.get(id(x))
+            if i is not None:  # an in-place op (or out=): the result is that input
+                return ("in", i)
+            return ("new", x.size(), x.stride(), x.dtype)
         if type(x) is tuple or type(x) is list:
-            return type(x)(wrap(y) for y in x)
+            return (type(x), [spec(y) for y in x])
         if x is None:
             return None
         raise TypeError(f"{func} returns a Python value ({type(x).__name__}) that lives on the mesh; "
                         "fetch it with monarch.inspect / fetch_shard")
 
-    result = wrap(out)
-    wrap = None  # type: ignore[assignment]  # it refers to itself: a cycle that would keep the inputs alive until gc
-    muts = [t.ref for t, v in zip(inputs.remotes, versions) if t._meta._version != v]
-    client = mesh.client
-    seq = client.new_seq(issuing_frames())
-    client.record((CALL, mesh.op_ranks, stream.id, seq, _key(func), gargs, gkwargs, ids, muts))
-    return result
+    out_spec = spec(out)
+    spec = None  # type: ignore[assignment]  # it refers to itself: break the cycle
+    return out_spec, tuple(i for i, (m, v) in enumerate(zip(metas, versions)) if m._version != v)
+
+
+def _build(spec: Any, remotes: list, mesh: Any, stream: Any, ids: list) -> Any:
+    if spec is None:
+        return None
+    kind = spec[0]
+    if kind == "new":
+        w = _new(spec[1], spec[2], spec[3], mesh, stream)
+        ids.append(w.ref)
+        return w
+    if kind == "in":
+        ids.append(None)
+        return remotes[spec[1]]
+    return kind(_build(x, remotes, mesh, stream, ids) for x in spec[1])
 
 
 def call_remote(mesh: Any, key: Any, args: tuple, kwargs: dict, meta_out: Any, inputs: _Inputs | None = None,
@@ -278,14 +360,12 @@ def call_remote(mesh: Any, key: Any, args: tuple, kwargs: dict, meta_out: Any, i
     stream = _stream.get_active_stream()
     if inputs is None:
         inputs = _Inputs()
-        args, kwargs = inputs.convert(args)[1], inputs.convert(kwargs)[1]
+        args, kwargs = inputs.message(args), inputs.message(kwargs)
     ids: list[int] = []
 
     def wrap(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            with _disable_current_modes():
-                meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
-            w = Tensor(meta, mesh, stream)
+            w = _new(x.shape, x.stride(), x.dtype, mesh, stream)
             ids.append(w.ref)
             return w
         if type(x) is tuple or type(x) is list:
