@@ -35,7 +35,7 @@ from monarch_agents.runtime import Runtime, install
 from monarch_agents.services import (Child, SerialWorker, Service, debug, killpg, procs, relay, runs, shells, telemetry,
                                      workspace)
 from monarch_agents.transport import JobKeys, route_ip
-from monarch_agents.zygote import ZygoteClient
+from monarch_agents.zygote import ALWAYS_PRELOAD, ZygoteClient
 
 S = TypeVar("S", bound=Service)
 log = logging.getLogger("monarch.host_agent")
@@ -74,7 +74,12 @@ class HostAgent:
 
     def __init__(self, keys: JobKeys, *, host: str, host_rank: int, bind_host: str, log_dir: str,
                  ephemeral: bool, preload: list[str], inherit_stdio: bool,
-                 services: Iterable[type[Service]] = SERVICES, port: int = 0, relay_port: int = 0):
+                 services: Iterable[type[Service]] = SERVICES, port: int = 0, relay_port: int = 0,
+                 fork_zygote: bool = False):
+        """``fork_zygote``: the zygote is a fork of this process (its ``preload`` is imported already:
+        an agent forked by ``--fork-hosts``) instead of a new interpreter."""
+        # The zygote first, while this process has one thread (the runtime's context starts more).
+        self.zygote = ZygoteClient.fork(preload) if fork_zygote else ZygoteClient.start(preload)
         self.keys = keys
         #: Where the relay service stands in for a client outside the cluster (0: no relay).
         self.relay_port = relay_port
@@ -100,7 +105,6 @@ class HostAgent:
         self._base_env = dict(os.environ)
         self._base_env["MONARCH_HOSTNAME"] = host
         os.makedirs(log_dir, exist_ok=True)
-        self.zygote = ZygoteClient.start(preload)
         self.services: list[Service] = [cls(self) for cls in services]
         self._from_local_procs = frozenset().union(*(type(s).from_local_procs for s in self.services))
         self._workers: list[SerialWorker] = []
@@ -367,8 +371,11 @@ def _interpreter_first_on_path() -> None:
         os.environ["VIRTUAL_ENV"] = sys.prefix
 
 
-def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERVICES) -> None:
-    """Start a host agent with ``services`` and return once it has stopped."""
+def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERVICES, *,
+         forked: bool = False) -> None:
+    """Start a host agent with ``services`` and return once it has stopped.
+
+    With ``--fork-hosts FILE``, start one agent per entry of FILE instead (see :func:`fork_hosts`)."""
     p = argparse.ArgumentParser(prog="python -m monarch_agents.host_agent", description="monarch host agent")
     p.add_argument("--host-rank", type=int, default=0)
     p.add_argument("--hostname", default="")
@@ -386,7 +393,15 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     p.add_argument("--shared-socket", default="", help="serve owners on this Unix socket (monarch_agents.local_agent)")
     p.add_argument("--idle-exit", type=float, default=0.0, help="with --shared-socket: exit after this long unowned")
     p.add_argument("--info-fd", type=int, default=-1, help="write the address JSON to this fd, then close it")
+    p.add_argument("--fork-hosts", default="", metavar="FILE",
+                   help="start one agent per entry of this JSON file ({args, log}), each a fork of this process")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    if args.fork_hosts and not forked:
+        at = argv.index("--fork-hosts") if "--fork-hosts" in argv else -1
+        common = argv[:at] + argv[at + 2:] if at >= 0 else [a for a in argv if not a.startswith("--fork-hosts=")]
+        fork_hosts(args.fork_hosts, common, [x for x in args.preload.split(",") if x], services)
+        return
 
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -407,7 +422,7 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
                       ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],
                       inherit_stdio=args.inherit_stdio, services=services, port=args.port,
-                      relay_port=args.relay_port)
+                      relay_port=args.relay_port, fork_zygote=forked)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()
@@ -431,6 +446,76 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     finally:
         if listener is not None:
             listener.close()
+
+
+def fork_hosts(path: str, common: list[str], preload: list[str], services: Iterable[type[Service]]) -> None:
+    """Start many host agents on this machine (the local scheduler's hosts), each a fork of this process.
+
+    ``path`` is a JSON list of ``{"args": [...], "log": FILE}``: each agent runs with ``common`` plus
+    its ``args``, in a session of its own (it outlives its starter), its output appended to ``log``.
+    What every agent and zygote imports (the agent, its services, the proc agent, ``preload``) is
+    imported once here, and the garbage collector's objects frozen, so that a host costs a fork and
+    its own few MiB, not two interpreters and their imports (about 0.4 CPU-s and 30 MiB each).
+    Prints ``{"pids": [...]}`` once every agent is forked, and returns; the agents run on.
+    """
+    import gc
+    import importlib
+
+    with open(path) as f:
+        hosts = json.load(f)
+    for mod in [*ALWAYS_PRELOAD, *preload]:
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # the zygotes say so again; a missing optional library only costs speed
+            print(f"monarch host agent: could not preload {mod}: {e}", file=sys.stderr)
+    gc.freeze()
+    pids: list[int] = []
+    try:
+        for h in hosts:
+            pids.append(_fork_host(h, common, services))
+    except BaseException:
+        for pid in pids:  # nobody would know of them: all or none
+            killpg(pid, signal.SIGKILL)
+        raise
+    print(json.dumps({"pids": pids}), flush=True)
+
+
+def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]]) -> int:
+    """Fork one agent of :func:`fork_hosts`; its pid."""
+    log_fd = os.open(h["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(log_fd)
+        raise
+    if pid != 0:
+        os.close(log_fd)
+        return pid
+    code = 0
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(null)
+        os.close(log_fd)
+        main([*common, *h["args"]], services, forked=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 if __name__ == "__main__":

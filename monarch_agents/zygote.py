@@ -28,6 +28,8 @@ import time
 import traceback
 
 _PR_SET_PDEATHSIG = 1
+#: What every zygote imports, whatever ``--preload`` names (asyncio: async actors, imported lazily).
+ALWAYS_PRELOAD = ("monarch_agents.proc_agent", "asyncio")
 _MAX_FDS = 4
 
 
@@ -246,6 +248,32 @@ class ZygoteClient:
         child.close()
         return cls(parent, proc.pid)
 
+    @classmethod
+    def fork(cls, preload: list[str]) -> "ZygoteClient":
+        """The zygote as a fork of this process, which must have no thread but this one yet (else
+        :meth:`start`).  For an agent forked from a warm launcher (``--fork-hosts``), where
+        ``preload`` is imported already: the zygote costs a fork, not an interpreter and its imports,
+        and shares those pages with every other agent of the machine until they are written."""
+        import threading
+
+        if threading.active_count() > 1:
+            return cls.start(preload)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        agent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                parent.close()
+                set_parent_death_signal(signal.SIGTERM)
+                if os.getppid() != agent:  # the agent died before the signal was asked for
+                    os._exit(0)
+                _preload(preload)
+                Zygote(child).serve()
+            finally:
+                os._exit(1)
+        child.close()
+        return cls(parent, pid)
+
     def stop(self, deadline: float) -> None:
         """SIGTERM the zygote (it kills its children's groups), wait for it until ``deadline``, then SIGKILL."""
         try:
@@ -293,14 +321,18 @@ def main() -> None:
     fd = int(os.environ.pop("MONARCH_ZYGOTE_FD"))
     preload = [m for m in os.environ.pop("MONARCH_ZYGOTE_PRELOAD", "").split(",") if m]
     sock = socket.socket(fileno=fd)
-    # Everything a proc agent needs, imported once here instead of once per proc; the API its user
-    # code imports is named by whoever started the host agent (--preload), a layer above this one.
-    for mod in ["monarch_agents.proc_agent", "asyncio", *preload]:  # asyncio: async actors, imported lazily
+    _preload(preload)
+    Zygote(sock).serve()
+
+
+def _preload(preload: list[str]) -> None:
+    """Everything a proc agent needs, imported once here instead of once per proc; the API its user
+    code imports is named by whoever started the host agent (--preload), a layer above this one."""
+    for mod in [*ALWAYS_PRELOAD, *preload]:
         try:
             importlib.import_module(mod)
         except Exception as e:  # a missing optional library only costs speed
             print(f"monarch zygote: could not preload {mod}: {e}", file=sys.stderr)
-    Zygote(sock).serve()
 
 
 if __name__ == "__main__":

@@ -79,13 +79,13 @@ class LocalScheduler(Scheduler):
             env = {**os.environ, **extra_env,
                    "PYTHONPATH": os.pathsep.join(filter(None, [project_root(), os.environ.get("PYTHONPATH")]))}
             for i in range(request.hosts):
-                log_dir = os.path.join(job_dir, "logs", f"host{i}")
-                os.makedirs(log_dir, exist_ok=True)
-                argv = agent_argv(job_dir, preload=self.agent_preload,
-                                  extra=self._extra(job_dir, i, plan.hosts[i].ip if plan else self.bind))
-                if plan is not None:
-                    argv = netns.enter_argv(plan.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
-                with open(os.path.join(log_dir, "agent.log"), "ab") as out:
+                os.makedirs(os.path.join(job_dir, "logs", f"host{i}"), exist_ok=True)
+            if plan is None:
+                procs.extend(self._fork_agents(job_dir, request.hosts, env))
+            for i in range(request.hosts if plan is not None else 0):
+                argv = agent_argv(job_dir, preload=self.agent_preload, extra=self._extra(job_dir, i, plan.hosts[i].ip))
+                argv = netns.enter_argv(plan.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
+                with open(os.path.join(job_dir, "logs", f"host{i}", "agent.log"), "ab") as out:
                     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, env=env, cwd=os.getcwd())
                 procs.append(OwnedProcess.of(p.pid))
@@ -100,6 +100,45 @@ class LocalScheduler(Scheduler):
                 netns.remove(plan)
             raise
         return job_id
+
+    def _fork_agents(self, job_dir: str, hosts: int, env: dict) -> list[OwnedProcess]:
+        """Start ``hosts`` host agents as forks of one warm launcher (``host_agent --fork-hosts``):
+        one interpreter's start and imports for the whole reservation instead of two per host,
+        and the pages they fill shared by every agent and zygote (256 hosts fit on one machine)."""
+        from monarch_schedulers.errors import SchedulerError
+
+        spec = [{"args": self._extra(job_dir, i, self.bind),
+                 "log": os.path.join(job_dir, "logs", f"host{i}", "agent.log")} for i in range(hosts)]
+        spec_file = os.path.join(job_dir, "fork-hosts.json")
+        _write_private(spec_file, json.dumps(spec))
+        argv = [*agent_argv(job_dir, preload=self.agent_preload), "--fork-hosts", spec_file]
+        with open(os.path.join(job_dir, "logs", "launcher.log"), "ab") as log:
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
+                               cwd=os.getcwd(), start_new_session=True)
+        try:
+            pids = [int(x) for x in json.loads(p.stdout.decode().strip().splitlines()[-1])["pids"]]
+        except (ValueError, KeyError, IndexError, TypeError):
+            pids = []
+        if p.returncode != 0 or len(pids) != hosts:
+            try:
+                with open(os.path.join(job_dir, "logs", "launcher.log"), errors="replace") as f:
+                    tail = " | ".join(f.read().strip().splitlines()[-3:])
+            except OSError:
+                tail = ""
+            raise SchedulerError(f"the local host agents did not start (exit {p.returncode})" + (f": {tail}" if tail else ""),
+                                 f"see {os.path.join(job_dir, 'logs', 'launcher.log')}")
+        owned, gone = [], []
+        for pid in pids:
+            try:
+                owned.append(OwnedProcess.of(pid))
+            except Exception:  # psutil: it exited already (a bad argument, no memory)
+                gone.append(pid)
+        if gone:
+            for a in owned:
+                a.signal(signal.SIGKILL)
+            raise SchedulerError(f"{len(gone)} of {hosts} local host agents exited as they started",
+                                 f"see {os.path.join(job_dir, 'logs', 'host<i>', 'agent.log')}")
+        return owned
 
     def _make_namespaces(self, tag: str, hosts: int) -> "netns.NetnsPlan":
         from monarch_schedulers.errors import SchedulerError
@@ -145,6 +184,9 @@ class LocalScheduler(Scheduler):
         agents = self._agents(job_id, job_dir)
         if not agents:
             return None
+        if (self._record(job_id, job_dir) or {}).get("released"):
+            return Description(job_id, HostState.ENDED, reason="the reservation was released (`monarch stop`)",
+                               native_state="released")
         alive = [a.alive() for a in agents]
         if all(alive):
             return Description(job_id, HostState.RUNNING, native_state="running", nodes=[f"host{i}" for i in range(len(agents))])
@@ -154,6 +196,11 @@ class LocalScheduler(Scheduler):
         return Description(job_id, HostState.FAILED, reason=f"host agent(s) {', '.join(dead)} exited", native_state="partial")
 
     def release(self, job_id: str, job_dir: str | None = None) -> None:
+        found = self._found(job_id, job_dir)
+        if found is not None and not found[1].get("released"):
+            # Before any agent is signalled: a run whose ranks die of this asks `describe` why, and
+            # must hear that the reservation was released, not that some host's agent exited.
+            _write_private(os.path.join(found[0], "local.json"), json.dumps({**found[1], "released": True}))
         agents = [a for a in self._agents(job_id, job_dir) if a.alive()]
         for a in agents:
             a.signal(signal.SIGTERM)

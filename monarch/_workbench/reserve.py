@@ -140,6 +140,9 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
     keys = JobKeys.generate()
     write_keys(job_dir, keys)
     sched = scheduler_for(spec)
+    # Before the submission: an agent that starts faster than the scheduler returns (local agents
+    # forked from one launcher) must not be taken for one left over from an earlier reservation.
+    submitted_at = time.time()
     try:
         request = sched.dryrun(spec, job_dir)
         progress("submitting", 0, spec.hosts, None)
@@ -150,7 +153,8 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
         raise
     # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs.
     keys = read_keys(job_dir)
-    record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys, job=job)
+    record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys, job=job,
+                       created_at=submitted_at)
     try:
         save_state(path, record)
     except BaseException:

@@ -127,11 +127,19 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             return
         started = time.monotonic()
         with err.status(f"reserving {spec.summary()} …") as st:
+            lines = _ProgressLines(started) if not err.is_terminal and not o.json else None
+
             def progress(phase: str, ready: int, wanted: int, d) -> None:
                 if phase == "pending" and d is not None:
-                    st.update(f"waiting in queue (job {d.job_id}, {d.native_state}{': ' + d.reason if d.reason else ''}) …")
-                elif phase == "starting":
-                    st.update(f"starting host agents {ready}/{wanted} …")
+                    text = f"waiting in queue (job {d.job_id}, {d.native_state}{': ' + d.reason if d.reason else ''})"
+                elif phase in ("starting", "ready"):
+                    text = f"host agents ready {ready}/{wanted}"
+                else:
+                    return
+                if lines is not None:
+                    lines.show(text, final=phase == "ready")
+                elif phase != "ready":
+                    st.update(text + " …")
             r = reserve(spec, name=name, paths=paths, wait=not no_wait, replace=replace, progress=progress, timeout=timeout)
         paths.set_current(name)
         rec = r.record
@@ -158,7 +166,9 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             print_json(data)
             return
         verb = "reused" if r.reused else ("submitted" if not rec.ready else "ready")
-        where = ", ".join(h.host for h in sorted(rec.hosts, key=lambda h: h.host_rank))
+        names = [h.host for h in sorted(rec.hosts, key=lambda h: h.host_rank)]
+        # A long reservation is named by its ends (`monarch status` lists every host).
+        where = ", ".join(names) if len(names) <= 8 else f"{', '.join(names[:3])}, …, {names[-1]}"
         err.print(f"job [bold]{rec.name!r}[/] {verb}: {rec.spec.summary()}, job {rec.job_id}"
                   + (f": {where}" if where else "") + f"  state: {_rel(r.path)}")
         if not rec.ready:
@@ -166,6 +176,27 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
         if synced is not None:
             err.print(f"  {escape(synced)}")
             err.print(f"  workspace mounted read-only on every host (e.g. {escape(next(iter(mounts.values()), ''))})")
+
+
+class _ProgressLines:
+    """Progress as plain lines on a stderr that is no terminal (a CI log, a pipe): a line when it
+    changed, at most one a second (and the last one), instead of a spinner nobody sees."""
+
+    _EVERY_S = 1.0
+
+    def __init__(self, started: float):
+        self.started = started
+        self.last_text = ""
+        self.last_at = 0.0
+
+    def show(self, text: str, final: bool = False) -> None:
+        now = time.monotonic()
+        if text == self.last_text or (not final and now - self.last_at < self._EVERY_S):
+            return
+        if final and not self.last_text:
+            return  # ready at the first look: the summary line says it
+        self.last_text, self.last_at = text, now
+        err.print(f"{text} ({now - self.started:.1f} s)")
 
 
 def _rel(path: str) -> str:

@@ -61,3 +61,29 @@ def test_release_stops_the_agent_it_started(tmp_path):
     s.release(job_id, str(tmp_path))
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     s.release(job_id, str(tmp_path))  # twice is fine
+
+
+def test_agents_are_forks_of_one_launcher_each_in_its_own_session_with_its_zygote(tmp_path):
+    s, job_id = _allocate(tmp_path, hosts=3)
+    try:
+        pids = [a["pid"] for a in json.loads((tmp_path / "local.json").read_text())["agents"]]
+        assert len(set(pids)) == 3
+        for pid in pids:
+            assert os.getsid(pid) == pid  # outlives `monarch serve`: a session of its own
+            deadline = time.monotonic() + 30
+            while not psutil.Process(pid).children() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            [zygote] = psutil.Process(pid).children()  # forked, not a new interpreter
+            assert zygote.cmdline() == psutil.Process(pid).cmdline()
+        assert (tmp_path / "logs" / "launcher.log").exists()
+        assert oct(os.stat(tmp_path / "fork-hosts.json").st_mode & 0o777) == "0o600"
+    finally:
+        s.release(job_id, str(tmp_path))
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_released_reservation_says_so_to_describe(tmp_path):
+    s, job_id = _allocate(tmp_path, hosts=2)
+    s.release(job_id, str(tmp_path))
+    d = s.describe(job_id, str(tmp_path))
+    assert d.state is HostState.ENDED and "released" in d.reason
