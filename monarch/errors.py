@@ -47,7 +47,7 @@ _MEANINGS = {
 # The base, UsageError and SchedulerError live where the lowest layer raising them can reach them
 # (schedulers may not import monarch); they are monarch.errors' all the same, their codes the
 # table's (written there as numbers; tests/cli/test_exit_codes.py pins them to it).
-from monarch_agents.errors import MonarchError, UsageError  # noqa: E402
+from monarch_agents.errors import MonarchError, UsageError, install_hint, missing_part  # noqa: E402, F401
 from monarch_schedulers.errors import SchedulerError  # noqa: E402, F401  (re-exported)
 
 

@@ -147,3 +147,39 @@ class UsageError(MonarchError):
     """The command line (or an API call) asked for something impossible."""
 
     exit_code = 2  # ExitCode.USAGE
+
+
+#: The optional parts of monarch: a missing module -> (what needs it, the pip extra that brings it).
+#: One table, so that every "No module named ..." a user can meet names the extra and the command.
+OPTIONAL_PARTS: dict[str, tuple[str, str]] = {
+    "kubernetes": ("the kubernetes scheduler", "kubernetes"),
+    "yaml": ("the kubernetes scheduler", "kubernetes"),
+    "pyfuse3": ("FUSE workspace mounts and gather_mount", "fuse"),
+    "trio": ("FUSE workspace mounts and gather_mount", "fuse"),
+    "submitit": ("submitit on a reservation", "slurm"),
+    "torchx": ("TorchX AppDefs", "slurm"),
+    "torch": ("torchrun and the DDP examples", "torch"),
+    "numpy": ("torchrun and the DDP examples", "torch"),
+}
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an optional part (FUSE also needs libfuse3's headers to build)."""
+    cmd = f"pip install 'monarch-workbench[{extra}]'"
+    if extra == "fuse":
+        cmd = f"apt-get install fuse3 libfuse3-dev pkg-config, then {cmd}"
+    if extra == "torch":
+        cmd += " (scripts/install.sh installs it)"
+    return cmd
+
+
+def missing_part(e: BaseException) -> tuple[str, str] | None:
+    """(message, hint) when ``e`` is an optional part that is not installed, else None."""
+    if not isinstance(e, ImportError):
+        return None
+    top = (getattr(e, "name", None) or "").split(".")[0]
+    if top not in OPTIONAL_PARTS:
+        return None
+    what, extra = OPTIONAL_PARTS[top]
+    return (f"{what} needs the optional '{extra}' part, which is not installed (no module named {top!r})",
+            install_hint(extra))

@@ -199,6 +199,10 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
                 if isinstance(e, FileNotFoundError) and os.sep not in argv[0]:
                     # The usual cause: a venv not activated when `monarch serve` started the agents.
                     hint = " (not on the PATH the host agent got from `monarch serve`; give its full path or serve again from an activated environment)"
+                    if argv[0] == "torchrun":
+                        from monarch_agents.errors import install_hint
+
+                        hint += f"; if torch is not installed there: {install_hint('torch')}"
                 os.write(2, f"monarch: cannot run {argv[0]!r}: {e.strerror}{hint}\n".encode())
                 os._exit(127)
         else:

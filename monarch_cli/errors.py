@@ -21,8 +21,13 @@ from monarch_cli.output import print_json
 
 def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> click.exceptions.Exit:
     """Print ``e`` as one line (plus hint) and return the Exit to raise."""
+    from monarch.errors import missing_part
+
+    missing = missing_part(e)
     if isinstance(e, MonarchError):
         message, hint, code = e.message, e.hint, int(e.exit_code)  # a run passes its rank's status on: not only the table's
+    elif missing is not None:
+        (message, hint), code = missing, ExitCode.USAGE
     elif isinstance(e, KeyboardInterrupt):
         message, hint, code = "interrupted", "", ExitCode.INTERRUPTED
     else:

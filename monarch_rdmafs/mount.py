@@ -48,7 +48,8 @@ def fuse_unavailable_reason() -> str:
     try:
         import pyfuse3  # noqa: F401
     except ImportError as e:
-        return f"pyfuse3 is not installed ({e})"
+        return (f"pyfuse3 is not installed ({e}; apt-get install fuse3 libfuse3-dev pkg-config, "
+                "then pip install 'monarch-workbench[fuse]')")
     try:
         fd = os.open("/dev/fuse", os.O_RDWR)
         os.close(fd)

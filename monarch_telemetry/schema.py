@@ -199,7 +199,7 @@ PROCS = TableSpec("procs", SNAPSHOT, "Processes a host agent started: proc agent
     _c("ended", TIME, "when it ended", True),
 ), "host agent")
 
-RUN_RANKS = TableSpec("run_ranks", SNAPSHOT, "One row per rank of each `monarch run` (the views runs and rank_exits are made from it).", (
+RUN_RANKS = TableSpec("run_ranks", SNAPSHOT, "One row per rank of each `monarch run` (the views runs and rank_exits are made from it); an actor program is rank 0 on host 'client', from the job folder.", (
     _c("run_id", STR, "the run"),
     _c("rank", I64, "the rank: the host's index in the run"),
     _HOST,
@@ -285,7 +285,7 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in (
 
 # --- views (run after merging every host's rows) ---------------------------------------------
 
-RUNS = ViewSpec("runs", "One row per `monarch run` of a command on the hosts.", """
+RUNS = ViewSpec("runs", "One row per `monarch run`: a command on the hosts, or an actor program (host 'client').", """
 SELECT run_id,
        first_value(argv ORDER BY rank) AS argv,
        string_agg(host, ',' ORDER BY rank) AS hosts,

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Install monarch into ./.venv (idempotent). With --test, also what the test suite needs
-# (torch CPU wheel, TorchX, pytest, and a real Slurm via scripts/slurm_cluster.sh install).
+# Install monarch and torch (the CPU wheel, for the torchrun examples) into ./.venv (idempotent).
+# With --test, also what the test suite needs (TorchX, pytest, and a real Slurm via
+# scripts/slurm_cluster.sh install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# torch first and pinned: 2.13.0 is the local CPU wheel; anything looser pulls GBs of CUDA.
 # editable_mode=compat: a plain .pth path entry; the default mode installs an import hook
 # (pathlib, re, fnmatch) that every Python start pays for (~20 ms of each `monarch run`).
 EDITABLE=()
@@ -19,15 +19,17 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s "${APT[@]}" 
   (apt-get update -qq || true) >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null
 fi
+# torch for every install (the README's torchrun examples need it), first and pinned: 2.13.0 is the
+# local CPU wheel; anything looser pulls GBs of CUDA.
+.venv/bin/pip install -q torch==2.13.0
 if [ "${1:-}" = "--test" ]; then
-  .venv/bin/pip install -q torch==2.13.0
   .venv/bin/pip install -q -e ".[test]" "${EDITABLE[@]}"
   if [ "$(id -u)" = 0 ]; then scripts/slurm_cluster.sh install; fi
 elif pkg-config --exists fuse3 2>/dev/null; then
-  .venv/bin/pip install -q -e ".[fuse]" "${EDITABLE[@]}"
+  .venv/bin/pip install -q -e ".[fuse,torch]" "${EDITABLE[@]}"
 else
   echo "note: libfuse3 is not installed; hosts will serve the workspace as a copied directory, not a FUSE mount" >&2
-  .venv/bin/pip install -q -e . "${EDITABLE[@]}"
+  .venv/bin/pip install -q -e ".[torch]" "${EDITABLE[@]}"
 fi
 # Byte-compile once: with PYTHONDONTWRITEBYTECODE set, every command would recompile our sources.
 .venv/bin/python -m compileall -q monarch_agents monarch monarch_cli monarch_schedulers monarch_telemetry monarch_rdmafs >/dev/null

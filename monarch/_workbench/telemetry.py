@@ -12,6 +12,7 @@ What it does not do: print (the CLI does), or keep rows (host agents do).
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -79,6 +80,13 @@ def query(record: JobRecord, sql: str, *, row_limit: int | None = None, timeout_
             for table, data in answer.items():
                 if table in parts:
                     parts[table].append(from_ipc(data))
+    # Actor programs (`monarch run prog.py`) run here, not under a host agent: their rows come
+    # from the job folder, so `runs`, `why` and the dashboard see them beside the commands.
+    deadline = time.monotonic() + timeout_s
+    for name, table in program_tables(record, [t for t in p.scans if t in _PROGRAM_TABLES]).items():
+        from monarch_telemetry import engine
+
+        parts[name].append(_scan(engine, name, table, p.scans[name], deadline))
     missing = [h.host for h in sorted(record.hosts, key=lambda h: h.host_rank) if h.host in errors]
     if missing and strict:
         raise AgentError(f"{len(missing)} host(s) did not answer: " + "; ".join(f"{h}: {errors[h]}" for h in missing),
@@ -168,4 +176,50 @@ def save(record: JobRecord, directory: str, *, timeout_s: float = 60.0) -> tuple
     for host, answer in answers.items():
         tables = {t: from_ipc(v) for t, v in answer.items() if not isinstance(v, str)}
         files.extend(parquet.write_host(directory, host, tables))
+    files.extend(parquet.write_host(directory, PROGRAM_HOST, program_tables(record, list(_PROGRAM_TABLES))))
     return files, errors
+
+
+#: The ``host`` of an actor program's rows: it runs on the machine `monarch run` was typed on.
+PROGRAM_HOST = "client"
+_PROGRAM_TABLES = ("run_ranks", "logs")
+#: The newest lines of a program that ``logs`` rows are made of (`monarch logs` has them all).
+_PROGRAM_LOG_LINES = 5000
+
+
+def program_tables(record: JobRecord, names: list[str]) -> dict[str, "pa.Table"]:
+    """``run_ranks`` and ``logs`` rows of the reservation's actor programs, from its job folder.
+
+    A program is one rank (0) on host ``client``; its lines get the run's start time plus their
+    index in microseconds (the folder keeps their order, not when each was written).
+    """
+    if not names:
+        return {}
+    import pyarrow as pa
+
+    from monarch._workbench.logs import LogReader, local_fetch, program_run_dir
+    from monarch._workbench.run import run_history
+    from monarch_telemetry.schema import TABLES
+
+    programs = [r for r in run_history(record) if r.get("kind") == "program"]
+    ranks, lines = [], []
+    for r in programs:
+        started = int(r["started"] * 1e6)
+        ended = int(r["ended"] * 1e6) if r.get("ended") is not None else None
+        code = r.get("exit_code")
+        ranks.append({"run_id": r["run_id"], "rank": 0, "host": PROGRAM_HOST, "argv": shlex.join(map(str, r["argv"])),
+                      "cwd": None, "pid": 0, "started": started, "ended": ended, "exit_code": code, "signal": None,
+                      "reason": None})
+        if "logs" not in names:
+            continue
+        mine: list[tuple[str, bytes]] = []
+        partial = {"stdout": b"", "stderr": b""}
+        for chunk in LogReader(local_fetch(program_run_dir(record, r["run_id"])), [0]).poll():
+            *done, partial[chunk.stream] = (partial[chunk.stream] + chunk.data).split(b"\n")
+            mine.extend((chunk.stream, line) for line in done)
+        mine.extend((s, rest) for s, rest in partial.items() if rest)
+        for i, (stream, line) in enumerate(mine[-_PROGRAM_LOG_LINES:]):
+            lines.append({"time": started + i, "host": PROGRAM_HOST, "run_id": r["run_id"], "rank": 0, "proc": None,
+                          "stream": stream, "line": line.decode(errors="replace")})
+    tables = {"run_ranks": ranks, "logs": lines}
+    return {n: pa.Table.from_pylist(tables[n], schema=TABLES[n].schema) for n in names if n in tables}

@@ -31,7 +31,15 @@ import threading
 import typing as tp
 from pathlib import Path
 
-from submitit.core import core, job_environment, utils
+try:
+    from submitit.core import core, job_environment, utils
+except ModuleNotFoundError as e:
+    from monarch_agents.errors import missing_part
+
+    if missing_part(e) is None:
+        raise
+    message, hint = missing_part(e)
+    raise ModuleNotFoundError(f"{message}: {hint}", name=e.name) from None
 
 from monarch._workbench._submitit_task import REQUEUE_EXIT_CODE, TIMEOUT_EXIT_CODE
 from monarch._workbench.exit_status import signal_of

@@ -49,7 +49,8 @@ def why(ctx: click.Context, json_here: bool, name: str | None, from_dir: str | N
             if answer.run_id is None:
                 out.print("no runs and no failed actors recorded on this reservation")
             else:
-                out.print(f"the last run [bold]{answer.run_id}[/] ({escape(answer.argv or '')}) is {answer.status}: nothing failed")
+                out.print(f"the last run [bold]{answer.run_id}[/] ({escape(answer.argv or '')}) "
+                          f"{'is running' if answer.status == 'running' else answer.status}: nothing failed")
             return
         if answer.run_id:
             out.print(f"run [bold]{answer.run_id}[/] ({escape(answer.argv or '')}): {answer.status}")

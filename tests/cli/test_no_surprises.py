@@ -77,3 +77,93 @@ def test_a_piped_shell_prints_only_the_output(served):
     assert r.stdout == "one 1\n"
     r = monarch("shell", "--host", "0", "--", "wc", "-l", cwd=served, input="a\nb\n")
     assert r.returncode == 0 and r.stdout.split() == ["2"]
+
+
+FAILING_ACTOR_PROGRAM = '''
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
+
+class Bad(Actor):
+    def __init__(self):
+        raise ValueError("init blew up")
+
+    @endpoint
+    def f(self) -> int:
+        return 1
+
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 1})
+print(procs.spawn("bad", Bad).f.call().get())
+'''
+
+
+def test_why_after_a_failed_actor_program_blames_it_and_runs_list_it(served):
+    assert monarch("run", "--", "sh", "-c", "exit 3", cwd=served).returncode == 3
+    (served / "bad_actor.py").write_text(FAILING_ACTOR_PROGRAM)
+    r = monarch("run", "bad_actor.py", cwd=served)
+    assert r.returncode == 1, r.stdout + r.stderr
+    runs = json.loads(monarch("--json", "logs", "--list", cwd=served, check=True).stdout)
+    program_id = [x for x in runs if x["argv"] == ["bad_actor.py"]][-1]["run_id"]
+    why = json.loads(monarch("--json", "why", cwd=served, check=True).stdout)
+    assert why["run_id"] == program_id and why["argv"] == "bad_actor.py"
+    assert why["root"]["kind"] == "actor" and "init blew up" in why["root"]["exception"]
+    rows = json.loads(monarch("query", "--json", "SELECT run_id, hosts, status FROM runs ORDER BY started",
+                              cwd=served, check=True).stdout)["rows"]
+    assert rows[-1] == {"run_id": program_id, "hosts": "client", "status": "failed"}
+    assert rows[-2]["hosts"] == "host0,host1" and rows[-2]["status"] == "failed"
+    # The dashboard's Runs view is made of the same rows.
+    from monarch_cli.tui.source import ReservationSource
+
+    snap = ReservationSource(path=str(served / ".monarch" / "job_state.pkl")).poll()
+    assert snap.runs and snap.runs[0].run_id == program_id and snap.runs[0].status == "failed", snap.banner
+    assert [r["host"] for r in snap.runs[0].ranks] == ["client"]
+
+
+def test_why_of_a_program_that_raised_here_shows_its_traceback(served):
+    (served / "raises.py").write_text('print("working")\nraise RuntimeError("client side broke")\n')
+    assert monarch("run", "raises.py", cwd=served).returncode == 1
+    r = monarch("why", cwd=served, check=True)
+    assert "(raises.py): failed" in r.stdout and "rank 0 on client exited with code 1" in r.stdout
+    assert "exception: RuntimeError: client side broke" in r.stdout and "    working" in r.stdout
+    assert monarch("run", "--", "true", cwd=served).returncode == 0
+    r = monarch("why", cwd=served, check=True)
+    assert "(true) succeeded: nothing failed" in r.stdout  # not "is succeeded"
+
+
+def _without(tmp_path, *modules: str) -> dict:
+    """An environment where ``modules`` cannot be imported, as when their extra is not installed."""
+    shadow = tmp_path / "not-installed"
+    for name in modules:
+        (shadow / name).mkdir(parents=True, exist_ok=True)
+        (shadow / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}'\", name={name!r})\n")
+    from tests.cli.conftest import ROOT
+
+    return {"PYTHONPATH": f"{shadow}:{ROOT}"}
+
+
+def test_a_missing_optional_part_names_its_extra_and_the_install_command(tmp_path):
+    env = _without(tmp_path, "yaml", "kubernetes", "submitit")
+    r = monarch("serve", "--scheduler", "kubernetes", "--hosts", "1", "--image", "img", "--dry-run", cwd=tmp_path,
+                env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "the kubernetes scheduler needs the optional 'kubernetes' part" in r.stderr
+    assert "pip install 'monarch-workbench[kubernetes]'" in r.stderr and "Traceback" not in r.stderr
+    r = monarch("--json", "serve", "--scheduler", "kubernetes", "--hosts", "1", "--image", "img", cwd=tmp_path, env=env)
+    assert "monarch-workbench[kubernetes]" in json.loads(r.stdout)["hint"]
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import monarch.job.submitit"], env={**__import__("os").environ, **env},
+                       capture_output=True, text=True, timeout=60)
+    assert "needs the optional 'slurm' part" in r.stderr and "pip install 'monarch-workbench[slurm]'" in r.stderr
+
+
+def test_without_pyfuse3_the_fuse_fallback_says_how_to_install_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **_without(tmp_path, "pyfuse3")}
+    r = subprocess.run([sys.executable, "-c", "from monarch_rdmafs.mount import fuse_unavailable_reason as f; print(f())"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert "pyfuse3 is not installed" in r.stdout and "pip install 'monarch-workbench[fuse]'" in r.stdout, r.stderr
