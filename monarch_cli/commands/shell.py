@@ -21,9 +21,11 @@ from monarch_cli.output import print_json
 #: output comes back: no echo of what was typed, no \r before \n, and no interactive shell (its
 #: prompt and bracketed-paste escapes are for a terminal). The pty stays: its Ctrl-D ends input.
 #: Input waits for _READY, printed once echo is off (the pty would echo what arrived before).
+#: The command is sh's child, not exec'd: as the pty's session leader, a command reading to EOF
+#: was sometimes reported killed by SIGHUP (2-5 of 20 `monarch shell -- cat` here, before too).
 _READY = b"\x1emonarch-shell-ready\x1e"
 _PIPED_SHELL = 'stty -echo -onlcr 2>/dev/null; printf "\\036monarch-shell-ready\\036"; cat | exec "$0"'
-_PIPED_COMMAND = 'stty -echo -onlcr 2>/dev/null; printf "\\036monarch-shell-ready\\036"; exec "$@"'
+_PIPED_COMMAND = 'stty -echo -onlcr 2>/dev/null; printf "\\036monarch-shell-ready\\036"; "$@"'
 
 
 @click.command("shell", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -103,6 +105,8 @@ def shell(ctx: click.Context, host: int, name: str | None, command: tuple[str, .
             # One exit-code table: a lost agent is 5 here as for `monarch run`, not 255.
             raise AgentError(sh.reason, "`monarch status` shows which agents answer")
         code = sh.exit_code if sh.exit_code is not None else 0
+        if code < 0:  # killed by signal N: 128+N, as a shell says it
+            code = 128 - code
         if as_json:
             print_json({"host": target.host_rank, "command": list(command or []), "exit_code": code,
                         "output": b"".join(captured).decode(errors="replace")})
