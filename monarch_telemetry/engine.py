@@ -10,8 +10,13 @@ partition of the table and runs the whole query over them (:func:`finish`), so j
 aggregates, ORDER BY and LIMIT see every host's rows exactly as one table holding
 everything would.
 
-What it does not do: aggregate on the hosts (rows cross, not partial aggregates), or talk
-to hosts (the caller fans out; see ``monarch/_workbench/telemetry.py``).
+A grouped aggregate of one table (count, sum, min, max, avg; GROUP BY plain columns; a
+filter, HAVING, ORDER BY and LIMIT around it) is split the way DataFusion splits it between
+its own partitions: each host runs the partial aggregate (one row per group: counts, sums,
+minima, maxima) and the asker merges those rows (:class:`PartialAggregate`), so a host sends
+a row per group, not a row per message.
+
+What it does not do: talk to hosts (the caller fans out; see ``monarch/_workbench/telemetry.py``).
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class Plan:
     sql: str
     row_limit: int | None
     scans: dict[str, str] = field(default_factory=dict)  # table -> the SQL each host runs
+    #: Set when each host runs a partial aggregate (``scans`` holds it) and :func:`finish` merges.
+    partial: "PartialAggregate | None" = None
 
     @property
     def needs_hosts(self) -> bool:
@@ -113,6 +120,9 @@ def plan(sql: str, row_limit: int | None = DEFAULT_ROW_LIMIT) -> Plan:
         except Exception as e:
             # A plan DataFusion cannot put a LIMIT on is planned without it; the rows are cut after the run.
             log.debug("no row limit pushed into the plan: %s", e)
+    partial = PartialAggregate.split(lp, df)
+    if partial is not None:
+        return Plan(sql, row_limit, {partial.table: partial.host_sql}, partial)
     found: dict[str, list[_ScanInfo]] = {}
     _collect(lp, [], found)
     return Plan(sql, row_limit, {t: _combine(t, infos) for t, infos in found.items() if t in TABLES})
@@ -193,6 +203,196 @@ def _scan_info(node, v, parents: list) -> _ScanInfo:
     return _ScanInfo(columns, predicate, pushed)
 
 
+@dataclass
+class PartialAggregate:
+    """A grouped aggregate of one table, split in two: ``host_sql`` where the rows are, the merge here.
+
+    Each host answers ``host_sql``: its rows grouped by the GROUP BY columns (renamed ``__g<i>``),
+    with one partial column per aggregate (``__a<j>``; an average as its sum and count).  The asker
+    merges them: counts and sums are summed, minima and maxima taken again, averages divided
+    (``merge_sql``, over the hosts' rows as ``__partial``), which is the aggregate's own output, named
+    as DataFusion named it; the plan nodes above the aggregate (HAVING, projection, ORDER BY,
+    LIMIT) then run over it unchanged.  Only what merges exactly is split; anything else (DISTINCT,
+    FILTER, expressions in the GROUP BY, other functions, joins, views) ships rows as before.
+    """
+
+    table: str
+    relation: str
+    host_sql: str
+    merge_sql: str
+    above: list  # the plan nodes above the aggregate, the aggregate's parent first
+    host_schema: pa.Schema | None = None
+
+    @classmethod
+    def split(cls, lp, df: datafusion.DataFrame) -> "PartialAggregate | None":
+        """The split of plan ``lp`` (of DataFrame ``df``), or None where it has no exact split."""
+        try:
+            found = cls._split(lp)
+            if found is None:
+                return None
+            # Proved on the empty tables: the merged route must plan, and name its columns as the query does.
+            ctx = _planning_context()
+            found.host_schema = ctx.sql_with_options(found.host_sql, _read_only()).schema()
+            got = found.finish([], None, None)
+            if got.schema.names != df.schema().names:
+                return None
+            return found
+        except Exception:
+            return None
+
+    @classmethod
+    def _split(cls, lp) -> "PartialAggregate | None":
+        above, node = [], lp
+        while _kind(node) in ("Limit", "Sort", "Projection", "Filter"):
+            above.append(node)
+            node = node.inputs()[0]
+        if _kind(node) != "Aggregate":
+            return None
+        agg = node
+        below = agg.inputs()[0]
+        while _kind(below) == "Projection" and all(
+                type(_expr(e).to_variant()).__name__ == "Column" for e in below.to_variant().projections()):
+            below = below.inputs()[0]  # only picks columns: the host's SQL reads them by name anyway
+        filt = below if _kind(below) == "Filter" else None
+        scan = below.inputs()[0] if filt is not None else below
+        if _kind(scan) != "TableScan":
+            return None
+        table = scan.to_variant().table_name()
+        if table not in TABLES:
+            return None
+        scan_sql = _unparser.plan_to_sql(scan)
+        if " WHERE " in scan_sql or " LIMIT " in scan_sql:
+            return None
+        where = ""
+        if filt is not None:
+            filter_sql = _unparser.plan_to_sql(filt)
+            prefix = scan_sql + " WHERE "
+            predicate = filter_sql[len(prefix):] if filter_sql.startswith(prefix) else ""
+            if not predicate or not _pushable(predicate):
+                return None
+            where = " WHERE " + predicate
+        v = agg.to_variant()
+        host, merge, group_by, relation = [], [], [], table
+        for i, g in enumerate(v.group_by_exprs()):
+            gv = g.to_variant()
+            if type(gv).__name__ != "Column":
+                return None
+            relation = gv.relation() or table
+            host.append(f"{_quote(gv.name())} AS __g{i}")
+            merge.append(f"__g{i} AS {_quote(gv.name())}")
+            group_by.append(f"__g{i}")
+        group_cols = [h.rsplit(" AS ", 1)[0] for h in host]
+        # One partial column per distinct expression: DataFusion refuses two aggregates of one name.
+        partials: dict[str, str] = {}
+
+        def part(expr: str) -> str:
+            if expr not in partials:
+                partials[expr] = f"__a{len(partials)}"
+                host.append(f"{expr} AS {partials[expr]}")
+            return partials[expr]
+
+        for e in v.aggregate_exprs():
+            ev = e.to_variant()
+            text = str(e)
+            if type(ev).__name__ != "AggregateFunction" or ev.is_distinct() or " FILTER " in text or "ORDER BY" in text:
+                return None
+            fn, args = ev.aggregate_type().lower(), ev.args()
+            arg = _arg_sql(args[0]) if len(args) == 1 else None
+            if arg is None or fn not in ("count", "sum", "min", "max", "avg"):
+                return None
+            out = _quote(e.schema_name())
+            if fn == "avg":
+                if arg.startswith("CAST("):
+                    arg = arg[len("CAST("):-len(" AS DOUBLE)")]
+                elif not _is_float_column(table, args[0]):
+                    return None
+                # x * 1.0: a double sum (exact for integers below 2**53), and a name of its own.
+                total, n = part(f"sum({arg} * 1.0)"), part(f"count({arg})")
+                merge.append(f"sum({total}) / CAST(nullif(sum({n}), 0) AS DOUBLE) AS {out}")
+                continue
+            if arg.startswith("CAST(") or (arg == "1" and fn != "count"):
+                return None
+            a = part(f"{fn}({arg})")
+            merge.append(f"coalesce(sum({a}), 0) AS {out}" if fn == "count" else f"{fn}({a}) AS {out}")
+        if not partials:
+            return None
+        groups = f" GROUP BY {', '.join(group_by)}" if group_by else ""
+        host_groups = f" GROUP BY {', '.join(group_cols)}" if group_by else ""
+        host_sql = f"SELECT {', '.join(host)} FROM {_quote(table)}{where}{host_groups}"
+        merge_sql = f"SELECT {', '.join(merge)} FROM __partial{groups}"
+        return cls(table, relation, host_sql, merge_sql, above)
+
+    def finish(self, parts: list[pa.Table], row_limit: int | None, deadline: float | None) -> pa.Table:
+        """Merge the hosts' partial rows and run what is above the aggregate over them."""
+        schema = self.host_schema
+        tables = [t for t in parts if t is not None]
+        if tables:
+            schema = tables[0].schema
+        ctx = _context()
+        ctx.register_record_batches("__partial", [t.cast(schema).to_batches() or _empty(schema)[0] for t in tables]
+                                    or _empty(schema))
+
+        def make() -> datafusion.DataFrame:
+            merged = ctx.sql_with_options(self.merge_sql, _read_only()).to_arrow_table()
+            out = SessionContext(SessionConfig().with_target_partitions(1))
+            out.register_record_batches(self.relation, [merged.to_batches() or _empty(merged.schema)[0]])
+            df = out.table(self.relation)
+            for node in reversed(self.above):
+                v, kind = node.to_variant(), _kind(node)
+                if kind == "Projection":
+                    df = df.select(*(_expr(e) for e in v.projections()))
+                elif kind == "Filter":
+                    df = df.filter(_expr(v.predicate()))
+                elif kind == "Sort":
+                    df = df.sort(*(_sort_expr(e) for e in v.sort_exprs()))
+                    if v.get_fetch_val():
+                        df = df.limit(int(v.get_fetch_val()))
+                else:  # Limit
+                    fetch, skip = _as_int(v.fetch()), _as_int(v.skip()) or 0
+                    df = df.limit(fetch if fetch is not None else 2**62, offset=skip)
+            return df
+
+        return _run_df(make, row_limit, deadline)
+
+
+def _expr(e):
+    """A plan node's expression as the DataFrame API takes it (the nodes hand out raw ones)."""
+    from datafusion.expr import Expr
+
+    return e if isinstance(e, Expr) else Expr(e)
+
+
+def _sort_expr(e):
+    from datafusion.expr import SortExpr
+
+    return e if isinstance(e, SortExpr) else SortExpr(_expr(e.expr()), e.ascending(), e.nulls_first())
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _arg_sql(arg) -> str | None:
+    """SQL of an aggregate's argument when it is a column, a cast of one to a double, or a literal 1."""
+    v = arg.to_variant()
+    kind = type(v).__name__
+    if kind == "Column":
+        return _quote(v.name())
+    if kind == "Cast" and type(v.expr().to_variant()).__name__ == "Column" and str(arg).endswith(" AS Float64))"):
+        return f"CAST({_quote(v.expr().to_variant().name())} AS DOUBLE)"
+    if kind == "Literal" and str(arg) in ("Expr(Int64(1))", "Expr(1)"):
+        return "1"
+    return None
+
+
+def _is_float_column(table: str, arg) -> bool:
+    v = arg.to_variant()
+    if type(v).__name__ != "Column":
+        return False
+    schema = TABLES[table].schema
+    return v.name() in schema.names and pa.types.is_floating(schema.field(v.name()).type)
+
+
 def _kind(node) -> str:
     return type(node.to_variant()).__name__
 
@@ -240,6 +440,10 @@ def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None 
 
     ``parts`` maps each scanned table to one Arrow table per host that answered.
     """
+    if p.partial is not None:
+        result = p.partial.finish(parts.get(p.partial.table, []), p.row_limit, deadline)
+        limited = p.row_limit is not None and result.num_rows > p.row_limit
+        return (result.slice(0, p.row_limit) if limited else result), limited
     if not p.scans:
         # Nothing from the hosts (SHOW TABLES, DESCRIBE, information_schema): the planning context answers.
         result = _run(_planning_context(), p.sql, p.row_limit, deadline)
@@ -279,11 +483,16 @@ def _pad(t: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _run(ctx: SessionContext, sql: str, row_limit: int | None, deadline: float | None) -> pa.Table:
     """Execute in a worker thread so a deadline can end the wait (DataFusion cannot be interrupted)."""
+    return _run_df(lambda: ctx.sql_with_options(sql, _read_only()), row_limit, deadline)
+
+
+def _run_df(make: Callable[[], datafusion.DataFrame], row_limit: int | None, deadline: float | None) -> pa.Table:
+    """Collect the DataFrame ``make()`` gives (at most ``row_limit`` + 1 rows) before ``deadline``."""
     out: dict = {}
 
     def work() -> None:
         try:
-            df = ctx.sql_with_options(sql, _read_only())
+            df = make()
             if row_limit is not None and not _is_explain(df.logical_plan()):
                 df = df.limit(row_limit + 1)
             out["table"] = _collect_stream(df, deadline)

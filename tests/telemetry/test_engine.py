@@ -82,7 +82,25 @@ QUERIES = [
     ("SELECT line, host FROM logs ORDER BY time DESC, host LIMIT 6", True),
     ("SELECT count(*) FROM (SELECT * FROM messages WHERE latency_us > 100 LIMIT 5)", False),
     ("SELECT upper(line) AS u FROM logs WHERE stream = 'stderr' ORDER BY u DESC LIMIT 4", True),
-]
+] + [(sql, ordered) for sql, ordered in [  # grouped aggregates: partial on each host, merged here
+    ("SELECT endpoint, port_index, count(*), count(port_index), sum(port_index), min(port_index), max(port_index), "
+     "avg(port_index) FROM messages GROUP BY endpoint, port_index", False),
+    ("SELECT endpoint, min(status), max(host), count(endpoint) FROM messages GROUP BY endpoint", False),
+    ("SELECT count(*), sum(latency_us), min(latency_us), max(latency_us), avg(latency_us), count(port_index) "
+     "FROM messages WHERE latency_us < 0", False),
+    ("SELECT host, count(*) AS n, avg(queue_us) AS q FROM messages WHERE status = 'failed' GROUP BY host "
+     "HAVING count(*) > 100 ORDER BY n DESC LIMIT 2", True),
+    ("SELECT endpoint, sum(latency_us) * 2 AS s2, max(latency_us) - min(latency_us) AS spread FROM messages "
+     "GROUP BY endpoint ORDER BY endpoint NULLS FIRST", True),
+    ("SELECT host AS h, count(*) FROM logs GROUP BY host ORDER BY h", True),
+    ("SELECT run_id, count(*) AS ranks, min(exit_code), max(exit_code), sum(exit_code) FROM run_ranks "
+     "GROUP BY run_id ORDER BY run_id LIMIT 2 OFFSET 1", True),
+]]
+
+#: Queries whose aggregate is split between the hosts and the asker (the rest ship rows).
+PARTIAL = [sql for sql, _ in QUERIES if "GROUP BY" in sql and "JOIN" not in sql and "DISTINCT" not in sql
+           and "OVER" not in sql and "SELECT id" not in sql and "(SELECT" not in sql] + [
+    "SELECT count(*) FROM messages", "SELECT count(*) FROM messages WHERE latency_us < 0"]
 
 
 @pytest.mark.parametrize("sql,ordered", QUERIES)
@@ -95,8 +113,51 @@ def test_merged_answer_equals_one_table(sql, ordered):
     assert _rows(merged, ordered) == _rows(expected, ordered)
 
 
+@pytest.mark.parametrize("sql", PARTIAL)
+def test_grouped_aggregates_are_partial_on_the_hosts(sql):
+    p = plan(sql, row_limit=None)
+    assert p.partial is not None, sql
+    [(table, host_sql)] = p.scans.items()
+    rows = pa.concat_tables(_host_tables()[table])
+    scanned = scan_table(table, rows, host_sql)
+    # A host sends one row per group, not one per matching row.
+    keys = [tuple(r.values()) for r in scanned.select([c for c in scanned.column_names if c.startswith("__g")]).to_pylist()]
+    assert scanned.num_rows == len(set(keys)) < rows.num_rows
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT host, count(DISTINCT to_actor_id) FROM messages GROUP BY host",
+    "SELECT upper(host), count(*) FROM messages GROUP BY upper(host)",
+    "SELECT host, median(latency_us) FROM messages GROUP BY host",
+    "SELECT host, count(*) FILTER (WHERE latency_us > 10) FROM messages GROUP BY host",
+    "SELECT status, count(*) FROM runs GROUP BY status",
+])
+def test_what_does_not_merge_exactly_ships_rows(sql):
+    assert plan(sql, row_limit=None).partial is None
+    tables = _host_tables()
+    merged, _ = query_tables(sql, tables, row_limit=None)
+    assert _rows(merged, False) == _rows(_one_table(sql, tables), False)
+
+
+def test_grouped_aggregate_over_hosts_some_of_them_empty_and_keys_null():
+    tables = _host_tables()
+    empty = pa.Table.from_pylist([], schema=TABLES["messages"].schema)
+    nulls = pa.Table.from_pylist([dict(id=1, timestamp_us=T0, from_actor_id=1, to_actor_id=2, endpoint=None,
+                                       port_index=None, host="h9", status="complete", latency_us=7, queue_us=1)],
+                                 schema=TABLES["messages"].schema)
+    tables["messages"] = [empty, *tables["messages"], nulls, empty]
+    for sql in ("SELECT endpoint, port_index, count(*), sum(latency_us), avg(latency_us), min(port_index) "
+                "FROM messages GROUP BY endpoint, port_index",
+                "SELECT count(*), max(endpoint) FROM messages"):
+        merged, _ = query_tables(sql, tables, row_limit=None)
+        assert _rows(merged, False) == _rows(_one_table(sql, tables), False)
+    merged, _ = query_tables("SELECT count(*), sum(latency_us) FROM messages", {"messages": [empty, empty]},
+                             row_limit=None)
+    assert merged.to_pylist() == [{"count(*)": 0, "sum(messages.latency_us)": None}]
+
+
 def test_filters_and_projections_are_pushed_to_the_hosts():
-    p = plan("SELECT endpoint, avg(latency_us) FROM messages WHERE host = 'h1' AND latency_us > 5 GROUP BY endpoint")
+    p = plan("SELECT endpoint, median(latency_us) FROM messages WHERE host = 'h1' AND latency_us > 5 GROUP BY endpoint")
     sql = p.scans["messages"]
     assert "WHERE" in sql and "'h1'" in sql and "latency_us > 5" in sql
     assert "queue_us" not in sql and "from_actor_id" not in sql  # only the columns read
