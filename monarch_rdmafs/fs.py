@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 from collections import OrderedDict
+from typing import Callable
 
 import pyfuse3
 
@@ -62,6 +63,10 @@ class WorkspaceFS(pyfuse3.Operations):
         self._listing_gen: dict[int, Generation] = {}
         self._next_fh = itertools.count(1)
         self._fds: OrderedDict[str, int] = OrderedDict()
+        #: The last chunk read ahead, per open file.
+        self._ahead: dict[int, int] = {}
+        #: Called once, at the first open (the mount sets the kernel's read-ahead there).
+        self.first_open: Callable[[], None] | None = None
 
     # -- generations -----------------------------------------------------------
 
@@ -188,6 +193,9 @@ class WorkspaceFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if entry.kind != FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if entry.kind == DIR else errno.EINVAL)
+        if self.first_open is not None:
+            first, self.first_open = self.first_open, None
+            first()
         fh = next(self._next_fh)
         self._handles[fh] = entry
         # An inode's bytes never change (a changed file gets a new inode), so the page cache stays valid.
@@ -198,6 +206,8 @@ class WorkspaceFS(pyfuse3.Operations):
         if entry is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         end = min(off + size, entry.size)
+        if off < end:
+            self._read_ahead(fh, entry, off // CHUNK_SIZE)
         parts = []
         pos = off
         while pos < end:
@@ -213,6 +223,20 @@ class WorkspaceFS(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         self._handles.pop(fh, None)
+        self._ahead.pop(fh, None)
+
+    def _read_ahead(self, fh: int, entry: Entry, idx: int) -> None:
+        """On entering a chunk, have the disk read it and the next one whole, in the background: this
+        process reads one request at a time, so without it a cold chunk comes in 1 MiB waits."""
+        if self._ahead.get(fh, -1) >= idx + 1:
+            return
+        self._ahead[fh] = idx + 1
+        for i in (idx, idx + 1):
+            if i < len(entry.chunks):
+                try:
+                    os.posix_fadvise(self._chunk_fd(entry.chunks[i]), 0, 0, os.POSIX_FADV_WILLNEED)
+                except (OSError, pyfuse3.FUSEError):
+                    pass  # only a hint: the read itself says what is wrong
 
     async def access(self, inode: int, mode: int, ctx=None) -> bool:
         if mode & os.W_OK:

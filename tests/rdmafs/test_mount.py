@@ -166,3 +166,17 @@ def test_materialized_fallback_switches_a_read_only_directory(tree, tmp_path):
     finally:
         m.stop()
     assert not os.path.lexists(m.mountpoint)
+
+
+def test_a_mount_reads_ahead_whole_chunks(fuse_mount):
+    """The kernel asks for 1 MiB reads, a chunk ahead (root may set it; the default 128 KiB made
+    every big read 8x as many requests)."""
+    from monarch_rdmafs.mount import READAHEAD_KB
+
+    if os.geteuid() != 0:
+        pytest.skip("only root may set a mount's read-ahead")
+    with open(os.path.join(fuse_mount.mountpoint, "big.bin"), "rb") as f:  # the first open sets it
+        assert f.read(1)
+    st = os.stat(fuse_mount.mountpoint)
+    with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb") as f:
+        assert int(f.read()) == READAHEAD_KB
