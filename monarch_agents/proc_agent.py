@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from monarch_agents import actor_logging, actor_telemetry, supervision
 from monarch_agents import messages as m
 from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
+from monarch_agents.endpoints import EndpointProperty, PlainMethod
 from monarch_agents.errors import ActorError, MeshFailure, SupervisionError, actor_failed_text
 from monarch_agents.ports import Port
 from monarch_agents.runtime import Runtime, install
@@ -71,7 +72,7 @@ def endpoint_spec(cls: type, name: str) -> Any:
         pass
     # getattr_static walks the MRO in Python: once per class and name, not once per message.
     desc = inspect.getattr_static(cls, name, None)
-    desc = desc if getattr(desc, "_is_monarch_endpoint", False) else None
+    desc = desc if isinstance(desc, EndpointProperty) else None
     if len(_specs) < 100_000:
         _specs[key] = desc
     return desc
@@ -83,7 +84,7 @@ def actor_kind(cls: type) -> str:
     for name in dir(cls):
         desc = endpoint_spec(cls, name)
         if desc is not None:
-            kinds.add("async" if inspect.iscoroutinefunction(desc._fn) else "sync")
+            kinds.add("async" if inspect.iscoroutinefunction(desc.fn) else "sync")
     if len(kinds) > 1:
         raise ValueError(f"{cls.__name__} mixes both async and sync endpoints; make them all `def` or all `async def`")
     return kinds.pop() if kinds else "sync"
@@ -220,7 +221,7 @@ class ActorSlot:
 
     def _is_concurrent(self, method: str) -> bool:
         desc = endpoint_spec(type(self.instance), method)
-        return bool(desc is not None and desc._concurrent)
+        return bool(desc is not None and desc.concurrent)
 
     # -- messages --------------------------------------------------------------
 
@@ -229,8 +230,8 @@ class ActorSlot:
         if desc is None:
             desc = _plain_method(type(self.instance), call.method)  # ``as_endpoint(mesh.method)``
         args, kwargs = call.payload.load()
-        fn = desc._fn.__get__(self.instance)
-        if desc._explicit_response_port:
+        fn = desc.fn.__get__(self.instance)
+        if desc.explicit_response_port:
             port = Port(call.reply, call.rank) if call.reply is not None else _NullPort(self, call.method)
             args = (port, *args)
         return fn, args, kwargs, desc
@@ -294,7 +295,7 @@ class ActorSlot:
                     self.agent.send_reply(item.reply, err, ok=False, rank=item.rank)
                 raise
             except BaseException as e:
-                if concurrent and item.reply is not None and not (desc and desc._explicit_response_port):
+                if concurrent and item.reply is not None and not (desc and desc.explicit_response_port):
                     # Monarch sends it back from a concurrent endpoint, as an ActorError.
                     self.agent.send_reply(item.reply, self._actor_error(e, item.method, " with BaseException"),
                                           ok=False, rank=item.rank)
@@ -388,7 +389,7 @@ class ActorSlot:
         if self.failed is not None:  # it aborted during the call
             self.agent.send_reply(call.reply, self._refusal(call.method), ok=False, rank=call.rank)
             return
-        if desc._explicit_response_port:
+        if desc.explicit_response_port:
             return
         try:
             payload = m.Pickled.of(result)
@@ -398,7 +399,7 @@ class ActorSlot:
         self.agent.send_reply(call.reply, payload, rank=call.rank)
 
     def _failed_call(self, call: m.Call, e: Exception, desc: Any) -> None:
-        explicit = desc is not None and desc._explicit_response_port
+        explicit = desc is not None and desc.explicit_response_port
         if call.reply is not None and not explicit:
             self.agent.send_reply(call.reply, self._actor_error(e, call.method), ok=False, rank=call.rank)
             return
@@ -496,23 +497,13 @@ class ActorSlot:
         self.mailbox.put(item)
 
 
-class _PlainMethod:
-    """A method not marked ``@endpoint``, called through ``as_endpoint``."""
-
-    _concurrent = False
-
-    def __init__(self, fn: Any, explicit_response_port: bool):
-        self._fn = fn
-        self._explicit_response_port = explicit_response_port
-
-
-def _plain_method(cls: type, method: str) -> _PlainMethod:
+def _plain_method(cls: type, method: str) -> PlainMethod:
     # ``as_endpoint(..., explicit_response_port=True)`` sends "port:<name>".
     explicit, _, name = method.rpartition(":")
     fn = inspect.getattr_static(cls, name, None)
     if name.startswith("__") or not inspect.isfunction(fn) or explicit not in ("", "port"):
         raise AttributeError(f"{cls.__name__}.{name} is not an endpoint")
-    return _PlainMethod(fn, explicit == "port")
+    return PlainMethod(fn, explicit == "port")
 
 
 def _failure_reason(headline: str, e: BaseException, why: str = "") -> str:

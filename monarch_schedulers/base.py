@@ -1,11 +1,13 @@
 """The scheduler interface: how hosts are obtained and released.
 
-A scheduler turns a :class:`~monarch._workbench.state.JobSpec` into a request
+A scheduler turns a :class:`JobSpec` into a request
 (``dryrun``, pure), submits it (``allocate``: starts one host agent per host,
 each of which writes its address to ``<job_dir>/agents/<rank>.json``), says how
 the allocation is doing (``describe``), releases it (``release``, idempotent)
 and shows its logs (``logs``).  Waiting for the agents is the caller's job
-(``monarch/_workbench/reserve.py``), the same for every scheduler.
+(``monarch/_workbench/reserve.py``), the same for every scheduler, which makes a
+:class:`HostRecord` of each.  Both records live here, with the interface they type (the state
+file of a reservation is made of them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,35 @@ import abc
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """One reserved host and its agent (from the address file its agent wrote)."""
+
+    host: str
+    host_rank: int
+    addr: str
+    pid: int
+    ip: str
+    log_dir: str
+
+
+@dataclass
+class JobSpec:
+    """What was asked for; two specs are compatible when a reservation can be reused."""
+
+    scheduler: str = "local"
+    hosts: int = 1
+    procs_per_host: int = 1
+    options: dict = field(default_factory=dict)
+
+    def compatible(self, other: "JobSpec") -> bool:
+        return (self.scheduler, self.hosts, self.procs_per_host, self.options) == (
+            other.scheduler, other.hosts, other.procs_per_host, other.options)
+
+    def summary(self) -> str:
+        return f"{self.hosts} host{'s' if self.hosts != 1 else ''} × {self.procs_per_host} procs ({self.scheduler})"
 
 
 class HostState(enum.Enum):
@@ -64,7 +95,7 @@ class Scheduler(abc.ABC):
     agent_preload: tuple[str, ...] = ()
 
     @abc.abstractmethod
-    def dryrun(self, spec: Any, job_dir: str) -> AllocateRequest:
+    def dryrun(self, spec: JobSpec, job_dir: str) -> AllocateRequest:
         """The request ``allocate`` would submit (no side effects)."""
 
     @abc.abstractmethod

@@ -59,7 +59,7 @@ from monarch_agents.files import write_atomic
 from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import ROUTE_FILE, agent_file, preload_args, read_route
 from monarch_schedulers import kube_http
-from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.base import AllocateRequest, Description, HostState, JobSpec, Scheduler
 from monarch_schedulers.processes import OwnedProcess
 
 GROUP, VERSION, PLURAL = "monarch.pytorch.org", "v1alpha1", "monarchmeshes"
@@ -175,7 +175,7 @@ class KubernetesScheduler(Scheduler):
                "spec": {"clusterIP": "None", "selector": labels, "ports": [{"name": "monarch", "port": port}]}}
         return [sts, svc, secret]
 
-    def dryrun(self, spec: Any, job_dir: str) -> AllocateRequest:
+    def dryrun(self, spec: JobSpec, job_dir: str) -> AllocateRequest:
         import yaml
 
         o = spec.options

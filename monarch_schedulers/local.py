@@ -27,7 +27,7 @@ import uuid
 from monarch_agents.files import write_atomic
 from monarch_schedulers import netns
 from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
-from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.base import AllocateRequest, Description, HostState, JobSpec, Scheduler
 from monarch_schedulers.processes import OwnedProcess
 
 _STOP_GRACE_S = 2.0
@@ -42,7 +42,7 @@ class LocalScheduler(Scheduler):
         self.bind = bind
         self.netns = netns
 
-    def dryrun(self, spec, job_dir: str) -> AllocateRequest:
+    def dryrun(self, spec: JobSpec, job_dir: str) -> AllocateRequest:
         tag = uuid.uuid4().hex[:8]
         cmds = []
         if self.netns:
@@ -214,7 +214,7 @@ class LocalScheduler(Scheduler):
             # An agent stopped in order removed its workspace store; one killed earlier (-9, OOM) could not.
             found = self._job_dir(job_id, job_dir)
             if found is not None:
-                from monarch_agents.services.workspace import remove_workspace  # rdmafs: only on stop
+                from monarch_rdmafs.location import remove_workspace  # rdmafs: only on stop
 
                 for i in range(len(self._agents(job_id, found))):
                     remove_workspace(os.path.join(found, "logs", f"host{i}"))

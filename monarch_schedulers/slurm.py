@@ -57,7 +57,7 @@ from typing import Any
 
 from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import agent_argv, project_root
-from monarch_schedulers.base import AllocateRequest, Description, HostState, Scheduler
+from monarch_schedulers.base import AllocateRequest, Description, HostState, JobSpec, Scheduler
 
 #: Expanded on each node by the bash that srun starts there: the host rank and the host name.
 _NODE_VARS = ("SLURM_NODEID", "SLURMD_NODENAME")
@@ -279,7 +279,7 @@ class SlurmScheduler(Scheduler):
 
     # dryrun ---------------------------------------------------------------------------------
 
-    def dryrun(self, spec: Any, job_dir: str) -> AllocateRequest:
+    def dryrun(self, spec: JobSpec, job_dir: str) -> AllocateRequest:
         job_dir = os.path.abspath(job_dir)
         opts = dict(spec.options or {})
         unknown = sorted(set(opts) - set(OPTIONS))

@@ -1,5 +1,12 @@
 """The layering, kept true: monarch_cli -> monarch -> agents; monarch -> schedulers; agents -> rdmafs, telemetry.
 
+Inside those parts, finer arrows (``INNER``): the workbench's engine (``monarch._workbench``) is under
+Monarch's API, so it never imports ``monarch.job``, and imports ``monarch.actor`` only where it
+implements an API function with actors (``exec_command``, ``PortForwarder``); its records
+(``state``) are data and import neither; schedulers start host agents by command line and never
+import the agent's code that runs there (``host_agent``, ``proc_agent``, ``services``);
+``monarch_rdmafs`` and ``monarch_telemetry`` are leaves (the agents use them, never the reverse).
+
 Every import in the source is read (top-level and inside functions, ``importlib.import_module``,
 ``__import__`` and ``sys.modules`` look-ups by name), so a lazy import cannot slip past; and in the
 lower layers, every string that names a module of a layer above (``"monarch.actor"`` handed to a
@@ -27,6 +34,19 @@ FORBIDDEN = {
     # The CLI talks to the monarch layer only (it builds no agent message itself).
     "monarch_cli": {"monarch_agents", "monarch_schedulers"},
 }
+
+
+#: Module (or package, with everything under it) -> module prefixes it may not import, and why.
+INNER = {
+    "monarch._workbench": ({"monarch.job"}, "the engine is under the job API"),
+    "monarch._workbench.state": ({"monarch.actor", "monarch.job"}, "records are data: the API layer builds API objects from them"),
+    "monarch_schedulers": ({"monarch_agents.host_agent", "monarch_agents.proc_agent", "monarch_agents.services"},
+                           "a scheduler starts agents by command line"),
+    "monarch_rdmafs": ({"monarch_agents", "monarch_telemetry", "monarch_schedulers"}, "a leaf: the agents use it"),
+    "monarch_telemetry": ({"monarch_agents", "monarch_rdmafs", "monarch_schedulers"}, "a leaf: the agents use it"),
+}
+#: The engine's modules that implement a Monarch API function on actors (monarch.job re-exports them).
+ENGINE_ON_ACTORS = {"monarch._workbench.exec", "monarch._workbench.port_forward"}
 
 
 def imported_names(source: str) -> list[tuple[int, str]]:
@@ -141,3 +161,44 @@ def test_the_check_sees_every_kind_of_import():
            "from . import sibling\nlogging.getLogger('monarch.agents')\n")
     assert [m for _, m in imported_names(src)] == ["monarch.job", "monarch.errors", "monarch_cli.main",
                                                     "monarch.actor", "monarch.actor", "monarch"]
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, ROOT)[:-len(".py")].replace(os.sep, ".")
+    return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_inner_arrows():
+    """INNER's rules, and monarch.actor only in ENGINE_ON_ACTORS among the engine's modules."""
+    bad = []
+    for folder in FOLDER_OF:
+        for path in _sources(folder):
+            name = _module_name(path)
+            rules = [(forbidden, why) for owner, (forbidden, why) in INNER.items() if _under(name, owner)]
+            if _under(name, "monarch._workbench") and name not in ENGINE_ON_ACTORS:
+                rules.append(({"monarch.actor"}, "only exec and port_forward implement API functions on actors"))
+            if not rules:
+                continue
+            with open(path) as f:
+                for line, module in imported_names(f.read()):
+                    for forbidden, why in rules:
+                        if any(_under(module, p) for p in forbidden):
+                            bad.append(f"{os.path.relpath(path, ROOT)}:{line} imports {module} ({why})")
+    assert not bad, "imports against the inner arrows:\n" + "\n".join(bad)
+
+
+def test_inner_arrows_see_a_violation(tmp_path, monkeypatch):
+    """The check above is no formality: a record that builds a HostMesh is caught."""
+    base = tmp_path / "monarch" / "_workbench"
+    base.mkdir(parents=True)
+    (base / "state.py").write_text("def host_mesh():\n    from monarch.actor._mesh import HostMesh\n")
+    import tests.test_layering as me
+
+    monkeypatch.setattr(me, "ROOT", str(tmp_path))
+    monkeypatch.setattr(me, "FOLDER_OF", {"monarch": "monarch"})
+    with pytest.raises(AssertionError, match=r"state.py:2 imports monarch.actor._mesh \(records are data"):
+        test_inner_arrows()

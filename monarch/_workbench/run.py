@@ -41,6 +41,8 @@ _STOP_GRACE_S = 1.5
 _TIME_RECHECK_S = 60.0
 #: How long a failed run waits for a job that is COMPLETING to show why it ended.
 _ENDING_WAIT_S = 3.0
+#: How long a run that lost a host agent watches it before calling it frozen rather than dead.
+_DYING_WAIT_S = 1.0
 
 
 #: How a host agent's reason begins when a rank never started (no fork, a missing working directory).
@@ -512,14 +514,23 @@ def run_failure(record: JobRecord, outcome: RunOutcome) -> RunFailed | None:
 
 def _agent_lost_words(record: JobRecord, f: RankResult) -> tuple[str, str]:
     """Dead or frozen: the scheduler still counting the agent's process as alive means it froze
-    (stopped, or hung), not that it died."""
+    (stopped, or hung), not that it died.
+
+    Asked a few times over ``_DYING_WAIT_S``: a process killed with -9 closes its sockets (which
+    is how the run noticed) a moment before the kernel makes it a zombie, and under load that
+    moment is long enough for one look to see it "still there"."""
     from monarch._workbench.reserve import describe
 
-    try:
-        d = describe(record)
-    except Exception as e:
-        log.debug("describe after a lost host agent: %s", e)  # then it reads as died: the likelier case
-        d = None
+    deadline = time.monotonic() + _DYING_WAIT_S
+    while True:
+        try:
+            d = describe(record)
+        except Exception as e:
+            log.debug("describe after a lost host agent: %s", e)  # then it reads as died: the likelier case
+            d = None
+        if d is None or not d.state.alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     if d is not None and d.state.alive:
         return (f"host agent on {f.host} stopped answering during the run (its process is still there: "
                 "stopped or hung?)", "`monarch status` shows which agents answer; `monarch serve --replace` starts new ones")

@@ -23,6 +23,8 @@ from typing import Any
 from monarch_agents.files import write_atomic  # noqa: F401  (re-exported for the engine's modules)
 from monarch_agents.keys import JobKeys
 from monarch.errors import StateError
+# They type the scheduler interface, so they live with it; the state file is made of them.
+from monarch_schedulers.base import HostRecord, JobSpec  # noqa: F401  (re-exported)
 
 STATE_FORMAT = "monarch-job-state"
 STATE_VERSION = 1
@@ -30,33 +32,6 @@ DEFAULT_CONTEXT = "default"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-@dataclass(frozen=True)
-class HostRecord:
-    """One reserved host and its agent."""
-
-    host: str
-    host_rank: int
-    addr: str
-    pid: int
-    ip: str
-    log_dir: str
-
-
-@dataclass
-class JobSpec:
-    """What was asked for; two specs are compatible when a reservation can be reused."""
-
-    scheduler: str = "local"
-    hosts: int = 1
-    procs_per_host: int = 1
-    options: dict = field(default_factory=dict)
-
-    def compatible(self, other: "JobSpec") -> bool:
-        return (self.scheduler, self.hosts, self.procs_per_host, self.options) == (
-            other.scheduler, other.hosts, other.procs_per_host, other.options)
-
-    def summary(self) -> str:
-        return f"{self.hosts} host{'s' if self.hosts != 1 else ''} × {self.procs_per_host} procs ({self.scheduler})"
 
 
 @dataclass
@@ -108,16 +83,6 @@ class JobRecord:
         from monarch_agents.client import ensure_runtime
 
         return ensure_runtime(self.keys, reach=self.agent_addrs, route=self.route)
-
-    def host_mesh(self) -> Any:
-        """The reserved hosts as a ``HostMesh`` of dims ``{hosts: N}`` (one host too, as in Monarch)."""
-        from monarch.actor._client import HostRef
-        from monarch.actor._mesh import HostMesh
-        from monarch.actor._shape import Shape
-
-        self.runtime()
-        refs = [HostRef(h.addr, h.host, h.host_rank) for h in sorted(self.hosts, key=lambda h: h.host_rank)]
-        return HostMesh(refs, Shape(("hosts",), (len(refs),)))
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -13,6 +13,8 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
+# The descriptor lives where the proc agent that calls endpoints reads it; re-exported here.
+from monarch_agents.endpoints import EndpointProperty
 from monarch_agents.errors import SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.messages import Call, Pickled, PortRef, Reply
@@ -24,52 +26,6 @@ if TYPE_CHECKING:
     from monarch.actor._mesh import ActorMesh
 
 R = TypeVar("R")
-
-
-class EndpointProperty(Generic[R]):
-    """What ``@endpoint`` puts on an Actor class."""
-
-    _is_monarch_endpoint = True
-
-    def __init__(self, fn: Callable[..., R], *, explicit_response_port: bool = False, concurrent: bool = False,
-                 propagate: Any = None, instrument: bool = True):
-        self._fn = fn
-        self._explicit_response_port = explicit_response_port
-        self._concurrent = concurrent
-        self._signature: inspect.Signature | None = None
-        self._positional: tuple[int, int] | None = None  # (required, accepted), when that settles it
-        self.__doc__ = fn.__doc__
-        self.__name__ = getattr(fn, "__name__", "endpoint")
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return self._fn.__get__(obj, objtype)
-
-    def check_args(self, args: tuple, kwargs: dict) -> None:
-        """Raise TypeError now, in the caller, for arguments the endpoint cannot take."""
-        if self._signature is None:
-            self._signature = inspect.signature(self._fn)
-            self._positional = _positional_only_shape(self._signature)
-        extra = (None, None) if self._explicit_response_port else (None,)
-        # Signature.bind costs more than the rest of sending a message; a count of
-        # positional arguments decides most calls.
-        if not kwargs and self._positional is not None:
-            required, accepted = self._positional
-            if required <= len(extra) + len(args) <= accepted:
-                return
-        self._signature.bind(*extra, *args, **kwargs)
-
-
-def _positional_only_shape(sig: inspect.Signature) -> tuple[int, int] | None:
-    """(required, accepted) positional arguments, for a signature with no ``*``/``**`` or keyword-only ones."""
-    required = accepted = 0
-    for p in sig.parameters.values():
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            return None
-        accepted += 1
-        required += p.default is p.empty
-    return required, accepted
 
 
 def endpoint(method: Callable | None = None, *, propagate: Any = None, explicit_response_port: bool = False,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
                                                service_proc_addr, service_proc_addrs)
     from monarch.job.process import ProcessJob  # noqa: F401
     from monarch.job.slurm import SlurmJob  # noqa: F401
-    from monarch._workbench.state import JobSpec  # noqa: F401
+    from monarch_schedulers.base import JobSpec  # noqa: F401
     from monarch._workbench.exec import exec_command  # noqa: F401
     from monarch._workbench.port_forward import PortForwarder  # noqa: F401
 
@@ -57,7 +57,7 @@ _EXPORTS = {
     "set_current_job": "monarch.job.job",
     "ProcessJob": "monarch.job.process",
     "SlurmJob": "monarch.job.slurm",
-    "JobSpec": "monarch._workbench.state",
+    "JobSpec": "monarch_schedulers.base",
     "exec_command": "monarch._workbench.exec",
     "PortForwarder": "monarch._workbench.port_forward",
 }

@@ -555,6 +555,14 @@ def _spec_only(job: Job) -> Job:
     return clone
 
 
+def host_mesh_of(record: "JobRecord") -> "HostMesh":
+    """A reservation's hosts as one ``HostMesh`` of dims ``{hosts: N}`` (one host too, as in Monarch).
+
+    Built here, in the API layer, from the record's data: the record (``monarch._workbench.state``)
+    is data and builds no API object."""
+    return _host_meshes(record, {"hosts": len(record.hosts)})["hosts"]
+
+
 def _host_meshes(record: "JobRecord", sizes: dict[str, int]) -> dict[str, "HostMesh"]:
     """The reservation's hosts split, in host-rank order, into meshes of ``sizes`` (``{hosts: n}`` each)."""
     from monarch.actor._client import HostRef

@@ -7,45 +7,20 @@ what a killed one left).  Commands and procs the agent starts go through
 :meth:`WorkspaceAgentService.place`, so they start in the mount with it on
 ``PYTHONPATH``.  A clean stop unmounts and removes the store; the store of an
 agent killed with -9 is removed by whoever released its host on this machine
-(:func:`remove_workspace`, called by the local scheduler's ``stop``).
+(:func:`monarch_rdmafs.location.remove_workspace`, called by the local scheduler's ``stop``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import tempfile
 from typing import Any, Callable
 
 from monarch_agents.services import Service
-from monarch_rdmafs.mount import unmount_stale
+# Where a host keeps its workspace is rdmafs's to say: the local scheduler removes a killed
+# agent's store through it too, without importing this service.
+from monarch_rdmafs.location import default_workspace_root, remove_workspace, workspace_root  # noqa: F401
 from monarch_rdmafs.service import WorkspaceService
-
-
-def workspace_root(log_dir: str) -> str:
-    """Where this host keeps the workspace store and mounts of the agent logging to ``log_dir``."""
-    env = os.environ.get("MONARCH_WORKSPACE_DIR")
-    if env:
-        return os.path.abspath(env)
-    return default_workspace_root(log_dir)
-
-
-def default_workspace_root(log_dir: str) -> str:
-    """The workspace folder of the agent logging to ``log_dir`` when ``MONARCH_WORKSPACE_DIR`` is not set."""
-    tag = hashlib.sha256(os.path.abspath(log_dir).encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}", f"ws-{tag}")
-
-
-def remove_workspace(log_dir: str) -> None:
-    """Unmount and remove what the (stopped or killed) agent logging to ``log_dir`` kept on this machine.
-
-    Only the default location: a ``MONARCH_WORKSPACE_DIR`` the user chose is theirs to remove.
-    """
-    root = default_workspace_root(log_dir)
-    if os.path.isdir(root):
-        unmount_stale(os.path.join(root, "store"))
-        shutil.rmtree(root, ignore_errors=True)
 
 
 class WorkspaceAgentService(Service):

@@ -160,7 +160,7 @@ class Worker(Actor):
 def _fail_line() -> int:
     import inspect
 
-    src, start = inspect.getsourcelines(Worker.__dict__["fail"]._fn)
+    src, start = inspect.getsourcelines(Worker.__dict__["fail"].fn)
     return start + next(i for i, line in enumerate(src) if "raise ValueError" in line)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import monarch.actor
 from monarch.actor import ActorError, Channel, MeshFailure, SupervisionError, this_host
-from monarch_agents.services.workspace import default_workspace_root
+from monarch_rdmafs.location import default_workspace_root
 from tests.helpers import ROOT, start_host_agent, wait_gone
 from tests.monarch.actors import Owner, Worker
 

@@ -33,6 +33,7 @@ _ACTOR_SCRIPT = textwrap.dedent("""
     import json, os, socket
     from monarch.actor import Actor, endpoint
     from monarch._workbench.reserve import load_live
+    from monarch.job.job import host_mesh_of
     from monarch_agents import runtime
 
     class WhereAmI(Actor):
@@ -42,7 +43,7 @@ _ACTOR_SCRIPT = textwrap.dedent("""
             return [os.environ["MONARCH_HOSTNAME"], socket.gethostname(), runtime.current().mailbox.bind_host]
 
     record, _ = load_live()
-    procs = record.host_mesh().spawn_procs(per_host={"gpus": 1})
+    procs = host_mesh_of(record).spawn_procs(per_host={"gpus": 1})
     where = procs.spawn("where", WhereAmI).where.call().get(timeout=60).values()
     rt = runtime.current()
     # How this client reached the nodes' agents and procs (ipc.Link: the same-host fast path;
