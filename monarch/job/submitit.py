@@ -36,9 +36,10 @@ try:
 except ModuleNotFoundError as e:
     from monarch_agents.errors import missing_part
 
-    if missing_part(e) is None:
+    missing = missing_part(e)
+    if missing is None:
         raise
-    message, hint = missing_part(e)
+    message, hint = missing
     raise ModuleNotFoundError(f"{message}: {hint}", name=e.name) from None
 
 from monarch._workbench._submitit_task import REQUEUE_EXIT_CODE, TIMEOUT_EXIT_CODE
