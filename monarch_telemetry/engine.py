@@ -440,6 +440,8 @@ def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None 
 
     ``parts`` maps each scanned table to one Arrow table per host that answered.
     """
+    parts = {name: _scan_raw(name, p.scans[name], tables, deadline) if name in p.scans else tables
+             for name, tables in parts.items()}
     if p.partial is not None:
         result = p.partial.finish(parts.get(p.partial.table, []), p.row_limit, deadline)
         limited = p.row_limit is not None and result.num_rows > p.row_limit
@@ -470,6 +472,18 @@ def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None 
     result = _run(ctx, p.sql, p.row_limit, deadline)
     limited = p.row_limit is not None and result.num_rows > p.row_limit
     return (result.slice(0, p.row_limit) if limited else result), limited
+
+
+def _scan_raw(table: str, sql: str, tables: list, deadline: float | None) -> list:
+    """The hosts' answers with those sent raw (``monarch_telemetry.raw``) scanned here, all at once."""
+    from monarch_telemetry.raw import is_raw, unmark
+
+    raw = [unmark(t) for t in tables if t is not None and is_raw(t)]
+    if not raw:
+        return tables
+    schema = raw[0].schema
+    whole = pa.concat_tables([t.cast(schema) if t.schema != schema else t for t in raw])
+    return [t for t in tables if t is not None and not is_raw(t)] + [scan_table(table, whole, sql, deadline=deadline)]
 
 
 #: Tables views are made from (small ones: their missing columns are filled with nulls).

@@ -249,3 +249,21 @@ def test_order_by_limit_sends_each_host_its_top_rows():
     # Computed columns stay with the asker: the host sends plain columns.
     p = plan("SELECT upper(line) AS u FROM logs ORDER BY u LIMIT 5")
     assert "upper" not in p.scans["logs"].lower()
+
+
+@pytest.mark.parametrize("sql,ordered", QUERIES)
+def test_hosts_that_send_their_few_rows_raw_give_the_same_answer(sql, ordered):
+    """A host with a small table sends it as it is (monarch_telemetry.raw); the asker scans those
+    hosts' rows together and merges them with the answers of hosts that scanned their own."""
+    from monarch_telemetry.raw import mark_raw
+
+    tables = _host_tables()
+    p = plan(sql, row_limit=None)
+    parts = {}
+    for name, host_sql in p.scans.items():
+        parts[name] = [t.replace_schema_metadata(mark_raw(t.schema).metadata) if h % 2 == 0
+                       else scan_table(name, t, host_sql) for h, t in enumerate(tables.get(name, []))]
+    merged, _ = finish(p, parts)
+    expected = _one_table(sql, tables)
+    assert merged.column_names == expected.column_names
+    assert _rows(merged, ordered) == _rows(expected, ordered)
