@@ -147,7 +147,8 @@ class HostAgent:
                 else:
                     rt.register(msg_type, lambda msg, h=handler, w=worker: w.submit(h, msg))
         addr = rt.start().addr
-        threading.Thread(target=self._zygote_events, name="zygote-events", daemon=True).start()
+        self._zygote_events_thread = threading.Thread(target=self._zygote_events, name="zygote-events", daemon=True)
+        self._zygote_events_thread.start()
         return addr
 
     # -- what services use -------------------------------------------------
@@ -342,6 +343,9 @@ class HostAgent:
         for w in self._workers:
             w.close(deadline)
         self.zygote.stop(time.monotonic() + _ZYGOTE_STOP_S)
+        events = getattr(self, "_zygote_events_thread", None)  # ends with the zygote's socket
+        if events is not None and events is not threading.current_thread():
+            events.join(timeout=max(0.0, deadline - time.monotonic()))
         self.rt.close()  # lingers until what was sent to same-host peers has left
         self.stopped.set()
 

@@ -288,16 +288,19 @@ class Mailbox:
         atexit.register(self.linger)
         return self.addr
 
-    def close(self) -> None:
-        """Stop the IO thread and close every socket. Safe to call twice."""
+    def close(self, deadline: float | None = None) -> None:
+        """Stop the IO thread (waiting for it until ``deadline``, ``time.monotonic()``; default 2 s
+        from now) and close every socket. Safe to call twice."""
         if not self._running:
             return
+        if deadline is None:
+            deadline = time.monotonic() + 2.0
         atexit.unregister(self.linger)
         self.linger()
         self._running = False
         self.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._peers_lock:
             peers, self._peers = self._peers, {}
             new_links, self._new_links = self._new_links, []
@@ -317,7 +320,7 @@ class Mailbox:
         if self._listener is not None:
             self._listener.close()
         if self._auth is not None:
-            self._auth.stop()
+            self._auth.stop(deadline)
 
     # -- sending -----------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import zmq
 import zmq.utils.z85
@@ -74,8 +75,9 @@ class KeyGate:
             log.info("refused a %s peer from %s", mechanism.decode(errors="replace"), address.decode(errors="replace"))
             self._sock.send_multipart([_VERSION, request_id, b"400", b"not this job's key", b"", b""])
 
-    def stop(self) -> None:
-        """Stop answering; call it after closing the sockets it guards. Safe to call twice."""
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop answering, waiting for its thread until ``deadline`` (``time.monotonic()``; default
+        2 s from now); call it after closing the sockets it guards. Safe to call twice."""
         if not self._thread.is_alive():
             return
         s = self.ctx.socket(zmq.PAIR)
@@ -85,4 +87,4 @@ class KeyGate:
             s.send(b"")
         finally:
             s.close()
-        self._thread.join(timeout=2)
+        self._thread.join(timeout=2.0 if deadline is None else max(0.0, deadline - time.monotonic()))

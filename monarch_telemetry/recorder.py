@@ -151,8 +151,12 @@ class Recorder:
             except Exception as e:  # the host agent is gone: these rows have nowhere to go
                 log.debug("telemetry rows dropped: %s", e)
 
-    def stop(self) -> None:
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop the flusher; with a ``deadline`` (``time.monotonic()``), wait for it until then."""
         self._stop.set()
+        t = self._flusher
+        if deadline is not None and t is not None and t is not threading.current_thread():
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def shape_json(labels: tuple, sizes: tuple) -> str:

@@ -89,7 +89,8 @@ class DebugService(Service):
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind("\0" + self.sock_name)
         self.listener.listen(64)
-        threading.Thread(target=self._accept_loop, name="debug-accept", daemon=True).start()
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="debug-accept", daemon=True)
+        self._accept_thread.start()
 
     # -- the service interface -------------------------------------------------
 
@@ -116,6 +117,8 @@ class DebugService(Service):
                 s.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        if self._accept_thread is not threading.current_thread():  # it ends with the listener
+            self._accept_thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def place(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
         """Every child gets what its ``breakpoint()`` needs.  A PYTHONBREAKPOINT the user set for the
