@@ -246,6 +246,10 @@ class ActorSlot:
             t, ok = actor_telemetry.begin(), False
             try:
                 fn, args, kwargs, desc = self._prepare(item)
+                if inspect.iscoroutinefunction(fn):
+                    # Only as_endpoint reaches one: this actor's own endpoints are all def.
+                    raise TypeError(f"{self.msg.name}.{item.method} is an async def method, but its actor's "
+                                    "endpoints are all def, so it has no event loop to run on")
                 result = fn(*args, **kwargs)
             except Exception as e:
                 self._failed_call(item, e, desc)

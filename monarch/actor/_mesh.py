@@ -253,6 +253,19 @@ class _Bootstrap(Actor):
             asyncio.run(r)
 
 
+def _check_endpoint_names(cls: type) -> None:
+    """As Monarch: an endpoint named like an attribute of ActorMesh (``stop``, ``slice``, ``size``...)
+    would be hidden by it on the mesh, so the spawn is refused."""
+    for name in dir(cls):
+        if name.startswith("_") or not hasattr(ActorMesh, name):
+            continue
+        spec = endpoint_spec(cls, name)
+        if spec is not None:
+            raise ValueError(f"ActorMesh has an attribute that collides with an endpoint name: attribute={name}, "
+                             f"ActorMesh.{name}={getattr(ActorMesh, name)!r}, endpoint={spec!r} "
+                             f"(rename the endpoint {cls.__name__}.{name})")
+
+
 class _MockSetup(Actor):
     """Installs the spawner's ``patch_actor`` patches in a proc."""
 
@@ -321,6 +334,7 @@ class ProcMesh(_MeshBase):
         if _mock._registry and cls is not _MockSetup:
             self._share_mocks()
         actor_kind(cls)  # ValueError for a class that mixes sync and async endpoints
+        _check_endpoint_names(cls)
         if self._stopped:
             raise SupervisionError(f"`ProcMesh` has already been stopped (proc mesh {self._name!r}); "
                                    "spawn on a new one")
@@ -565,7 +579,7 @@ class ActorInstance:
 
     @property
     def name(self) -> str:
-        return self._info.name if self._info else "client"
+        return self._info.name if self._info else "root"
 
     @property
     def actor_id(self) -> str:

@@ -45,21 +45,38 @@ def _torchmonarch_python() -> str | None:
     return py if os.access(py, os.X_OK) else None
 
 
-def test_api_names_print_what_monarch_prints(tmp_path, no_leaked_processes):
-    r = run_program("api_names.py", tmp_path)
-    assert r.stdout == API_NAMES_OUT
+SEMANTICS_OUT = """\
+same thread, init loop, endpoint loop: (True, False, False)
+actor name: sync_actor
+client name: root
+as_endpoint plain: 42
+as_endpoint coroutine: TypeError: sync_actor.not_an_endpoint_coro is an async def method, but its actor's endpoints are all def, so it has no event loop to run on
+shadowing: ActorMesh has an attribute that collides with an endpoint name: attribute=stop
+as_asyncio: (True, True)
+as_asyncio off a loop: RuntimeError
+done
+"""
+
+BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT}
 
 
-def test_api_names_print_the_same_on_torchmonarch(tmp_path):
+@pytest.mark.parametrize("program", sorted(BOTH))
+def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
+    r = run_program(program, tmp_path)
+    assert r.stdout == BOTH[program]
+
+
+@pytest.mark.parametrize("program", sorted(BOTH))
+def test_program_prints_the_same_on_torchmonarch(program, tmp_path):
     py = _torchmonarch_python()
     if py is None:
         pytest.skip("torchmonarch 0.7.0 is not installed here: set TORCHMONARCH_PYTHON to a python with "
                     "torchmonarch==0.7.0 (python3 -m venv tm && tm/bin/pip install torchmonarch==0.7.0)")
     e = {k: v for k, v in os.environ.items() if not k.startswith(("MONARCH", "PYTHONPATH"))}
-    r = subprocess.run([py, os.path.join(HERE, "api_names.py")], cwd=tmp_path, env=e, capture_output=True,
+    r = subprocess.run([py, os.path.join(HERE, program)], cwd=tmp_path, env=e, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == API_NAMES_OUT
+    assert r.stdout == BOTH[program]
 
 
 JOB_SERVICES_OUT = """\

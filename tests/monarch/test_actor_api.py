@@ -226,7 +226,7 @@ def test_context_inside_and_outside_actors(workers):
     assert info["actor_rank"] == 2  # its place in the mesh it was spawned on
     assert info["message_rank"] == 0  # its place in the one-actor slice that was messaged
     ctx = context()
-    assert ctx.actor_instance.name == "client"
+    assert ctx.actor_instance.name == "root"  # Monarch's name for the client
     assert ctx.message_rank.rank == 0
     assert current_rank().rank == 0 and current_size() == {}
 

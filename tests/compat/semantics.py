@@ -1,0 +1,74 @@
+"""Behaviours of Monarch's actor API that a program can observe; prints what it sees.
+
+Runs unchanged on monarch and on torchmonarch 0.7.0 (tests/compat/test_api_compat.py compares them).
+"""
+
+import asyncio
+import threading
+
+from monarch.actor import Actor, ActorError, as_endpoint, context, endpoint, this_host
+
+
+class SyncActor(Actor):
+    def __init__(self):
+        self.init_thread = threading.get_ident()
+        self.init_has_loop = _has_loop()
+
+    @endpoint
+    def where(self) -> tuple:
+        return self.init_thread == threading.get_ident(), self.init_has_loop, _has_loop()
+
+    @endpoint
+    def my_name(self) -> str:
+        return context().actor_instance.name
+
+    async def not_an_endpoint_coro(self) -> int:
+        return 1
+
+    def not_an_endpoint(self, x: int) -> int:
+        return x + 1
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+class Shadowing(Actor):
+    @endpoint
+    def stop(self) -> int:
+        return 1
+
+
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+actor = procs.spawn("sync_actor", SyncActor)
+print("same thread, init loop, endpoint loop:", actor.where.call_one().get())
+print("actor name:", actor.my_name.call_one().get())
+print("client name:", context().actor_instance.name)
+print("as_endpoint plain:", as_endpoint(actor.not_an_endpoint).call_one(41).get())
+try:
+    as_endpoint(actor.not_an_endpoint_coro).call_one().get()
+except ActorError as e:
+    print("as_endpoint coroutine:", str(e).strip().splitlines()[-1])
+try:
+    procs.spawn("shadowing", Shadowing)
+except ValueError as e:
+    print("shadowing:", str(e).split(", ActorMesh.")[0])
+
+
+async def observe():
+    f = actor.where.call_one()
+    a, b = f.as_asyncio(), f.as_asyncio()
+    return (await a) == (await b), isinstance(a, asyncio.Future)
+
+
+print("as_asyncio:", asyncio.run(observe()))
+try:
+    actor.where.call_one().as_asyncio()
+except RuntimeError as e:
+    print("as_asyncio off a loop:", type(e).__name__)
+procs.stop().get()
+print("done")
