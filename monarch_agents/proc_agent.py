@@ -369,7 +369,8 @@ class ActorSlot:
 
     def _after_supervise(self, handled: Any, failure: MeshFailure) -> None:
         if not handled:
-            headline = (f"The actor {self.display_name} failed because it did not handle a supervision event "
+            who = self.info.qualname if self.info and self.info.qualname else self.display_name
+            headline = (f"The actor {who} failed because it did not handle a supervision event "
                         f"from its child. The event was:")
             self._fail(f"unhandled failure in a mesh it owns: {failure.report()}", headline=headline)
 
@@ -445,7 +446,7 @@ class ActorSlot:
         host = self.agent.rt.host
         detail = f"rank {rank if rank is not None else '?'} on {host}: {reason}"
         if headline is None:
-            text = actor_failed_text(self.display_name, detail)
+            text = actor_failed_text(self.info.qualname if self.info and self.info.qualname else self.display_name, detail)
         else:
             text = headline + "\n" + "\n".join("  " + line for line in detail.splitlines())
         self.failed = SupervisionError(text, actor=self.msg.name, rank=rank, host=host)

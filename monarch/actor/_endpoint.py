@@ -80,7 +80,7 @@ class _Gather:
 
     def lost(self, addr: str, error: SupervisionError) -> None:
         self.rt.close_port(self.port_id)
-        self.future.set_exception(_call_failed(self.label, self.ranks_by_addr.get(addr), error))
+        self.future.set_exception(_call_failed(self.label, self.ranks_by_addr.get(addr), error, addr))
 
 
 class _One:
@@ -102,7 +102,7 @@ class _One:
 
     def lost(self, addr: str, error: SupervisionError) -> None:
         self.rt.close_port(self.port_id)
-        self.future.set_exception(_call_failed(self.label, self.rank, error))
+        self.future.set_exception(_call_failed(self.label, self.rank, error, addr))
 
 
 class _Stream:
@@ -138,7 +138,7 @@ class _Stream:
     def lost(self, addr: str, error: SupervisionError) -> None:
         f = self._take()
         if f is not None:
-            f.set_exception(_call_failed(self.label, None, error))
+            f.set_exception(_call_failed(self.label, None, error, addr))
 
 
 def _load_value(payload: Any) -> Any:
@@ -157,15 +157,31 @@ def _load_error(payload: Any) -> BaseException:
     return e if isinstance(e, BaseException) else RuntimeError(str(e))
 
 
-def _call_failed(label: str, rank: int | None, error: SupervisionError) -> SupervisionError:
+class _Label(str):
+    """An endpoint call's label (``mesh.method()``) that also knows Monarch's name of the actor at each
+    proc address (``<root>.<mod.Cls mesh{'gpus': 0/2}>``), for the texts of failures."""
+
+    names: dict
+
+    def __new__(cls, text: str, names: dict) -> "_Label":
+        label = super().__new__(cls, text)
+        label.names = names
+        return label
+
+
+def _call_failed(label: str, rank: int | None, error: SupervisionError, addr: str = "") -> SupervisionError:
     """Monarch's "Endpoint call m.f() failed, The actor ... have failed:", then why."""
     # Without a rank of the messaged slice, name the failed proc's rank in its mesh (when we own it).
     rank = rank if rank is not None else error.rank
     if error.message.startswith(("The actor ", "actor mesh is stopped")):
         message = error.message  # already Monarch's words (a stopped mesh, a failed actor)
     else:
-        actor = label.split(".")[0] + (f"[{rank}]" if rank is not None else "")
-        message = actor_failed_text(actor, (f"rank {rank}: " if rank is not None else "") + error.message)
+        actor = getattr(label, "names", {}).get(addr) or label.split(".")[0] + (f"[{rank}]" if rank is not None else "")
+        why = (f"rank {rank}: " if rank is not None else "") + error.message
+        if error.exit_code is not None and error.exit_code < 0:
+            # Monarch's words for a proc killed by a signal, then ours (which proc, which signal).
+            why = f"the process this actor was running on failed: Killed(sig={-error.exit_code})\n{why}"
+        message = actor_failed_text(actor, why)
     return SupervisionError(message, actor=label, rank=rank, host=error.host, exit_code=error.exit_code,
                             endpoint=label)
 
@@ -182,7 +198,7 @@ class Endpoint(Generic[R]):
 
     @property
     def _label(self) -> str:
-        return f"{self._mesh._name}.{self._name}()"
+        return _Label(f"{self._mesh._name}.{self._name}()", getattr(self._mesh, "_names", None) or {})
 
     def _send(self, args: tuple, kwargs: dict, reply: PortRef | None, shape: Shape) -> None:
         self._prop.check_args(args, kwargs)

@@ -29,6 +29,7 @@ from monarch_agents.context import current as _current_ctx
 from monarch_agents.errors import MeshFailure, SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
+from monarch_agents.proc_agent import _qualname
 from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
@@ -351,6 +352,10 @@ class ProcMesh(_MeshBase):
         owner_actor = ctx.actor
         creator = owner_actor.qualname if owner_actor is not None else "<root>"
         mesh: ActorMesh[Any] = ActorMesh(actor_id, name, cls, self._procs, shape, self, initialized)
+        # Monarch's name of each actor, for the texts of failures the client sees (a proc's death).
+        mesh._names = {self._procs[idx].addr: _qualname(creator, f"{cls.__module__}.{cls.__qualname__}", name,
+                                                        shape.point(i), extent)
+                       for i, idx in enumerate(shape.indices)}
         _telemetry.actor_mesh(rt, self, actor_id, name, cls, shape)
         supervision.watch_actor(actor_id, lambda msg: _report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
@@ -469,6 +474,9 @@ class ProcMesh(_MeshBase):
 class ActorMesh(_MeshBase, Generic[T]):
     """Actors of one class, one per proc of a mesh. ``mesh.method`` is an :class:`Endpoint`."""
 
+    #: Monarch's name of the actor at each proc address (set by ``spawn``; not pickled).
+    _names: dict = {}
+
     def __init__(self, actor_id: str, name: str, cls: type, procs: list[m.ProcInfo], shape: Shape,
                  proc_mesh: ProcMesh | None = None, initialized: Future | None = None):
         self._actor_id = actor_id
@@ -501,13 +509,17 @@ class ActorMesh(_MeshBase, Generic[T]):
         return ep
 
     def slice(self, **dims: Any) -> "ActorMesh[T]":
-        return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.slice(**dims),
-                         self._proc_mesh, self._initialized)
+        sub: ActorMesh[T] = ActorMesh(self._actor_id, self._name, self._class, self._procs,
+                                      self._shape.slice(**dims), self._proc_mesh, self._initialized)
+        sub._names = self._names
+        return sub
 
     def flatten(self, name: str) -> "ActorMesh[T]":
         """The same actors along one dimension called ``name`` (row-major)."""
-        return ActorMesh(self._actor_id, self._name, self._class, self._procs, self._shape.flatten(name),
-                         self._proc_mesh, self._initialized)
+        flat: ActorMesh[T] = ActorMesh(self._actor_id, self._name, self._class, self._procs,
+                                       self._shape.flatten(name), self._proc_mesh, self._initialized)
+        flat._names = self._names
+        return flat
 
     @property
     def initialized(self) -> Future:

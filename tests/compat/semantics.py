@@ -37,6 +37,18 @@ def _has_loop() -> bool:
         return False
 
 
+class Fragile(Actor):
+    @endpoint
+    def interrupt(self) -> None:
+        raise KeyboardInterrupt("stop here")
+
+    @endpoint
+    def segfault(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)  # a crash in native code: reads address 0
+
+
 class Shadowing(Actor):
     @endpoint
     def stop(self) -> int:
@@ -70,5 +82,22 @@ try:
     actor.where.call_one().as_asyncio()
 except RuntimeError as e:
     print("as_asyncio off a loop:", type(e).__name__)
+
+
+def first_lines(call, n: int) -> list:
+    try:
+        call.get()
+    except Exception as e:
+        return [type(e).__name__, *str(e).splitlines()[:n]]
+    return ["no error"]
+
+
+import monarch.actor  # noqa: E402
+
+monarch.actor.unhandled_fault_hook = lambda failure: None  # these failures are expected
+fragile = procs.spawn("fragile", Fragile)
+print("BaseException:", first_lines(fragile.interrupt.call_one(), 1))
+doomed = this_host().spawn_procs(per_host={"gpus": 1})
+print("SIGSEGV:", first_lines(doomed.spawn("doomed", Fragile).segfault.call_one(), 2))
 procs.stop().get()
 print("done")

@@ -90,15 +90,17 @@ def test_init_failure_is_a_supervision_event_and_later_calls_raise(procs, faults
     failure = faults.get(timeout=T)
     assert isinstance(failure, MeshFailure) and failure.mesh_name == "bad_one" and failure.rank == 1
     report = failure.report()
-    assert "The actor bad_one[1] and all its descendants have failed" in report
+    # Monarch names the actor as its instance: <creator>.<module.Class mesh{point}>.
+    assert "The actor <root>.<tests.monarch.actors.BadInit bad_one{'gpus': 1/2}> and all its descendants have failed" in report
     assert "Actor call bad_one.__init__ failed." in report and "cannot start rank 1" in report
     _no_more(faults)
     with pytest.raises(SupervisionError) as ei:
         bad.slice(gpus=1).ok.call_one().get(timeout=T)
     text = str(ei.value)
-    assert text.startswith("Endpoint call bad_one.ok() failed, The actor bad_one[1] and all its descendants have failed:")
+    assert text.startswith("Endpoint call bad_one.ok() failed, The actor <root>.<tests.monarch.actors.BadInit "
+                           "bad_one{'gpus': 1/2}> and all its descendants have failed:")
     assert "cannot start rank 1" in text and "BadInit" in text
-    with pytest.raises(SupervisionError, match="error spawning actor mesh 'bad_one': The actor bad_one.1. and all"):
+    with pytest.raises(SupervisionError, match="error spawning actor mesh 'bad_one': The actor <root>.<tests.monarch.actors.BadInit bad_one.'gpus': 1/2.> and all"):
         bad.initialized.get(timeout=T)
     assert bad.slice(gpus=0).ok.call_one().get(timeout=T) is True  # rank 0 started fine
     bad.stop().get(timeout=T)
@@ -129,7 +131,8 @@ def test_base_exception_in_an_endpoint_kills_the_actor(procs, faults, kind):
         one.base.call_one(kind).get(timeout=T)
     text = str(ei.value)
     assert isinstance(ei.value, RuntimeError)  # as Monarch's
-    assert text.startswith(f"Endpoint call mortal_{kind}.base() failed, The actor mortal_{kind}[0] and all its descendants have failed:")
+    assert text.startswith(f"Endpoint call mortal_{kind}.base() failed, The actor <root>.<tests.monarch.actors.Mortal "
+                           f"mortal_{kind}{{'gpus': 0/2}}> and all its descendants have failed:")
     assert f"Actor call mortal_{kind}.base failed with BaseException." in text
     assert ("SystemExit" if kind == "exit" else "KeyboardInterrupt") in text
     with pytest.raises(SupervisionError, match="and all its descendants have failed"):
