@@ -117,13 +117,18 @@ class HostMesh(_MeshBase):
     _shut_down: bool = False
     #: Hosts of ``attach_to_workers``: ``shutdown()`` ends their agents too.
     _workers: bool = False
+    #: A copy received from another process (unpickled): it may not shut the hosts down.
+    _reference: bool = False
 
     def __init__(self, hosts: list[HostRef], shape: Shape | None = None):
         self._hosts = list(hosts)
         self._shape = shape or (Shape(("hosts",), (len(hosts),)) if len(hosts) > 1 else Shape((), (), (0,)))
 
     def slice(self, **dims: Any) -> "HostMesh":
-        return HostMesh(self._hosts, self._shape.slice(**dims))
+        sub = HostMesh(self._hosts, self._shape.slice(**dims))
+        if self.__dict__.get("_reference"):
+            sub._reference = True  # a slice of a reference is one too
+        return sub
 
     @property
     def hosts(self) -> list[HostRef]:
@@ -201,16 +206,23 @@ class HostMesh(_MeshBase):
         _hostmesh_extras.remember(self, pm)
         return pm
 
+    def _check_owned(self, verb: str) -> None:
+        if self.__dict__.get("_reference"):
+            raise RuntimeError(f"cannot {verb} `HostMesh` that is a reference instead of owned "
+                               "(it was sent here from another process; its owner may)")
+
     def shutdown(self) -> Future:
         """Stop every proc this mesh object spawned; the object is unusable afterwards.
 
         The hosts themselves stay reserved (``job.kill()`` or ``monarch stop`` releases them),
         where Monarch's ``shutdown`` ends the host processes.
         """
+        self._check_owned("shut down")
         return _hostmesh_extras.stop_spawned(self, final=True)
 
     def stop(self) -> Future:
         """Stop every proc this mesh object spawned; the hosts stay usable for new procs."""
+        self._check_owned("stop")
         return _hostmesh_extras.stop_spawned(self, final=False)
 
     def with_python_executable(self, python_executable: str) -> "HostMesh":
@@ -234,8 +246,9 @@ class HostMesh(_MeshBase):
             await self.shutdown()
 
     def __getstate__(self) -> dict:
-        # What a host mesh sent to an actor names: the hosts, not this client's proc bookkeeping.
-        return {"_hosts": self._hosts, "_shape": self._shape}
+        # What a host mesh sent to an actor names: the hosts, not this client's proc bookkeeping;
+        # as in Monarch, the copy is a reference, which may not shut the hosts down.
+        return {"_hosts": self._hosts, "_shape": self._shape, "_reference": True}
 
     def __repr__(self) -> str:
         return f"HostMesh({self.extent}, hosts={[h.host for h in self.hosts]})"

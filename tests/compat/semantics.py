@@ -4,6 +4,7 @@ Runs unchanged on monarch and on torchmonarch 0.7.0 (tests/compat/test_api_compa
 """
 
 import asyncio
+import pickle
 import threading
 
 from monarch.actor import Actor, ActorError, as_endpoint, context, endpoint, this_host
@@ -49,6 +50,16 @@ class Fragile(Actor):
         ctypes.string_at(0)  # a crash in native code: reads address 0
 
 
+class Holder(Actor):
+    @endpoint
+    def shut_down(self, hosts) -> str:
+        try:
+            hosts.shutdown().get()
+            return "shut down"
+        except RuntimeError as e:
+            return str(e).split(" (")[0]
+
+
 class Shadowing(Actor):
     @endpoint
     def stop(self) -> int:
@@ -91,6 +102,12 @@ def first_lines(call, n: int) -> list:
         return [type(e).__name__, *str(e).splitlines()[:n]]
     return ["no error"]
 
+
+print("host mesh sent to an actor:", procs.spawn("holder", Holder).shut_down.call_one(this_host()).get())
+try:
+    pickle.loads(pickle.dumps(this_host())).shutdown().get()
+except RuntimeError as e:
+    print("unpickled host mesh:", str(e).split(" (")[0])
 
 import monarch.actor  # noqa: E402
 

@@ -54,6 +54,8 @@ as_endpoint coroutine: TypeError: sync_actor.not_an_endpoint_coro is an async de
 shadowing: ActorMesh has an attribute that collides with an endpoint name: attribute=stop
 as_asyncio: (True, True)
 as_asyncio off a loop: RuntimeError
+host mesh sent to an actor: cannot shut down `HostMesh` that is a reference instead of owned
+unpickled host mesh: cannot shut down `HostMesh` that is a reference instead of owned
 BaseException: ['SupervisionError', "Endpoint call fragile.interrupt() failed, The actor <root>.<__main__.Fragile fragile{'gpus': 0/1}> and all its descendants have failed:"]
 SIGSEGV: ['SupervisionError', "Endpoint call doomed.segfault() failed, The actor <root>.<__main__.Fragile doomed{'gpus': 0/1}> and all its descendants have failed:", '  the process this actor was running on failed: Killed(sig=11)']
 done
