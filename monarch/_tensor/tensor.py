@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from monarch._tensor import stream as _stream
 from monarch._tensor.controller import issuing_frames
-from monarch._tensor.worker import ALIAS, CALL, MOVE, REDUCE, SIGNAL, WAIT, Ref
+from monarch._tensor.worker import ALIAS, CALL, MOVE, REDUCE, SIGNAL, WAIT, Ref, local_shard
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
@@ -107,8 +107,16 @@ class Tensor(torch.Tensor):
         return repr(self)
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        raise TypeError("a monarch.Tensor cannot be pickled: its value lives on the mesh (fetch_shard brings one "
-                        "shard here)")
+        """Sent to an actor of the same procs (an endpoint's argument), it arrives as that proc's
+        local shard, once the ops that make it have run there."""
+        if self.ref is None:
+            raise ValueError(f"{_EXPLAIN['DROPPED']}: {self!r}")
+        client = self.mesh.client
+        client.check()
+        made = client.new_event()
+        client.record((SIGNAL, self.mesh.op_ranks, self._sid, made))
+        client.flush()
+        return local_shard, (self.ref, made)
 
     def reduce(self, dims: str | tuple = (), reduction: str = "sum", scatter: bool = False, mesh: Any = None,
                _inplace: bool = False, out: Any = None) -> "Tensor":
@@ -136,20 +144,46 @@ def _new(size: Any, stride: Any, dtype: Any, mesh: Any, stream: Any, ref: int | 
 
 
 class _Mode(TorchDispatchMode):
-    """Pushed while a mesh is active: factories and ops on remote tensors go to the mesh."""
+    """Pushed while a mesh is active: factories and ops on remote tensors go to the mesh.
+
+    Ops whose tensors are all local stay local (``inspect``'s result can be indexed inside the
+    block), except ``torch.tensor(...)`` (``lift_fresh``), which makes a remote tensor of that value
+    as factories do; a local tensor mixed with remote ones is sent by value.
+    """
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from monarch._tensor.mesh import active
 
         kwargs = kwargs or {}
-        if active() is None and not _any_remote((args, kwargs)):
-            return func(*args, **kwargs)
-        if func in _LOCAL_ACCESSORS and not _any_remote(args):
-            return func(*args, **kwargs)
-        return dispatch(func, args, kwargs)
+        kind = _tensors_in((args, kwargs))
+        if kind == _REMOTE or (kind == _NONE and active() is not None) or \
+                (func in _LIFT and active() is not None):
+            return dispatch(func, args, kwargs)
+        return func(*args, **kwargs)
 
 
-_LOCAL_ACCESSORS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.set_.source_Storage_storage_offset}
+_LIFT = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default}
+_NONE, _LOCAL, _REMOTE = 0, 1, 2
+
+
+def _tensors_in(obj: Any) -> int:
+    """_REMOTE if ``obj`` holds a remote tensor, else _LOCAL if it holds a local one, else _NONE."""
+    t = type(obj)
+    if t is Tensor:
+        return _REMOTE
+    if t is tuple or t is list:
+        best = _NONE
+        for x in obj:
+            k = _tensors_in(x)
+            if k == _REMOTE:
+                return k
+            best = max(best, k)
+        return best
+    if t is dict:
+        return _tensors_in(list(obj.values()))
+    if isinstance(obj, torch.Tensor):
+        return _REMOTE if isinstance(obj, Tensor) else _LOCAL
+    return _NONE
 
 
 @contextlib.contextmanager
@@ -165,17 +199,6 @@ def dispatch_mode() -> Iterator[None]:
                 yield
     finally:
         _local.depth = depth
-
-
-def _any_remote(obj: Any) -> bool:
-    t = type(obj)
-    if t is Tensor:
-        return True
-    if t is tuple or t is list:
-        return any(_any_remote(x) for x in obj)
-    if t is dict:
-        return any(_any_remote(x) for x in obj.values())
-    return isinstance(obj, Tensor)
 
 
 class _Inputs:

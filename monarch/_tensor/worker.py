@@ -428,3 +428,25 @@ def rank_value(table: dict, rank: int) -> Any:
     import torch
 
     return torch.tensor(table[rank], dtype=torch.long)
+
+
+#: How long an actor waits for the ops that make a tensor it was sent.
+_SHARD_WAIT_S = 600.0
+
+
+def local_shard(ref: int, made: int) -> Any:
+    """A remote tensor passed to an actor, as this proc holds it (after the ops that make it)."""
+    w = current
+    if w is None:
+        raise RuntimeError("a monarch.Tensor was sent to an actor on a proc without its tensor engine: actors "
+                           "receive tensors of the mesh they run on")
+    ev = w._event(made)
+    if not ev.wait(_SHARD_WAIT_S):
+        raise TimeoutError(f"remote tensor {ref} was not made here within {_SHARD_WAIT_S:.0f} s")
+    w.events.pop(made, None)
+    v = w.env.get(ref)
+    if v is None:
+        raise RuntimeError(f"remote tensor {ref} is not defined on this proc (deleted, or made on another mesh)")
+    if type(v) is Failure:
+        raise RuntimeError(f"the remote tensor sent here failed to compute:\n{v.text}")
+    return v

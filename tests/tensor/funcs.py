@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from monarch.actor import Actor, current_rank, endpoint
+
 
 def boom(t: torch.Tensor) -> torch.Tensor:
     raise ValueError("boom: this remote function always fails")
@@ -34,3 +36,11 @@ def live_refs() -> int:
 def slow_identity(t: torch.Tensor, seconds: float) -> torch.Tensor:
     time.sleep(seconds)
     return t.clone()
+
+
+class ShardTrainer(Actor):
+    """Gets a remote tensor as its proc's shard."""
+
+    @endpoint
+    def step(self, t: torch.Tensor) -> tuple[int, float]:
+        return current_rank().rank, float(t.sum())

@@ -108,6 +108,18 @@ def test_remote_functions_and_rank_tensors(procs):
     assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
 
 
+def test_actors_receive_their_procs_shard(procs):
+    from tests.tensor.funcs import ShardTrainer
+
+    trainers = procs.spawn("trainers", ShardTrainer)
+    with procs.activate():
+        t = torch.ones(3, 4) * (procs.rank_tensor("gpus") + 1)
+        for _ in range(20):
+            t = t + 0  # still being made when the call is sent
+    got = trainers.step.call(t[0]).get(timeout=T)
+    assert sorted(got.values()) == [(0, 4.0), (1, 8.0)]
+
+
 def test_random_values_differ_between_procs(procs):
     with procs.activate():
         t = torch.rand(8)

@@ -4,5 +4,5 @@ from monarch.actor._mock import actor_class as get_actor_class, patch_actor  # n
 
 
 def patch_tensor_engine(*args, **kwargs):
-    """Monarch's tensor engine is not part of monarch (see README, compatibility)."""
-    raise NotImplementedError("patch_tensor_engine: monarch has no tensor engine (README: compatibility)")
+    """Monarch's mock tensor engine is not part of monarch (its real one is: README)."""
+    raise NotImplementedError("patch_tensor_engine: monarch has no mock tensor engine (the real one runs on CPU)")
