@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from monarch._tensor import stream as _stream
 from monarch._tensor.controller import issuing_frames
-from monarch._tensor.worker import ALIAS, CALL, MOVE, REDUCE, SIGNAL, WAIT, Ref, local_shard
+from monarch._tensor.worker import ALIAS, CALL, LEND, MOVE, REDUCE, SIGNAL, WAIT, Ref, local_shard
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
@@ -114,7 +114,7 @@ class Tensor(torch.Tensor):
         client = self.mesh.client
         client.check()
         made = client.new_event()
-        client.record((SIGNAL, self.mesh.op_ranks, self._sid, made))
+        client.record((LEND, self.mesh.op_ranks, self._sid, made, self.ref))
         client.flush()
         return local_shard, (self.ref, made)
 

@@ -18,6 +18,7 @@ root mesh; the group of a reduction is made on first use, by its members only.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import os
 import queue
@@ -28,7 +29,7 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 # Op codes: the first item of every op tuple (see controller.py for their fields).
-CALL, FETCH, DELETE, REDUCE, MOVE, SIGNAL, WAIT, ALIAS = range(8)
+CALL, FETCH, DELETE, REDUCE, MOVE, SIGNAL, WAIT, ALIAS, LEND = range(9)
 
 
 class Ref:
@@ -94,6 +95,9 @@ def resolve(key: Any) -> Any:
 
 #: This proc's worker (for remote functions that look at the engine, and tests).
 current: "TensorWorker | None" = None
+_ready = threading.Event()
+#: Tensors lent to actors of this proc and not yet taken (a call may go to other procs only).
+_LENT_KEPT = 256
 
 
 class TensorWorker(Actor):
@@ -113,8 +117,10 @@ class TensorWorker(Actor):
         self.groups: dict[tuple, Any] = {}
         self.store: Any = None
         self.pg_ready = False
+        self.lent: collections.OrderedDict[int, Any] = collections.OrderedDict()
         global current
         current = self
+        _ready.set()
         # Procs forked from one zygote share its random state: make each draw its own numbers.
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
 
@@ -347,6 +353,14 @@ class TensorWorker(Actor):
             ev = self.events.setdefault(eid, threading.Event())
         return ev
 
+    def op_lend(self, op: tuple) -> None:
+        """A tensor sent to an actor: set it aside as it is at this point of the stream."""
+        lent = self.lent
+        lent[op[3]] = self.env.get(op[4])
+        while len(lent) > _LENT_KEPT:
+            lent.popitem(last=False)
+        self._event(op[3]).set()
+
     def op_alias(self, op: tuple) -> None:
         """A borrow: ``out`` names the same tensor as ``src`` (on the borrowing stream)."""
         v = self.env.get(op[3])
@@ -361,7 +375,7 @@ class _Failed(Exception):
 _OPS = {
     CALL: TensorWorker.op_call, FETCH: TensorWorker.op_fetch, DELETE: TensorWorker.op_delete,
     REDUCE: TensorWorker.op_reduce, MOVE: TensorWorker.op_move, SIGNAL: TensorWorker.op_signal,
-    WAIT: TensorWorker.op_wait, ALIAS: TensorWorker.op_alias,
+    WAIT: TensorWorker.op_wait, ALIAS: TensorWorker.op_alias, LEND: TensorWorker.op_lend,
 }
 
 _REDUCE_OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
@@ -436,6 +450,7 @@ _SHARD_WAIT_S = 600.0
 
 def local_shard(ref: int, made: int) -> Any:
     """A remote tensor passed to an actor, as this proc holds it (after the ops that make it)."""
+    _ready.wait(_SHARD_WAIT_S)  # the worker may still be starting
     w = current
     if w is None:
         raise RuntimeError("a monarch.Tensor was sent to an actor on a proc without its tensor engine: actors "
@@ -444,7 +459,7 @@ def local_shard(ref: int, made: int) -> Any:
     if not ev.wait(_SHARD_WAIT_S):
         raise TimeoutError(f"remote tensor {ref} was not made here within {_SHARD_WAIT_S:.0f} s")
     w.events.pop(made, None)
-    v = w.env.get(ref)
+    v = w.lent.pop(made, None)
     if v is None:
         raise RuntimeError(f"remote tensor {ref} is not defined on this proc (deleted, or made on another mesh)")
     if type(v) is Failure:
