@@ -69,10 +69,11 @@ class RunError(MonarchError):
     exit_code = ExitCode.RUN
 
 
-class RunFailed(MonarchError):
+class RunFailed(RunError):
     """A run ended badly: a rank failed, its host agent was lost, the reservation ended under it, or
     it was interrupted.  Worded by the engine (``monarch._workbench.run.run_failure``); ``exit_code``
-    is the run's own status (a rank's code passed through, 128+N for a signal N, or this table's)."""
+    is the run's own status (a rank's code passed through, 128+N for a signal N, or this table's).
+    A :class:`RunError`, so ``run_spmd``'s callers catch it as before."""
 
     def __init__(self, message: str, hint: str = "", *, exit_code: int, run_id: str = "", interrupted: bool = False):
         super().__init__(message, hint)

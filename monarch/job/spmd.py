@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from monarch.errors import RunError, UsageError
+from monarch.errors import RunFailed, UsageError
 from monarch.job import Job
 from monarch._workbench.state import DEFAULT_CONTEXT, JobRecord, JobSpec, StatePaths
 
@@ -159,7 +159,7 @@ class SPMDJob(Job):
         naming the first rank that failed; Ctrl-C stops every rank and re-raises.
         """
         from monarch._workbench.reserve import load_live
-        from monarch._workbench.run import run_command
+        from monarch._workbench.run import run_command, run_failure
 
         program = self.program
         if command is not None:
@@ -176,12 +176,11 @@ class SPMDJob(Job):
                               expand=macros)
         if outcome.interrupted:
             raise KeyboardInterrupt
-        result = SPMDResult(outcome.run_id, {r.rank: r.exit_code for r in outcome.results})
-        failed = outcome.first_failure
-        if failed is not None:
-            raise RunError(f"rank {failed.rank} on {failed.host} {failed.reason or f'exited with {failed.exit_code}'}",
-                           f"`monarch logs --run {outcome.run_id}` has every rank's output")
-        return result
+        failure = run_failure(self.record, outcome)  # the engine's words, as `monarch run` prints them
+        if failure is not None:
+            raise RunFailed(failure.message, failure.hint or f"`monarch logs --run {outcome.run_id}` has every rank's output",
+                            exit_code=failure.exit_code, run_id=outcome.run_id)
+        return SPMDResult(outcome.run_id, {r.rank: r.exit_code for r in outcome.results})
 
 
 @dataclass
