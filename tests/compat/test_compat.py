@@ -2,7 +2,7 @@
 (``python program.py`` in a fresh working directory), checked by what they print and leave.
 
 The programs are the files beside this one, each written for these tests; each says what it
-exercises.  ``slurm_ddp.py`` runs on the real Slurm cluster in ``tests/schedulers/test_slurm_job_api.py``.
+exercises.  ``slurm_allreduce.py`` runs on the real Slurm cluster in ``tests/schedulers/test_slurm_job_api.py``.
 """
 
 from __future__ import annotations
