@@ -66,7 +66,7 @@ class AgentError(MonarchError):
 class RunError(MonarchError):
     """A command could not be run (another run going on, bad arguments)."""
 
-    exit_code = ExitCode.RUN
+    exit_code: int = ExitCode.RUN  # int: RunFailed passes a rank's own status through
 
 
 class RunFailed(RunError):

@@ -135,7 +135,7 @@ class MonarchError(Exception):
 
     # The codes are monarch.errors.ExitCode's (the one table, which this layer cannot import):
     # written here as numbers, pinned to the table by tests/cli/test_exit_codes.py.
-    exit_code = 1  # ExitCode.FAILED
+    exit_code: int = 1  # ExitCode.FAILED
 
     def __init__(self, message: str, hint: str = ""):
         self.message = message
