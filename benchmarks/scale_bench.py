@@ -141,13 +141,14 @@ def proc_footprint(b: Bench, n_hosts: int) -> dict:
         f.write(
             "import os, sys\n"
             "from monarch._workbench.reserve import load_live\n"
+            "from monarch.job.job import host_mesh_of\n"
             "from monarch.actor import Actor, endpoint\n"
             "class Idle(Actor):\n"
             "    @endpoint\n"
             "    def pid(self) -> int:\n"
             "        return os.getpid()\n"
             "rec, _ = load_live()\n"
-            "procs = rec.host_mesh().spawn_procs(per_host={'gpus': 1})\n"
+            "procs = host_mesh_of(rec).spawn_procs(per_host={'gpus': 1})\n"
             "pids = procs.spawn('idle', Idle).pid.call().get(timeout=120)\n"
             "print(' '.join(str(p) for _, p in pids.items()), flush=True)\n"
             "sys.stdin.readline()\n")
