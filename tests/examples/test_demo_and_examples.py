@@ -105,3 +105,13 @@ def test_agents_run_the_venvs_tools_without_activation(tmp_path):
                                     os.path.join(VENV_BIN, "torchrun")]
     finally:
         subprocess.run([*monarch, "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("attempt", range(3))  # it ended with SIGABRT now and then: three runs
+def test_train_ddp_ends_cleanly_under_plain_torchrun(attempt, tmp_path):
+    r = subprocess.run([os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc-per-node=2",
+                        os.path.join(ROOT, "examples", "train_ddp.py")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "final_loss" in r.stdout and "terminate called" not in r.stderr and "Traceback" not in r.stderr
+
