@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -126,12 +127,32 @@ class FuseMount:
         self.proc: HelperProcess | None = None
         self._lock = threading.Lock()
 
-    def start(self, manifest_id: str) -> None:
+    @staticmethod
+    def warm(store: ChunkStore) -> HelperProcess:
+        """A mount process started ahead, with its interpreter and FUSE imports paid (most of what a
+        first mount waits for): :meth:`start` hands it a manifest and a mount point; ``stop()`` it
+        if none comes."""
+        helper = HelperProcess([sys.executable, "-m", "monarch_rdmafs.mount", "--store", store.root])
+        helper.start()
+        return helper
+
+    def start(self, manifest_id: str, warm: HelperProcess | None = None) -> None:
+        """Mount, serving ``manifest_id``: in ``warm`` (from :meth:`warm`, for this store) if it
+        still runs, else in a process started now."""
         prepare_mount_point(self.mountpoint)
-        cmd = [sys.executable, "-m", "monarch_rdmafs.mount", "--store", self.store.root, "--manifest", manifest_id,
-               self.mountpoint]
-        self.proc = HelperProcess(cmd)
-        self.proc.start()
+        if warm is not None and warm.alive:
+            self.proc = warm
+            try:
+                warm.send((json.dumps({"manifest": manifest_id, "mountpoint": self.mountpoint}) + "\n").encode())
+            except OSError:
+                pass  # it died meanwhile: wait_ready says so
+        else:
+            if warm is not None:
+                warm.stop(time.monotonic())
+            cmd = [sys.executable, "-m", "monarch_rdmafs.mount", "--store", self.store.root, "--manifest", manifest_id,
+                   self.mountpoint]
+            self.proc = HelperProcess(cmd)
+            self.proc.start()
         line = self.proc.wait_ready(_READY_TIMEOUT_S)
         if line != "ready":
             self.stop()
@@ -266,8 +287,9 @@ def _die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m monarch_rdmafs.mount", description="serve a synced tree read-only")
     p.add_argument("--store", required=True)
-    p.add_argument("--manifest", required=True)
-    p.add_argument("mountpoint")
+    p.add_argument("--manifest", default="", help="without it (and the mount point): started ahead, told both "
+                                                   "on stdin as one JSON line when the first commit comes")
+    p.add_argument("mountpoint", nargs="?", default="")
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -280,6 +302,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from monarch_rdmafs.fs import WorkspaceFS
 
+    if not args.manifest:
+        # Started ahead (FuseMount.warm): the imports above are paid; now wait for what to serve.
+        line = _read_line(0)
+        if not line:
+            return  # the agent let it go unused
+        start = json.loads(line)
+        args.manifest, args.mountpoint = start["manifest"], start["mountpoint"]
     store = ChunkStore(args.store)
     ops = WorkspaceFS(store, Manifest.from_bytes(store.get(args.manifest)))
     options = set(pyfuse3.default_options)
@@ -344,6 +373,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from ``fd``, a byte at a time: nothing after it is read (the control loop reads on)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        b = os.read(fd, 1)
+        if not b:
+            return b""
+        line += b
+    return line
 
 
 async def stop_on_signals(scope, task_status) -> None:

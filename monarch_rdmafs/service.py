@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from monarch_rdmafs import messages as wm
 from monarch_rdmafs.errors import CorruptChunk, StoreFull, SyncError
+from monarch_rdmafs.helper import HelperProcess
 from monarch_rdmafs.manifest import Manifest
 from monarch_rdmafs.mount import FuseMount, MaterializedMount, fuse_unavailable_reason, unmount_stale
 from monarch_rdmafs.rdma import choose_transport
@@ -81,6 +82,8 @@ class WorkspaceService:
         self._fuse_reason: str | None = None  # learned at the first mount (pyfuse3 costs an import)
         self.transport = choose_transport()
         self.mounts: dict[str, _Mount] = {}
+        #: A mount process started ahead of a first commit (see _missing); the worker thread's.
+        self._warm: HelperProcess | None = None
         self.bytes_received = 0
         self._last_gc = time.monotonic()
         self.chunks_received = 0
@@ -140,6 +143,17 @@ class WorkspaceService:
 
     def _missing(self, msg: wm.WsMissing) -> None:
         self._reply(msg.reply, self.store.missing(msg.ids), True)
+        # A sync begins: a first mount will follow its chunks.  Its process starts now, so that its
+        # interpreter and FUSE imports (most of a first commit's wait) overlap the transfer.
+        with self._lock:
+            want = not self.mounts and self._warm is None and not self._stopping.is_set()
+        if want and not self.fuse_reason:
+            warm = FuseMount.warm(self.store)
+            with self._lock:
+                if not self._stopping.is_set():
+                    warm, self._warm = None, warm
+            if warm is not None:  # the service stopped meanwhile
+                warm.stop(time.monotonic() + 1.0)
 
     # -- mounts -------------------------------------------------------------------
 
@@ -202,8 +216,14 @@ class WorkspaceService:
             self._stop_mount(name)
             mount = None
         if mount is None:
-            server = MaterializedMount(self.store, mountpoint) if self.fuse_reason else FuseMount(self.store, mountpoint)
-            server.start(manifest_id)
+            if self.fuse_reason:
+                server = MaterializedMount(self.store, mountpoint)
+                server.start(manifest_id)
+            else:
+                server = FuseMount(self.store, mountpoint)
+                with self._lock:
+                    warm, self._warm = self._warm, None
+                server.start(manifest_id, warm)
             mount = _Mount(name, server, manifest, source)
             with self._lock:
                 self.mounts[name] = mount
@@ -320,6 +340,10 @@ class WorkspaceService:
             self._stop_mount(name)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         self._worker.join(left)
+        with self._lock:  # a worker that starts one from now on stops it itself
+            warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.stop(time.monotonic() + 1.0)
 
     def _work(self) -> None:
         while True:

@@ -6,6 +6,7 @@ import errno
 import os
 import signal
 import stat
+import time
 
 import pytest
 
@@ -180,3 +181,26 @@ def test_a_mount_reads_ahead_whole_chunks(fuse_mount):
     st = os.stat(fuse_mount.mountpoint)
     with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb") as f:
         assert int(f.read()) == READAHEAD_KB
+
+
+def test_a_mount_started_ahead_serves_what_it_is_given_later(fuse, tree, tmp_path):
+    """FuseMount.warm: the process starts before the manifest exists (a sync's transfer runs meanwhile)."""
+    ws, store, packer = tree
+    warm = FuseMount.warm(store)
+    manifest = publish(store, packer)
+    m = FuseMount(store, str(tmp_path / "mnt"))
+    m.start(manifest.id, warm)
+    try:
+        assert m.proc is warm
+        _same_tree(ws, m.mountpoint)
+    finally:
+        m.stop()
+    assert not is_mounted(m.mountpoint)
+
+
+def test_a_mount_started_ahead_and_never_used_ends_without_mounting(fuse, tree):
+    _, store, _ = tree
+    warm = FuseMount.warm(store)
+    pid = warm.pid
+    assert warm.stop(time.monotonic() + 10) == 0
+    assert wait_gone([pid]) == []
