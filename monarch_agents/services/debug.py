@@ -49,6 +49,8 @@ class DebugSession:
     info: dict
     started: float = field(default_factory=time.time)
     waiting: bool = False
+    #: The run (or actor program) was told this rank waits (at its first prompt).
+    announced: bool = False
     replay: bytearray = field(default_factory=bytearray)
     holder: str = ""
     holder_who: str = ""
@@ -189,7 +191,8 @@ class DebugService(Service):
                 session = DebugSession(sid, conn, hello)
                 self.sessions[sid] = session
             session.send(proto.WELCOME, {"sid": sid})
-            self._announce(session)
+            # Announced at its first prompt, not here: breakpoint() registers on its own line and
+            # pdb stops on the next one, which is where `list` and the notice must agree.
             while True:
                 got = proto.recv_frame(conn)
                 if got is None:
@@ -253,6 +256,9 @@ class DebugService(Service):
                 if where.get("file"):
                     s.info.update(where)
                 s.waiting = True
+                first, s.announced = not s.announced, True
+            if first:
+                self._announce(s)
         elif kind == proto.SRC_REQ:
             files = json.loads(body).get("files", [])
             stream = s.stream if s.holder else None

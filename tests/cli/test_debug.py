@@ -132,6 +132,8 @@ def test_plain_command_on_two_hosts(workdir, runs):
     # Once per session, naming the rank.
     err = run.stderr()
     assert err.count(f"rank 0 {WAITING}") == 1 and err.count(f"rank 1 {WAITING}") == 1
+    # Where pdb stopped, as `list` says (train.py:9), not the breakpoint() line above it.
+    assert f"rank 1 {WAITING} at train.py:9" in err, err
 
 
 TORCHRUN = """\
