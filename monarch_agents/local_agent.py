@@ -16,8 +16,10 @@ is an *owner* of the agent while it runs:
 * when that connection closes (the script exits or dies), every proc it owned is stopped; a script
   that exits normally says goodbye first and waits (briefly) until they are gone.
 
-With no owner and no child for ``MONARCH_AGENT_IDLE_S`` seconds (default 600) the agent exits and
-removes its socket.  ``MONARCH_SHARED_AGENT=0`` turns this off (every script then starts a private
+With no owner and no child for ``MONARCH_AGENT_IDLE_S`` seconds (default 300) the agent exits and
+removes its socket; one whose code was edited since it started is retired by the next script
+(it takes no new owner and exits once idle), so edits never pile agents up.
+``MONARCH_SHARED_AGENT=0`` turns this off (every script then starts a private
 agent that exits with it, as before); the test suite does so except where it tests this module.
 """
 
@@ -47,7 +49,7 @@ log = logging.getLogger("monarch.host_agent")
 RUNTIME_DIR_ENV = "MONARCH_RUNTIME_DIR"
 SHARED_ENV = "MONARCH_SHARED_AGENT"
 IDLE_ENV = "MONARCH_AGENT_IDLE_S"
-DEFAULT_IDLE_S = 600.0
+DEFAULT_IDLE_S = 300.0
 #: ``MONARCH_*`` variables that differ per process and say nothing about how an agent behaves.
 _PER_PROCESS_ENV = frozenset({"MONARCH_TEST_SESSION", "MONARCH_RUN_JOB", "MONARCH_ROOT", "MONARCH_SYS_PATH",
                               "MONARCH_ENV_UNSET", "MONARCH_CEILING_DIRECTORIES"})
@@ -87,11 +89,20 @@ def _code_root() -> str:
 
 
 def agent_key(preload: list[str]) -> str:
-    """Which agent a script may share: same interpreter, same code (paths and mtimes), same
-    preloaded modules, same ``MONARCH_*`` settings."""
+    """Which agent a script may share: same interpreter, code tree, preloaded modules and
+    ``MONARCH_*`` settings (its socket's name; see :func:`code_version` for the code's edits)."""
+    h = hashlib.sha256()
+    h.update(f"{sys.executable}\0{sys.version}\0{_code_root()}\0{','.join(preload)}\0".encode())
+    h.update(repr(sorted((k, v) for k, v in os.environ.items()
+                         if k.startswith("MONARCH_") and k not in _PER_PROCESS_ENV)).encode())
+    return h.hexdigest()[:20]
+
+
+def code_version() -> str:
+    """The agent's code as it is on disk now (names, mtimes and sizes of its files): an agent of an
+    older version is retired by the first script that finds it, so edits never pile up agents."""
     h = hashlib.sha256()
     root = _code_root()
-    h.update(f"{sys.executable}\0{sys.version}\0{root}\0{','.join(preload)}\0".encode())
     for d in _CODE_DIRS:
         try:
             entries = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(os.path.join(root, d))
@@ -99,8 +110,6 @@ def agent_key(preload: list[str]) -> str:
         except OSError:
             continue
         h.update(repr((d, entries)).encode())
-    h.update(repr(sorted((k, v) for k, v in os.environ.items()
-                         if k.startswith("MONARCH_") and k not in _PER_PROCESS_ENV)).encode())
     return h.hexdigest()[:20]
 
 
@@ -170,30 +179,36 @@ def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpa
     path = os.path.join(d, f"agent-{key}.sock")
     if len(path) > _SOCK_PATH_MAX:
         return None
-    sock = _try_connect(path)
-    if sock is None:
-        lock_fd = os.open(os.path.join(d, f"agent-{key}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one starter; the others wait, then connect
-            sock = _try_connect(path)
-            if sock is None:
-                _start(path, preload, bind, hostname, log_dir, pythonpath)
+    version = code_version()
+    for _ in range(3):
+        sock = _try_connect(path)
+        if sock is None:
+            lock_fd = os.open(os.path.join(d, f"agent-{key}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one starter; the others wait, then connect
                 sock = _try_connect(path)
-        finally:
-            os.close(lock_fd)
-    if sock is None:
-        return None
-    try:
-        sock.settimeout(_START_TIMEOUT_S)
-        info, _ = _recv(sock)
-        sock.settimeout(None)
-    except (OSError, ValueError):
+                if sock is None:
+                    _start(path, preload, bind, hostname, log_dir, pythonpath)
+                    sock = _try_connect(path)
+            finally:
+                os.close(lock_fd)
+        if sock is None:
+            return None
+        try:
+            sock.settimeout(_START_TIMEOUT_S)
+            info, _ = _recv(sock)
+            if info and info.get("version") != version:
+                # Older code (edited since it started): it stops taking owners and exits once idle.
+                _send(sock, {"op": "retire"})
+                _recv(sock)
+                info = None
+            sock.settimeout(None)
+        except (OSError, ValueError):
+            info = None
+        if info:
+            return SharedAgent(sock, info["addr"], info["host"], info["pid"], info["keys"], info["env"])
         sock.close()
-        return None
-    if not info:
-        sock.close()
-        return None
-    return SharedAgent(sock, info["addr"], info["host"], info["pid"], info["keys"], info["env"])
+    return None
 
 
 def _try_connect(path: str) -> socket.socket | None:
@@ -260,6 +275,9 @@ class OwnerListener:
         self.lock = threading.Lock()
         self.conns = 0
         self.idle_since = time.monotonic()
+        #: The code this agent runs (see code_version), computed at its start.
+        self.version = code_version()
+        self.retired = False
         old = os.umask(0o077)
         try:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -272,6 +290,11 @@ class OwnerListener:
             os.umask(old)
         self._ino = os.stat(path).st_ino
         self.sock.listen(64)
+
+    def retire(self) -> None:
+        """Newer code wants this socket: take no new owner, and exit once the last one is gone."""
+        self.retired = True
+        self.close()
 
     def start(self) -> None:
         threading.Thread(target=self._accept, name="owners", daemon=True).start()
@@ -303,7 +326,7 @@ class OwnerListener:
         owner = ""
         try:
             _send(conn, {"addr": agent.rt.addr, "host": agent.host, "pid": os.getpid(), "keys": agent.keys.as_dict(),
-                         "env": agent.child_env({})})
+                         "env": agent.child_env({}), "version": self.version})
             while True:
                 msg, fds = _recv(conn, 2)
                 if msg is None:
@@ -315,6 +338,10 @@ class OwnerListener:
                     continue
                 for fd in fds:
                     os.close(fd)
+                if msg.get("op") == "retire":
+                    self.retire()
+                    _send(conn, {"retired": True})
+                    return
                 if msg.get("op") == "bye":
                     if owner:
                         agent.release_owner(owner, wait_s=_BYE_TIMEOUT_S - 1)
@@ -338,7 +365,7 @@ class OwnerListener:
                 if busy or self.agent.children:
                     self.idle_since = time.monotonic()
                     continue
-                if time.monotonic() - self.idle_since >= self.idle_s:
+                if self.retired or time.monotonic() - self.idle_since >= self.idle_s:
                     log.info("no owner for %.0f s: the shared agent exits", self.idle_s)
                     self.close()  # no new owner from here on
                     self.agent.request_stop()

@@ -142,3 +142,19 @@ def test_an_open_runtime_folder_is_not_used(shared_env):
     assert run.returncode == 0, run.stderr  # a private agent of its own instead
     assert not _agent_pids(rt_dir)
     assert not glob.glob(str(rt_dir / "agent-*"))
+
+
+def test_an_agent_whose_code_was_edited_is_retired_by_the_next_script(shared_env):
+    env, rt_dir, wd = shared_env
+    assert _run(env, wd).returncode == 0
+    (old,) = _agent_pids(rt_dir)
+    edited = os.path.join(ROOT, "monarch_agents", "names.py")
+    st = os.stat(edited)
+    os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as an edit would
+    try:
+        run = _run(env, wd)
+    finally:
+        os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert run.returncode == 0, run.stderr
+    assert wait_gone([old], 10) == []  # retired, and idle: it exits at once
+    assert len(_agent_pids(rt_dir)) == 1  # the new one
