@@ -101,7 +101,12 @@ def local_host() -> HostRef:
         if rt_mod.current() is None and not os.environ.get(RUN_JOB_ENV):
             shared = _local_agent.connect(preload, _agents_client.bind_address(), hostname, log_dir, _pythonpath())
             if shared is not None:
-                return _use_shared(shared)
+                try:
+                    return _use_shared(shared)
+                except (OSError, RuntimeError) as e:  # e.g. no stdout to hand over: an agent of our own
+                    shared.sock.close()
+                    print(f"monarch: not using the shared host agent ({e}); starting one for this script",
+                          file=sys.stderr)
         rt = ensure_runtime()
         cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio",
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
