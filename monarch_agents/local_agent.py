@@ -33,7 +33,6 @@ import os
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -226,40 +225,27 @@ def _try_connect(path: str) -> socket.socket | None:
 
 def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str) -> None:
     from monarch_agents.keys import JobKeys
+    from monarch_rdmafs.helper import HelperProcess
 
     try:
         os.unlink(path)  # a dead agent's socket (nothing answered on it)
     except FileNotFoundError:
         pass
     idle = os.environ.get(IDLE_ENV, str(DEFAULT_IDLE_S))
-    r, w = os.pipe()
     cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--shared-socket", path, "--idle-exit", idle,
-           "--info-fd", str(w), "--hostname", hostname, "--bind", bind, "--preload", ",".join(preload),
-           "--log-dir", log_dir]
+           "--hostname", hostname, "--bind", bind, "--preload", ",".join(preload), "--log-dir", log_dir]
     log_fd = os.open(path[:-len(".sock")] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         # Its own session, stdio and cwd: nothing ties it to the script that happened to start it.
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_fd, stderr=log_fd, pass_fds=(w,),
-                                start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": pythonpath})
+        agent = HelperProcess(cmd, env={**os.environ, "PYTHONPATH": pythonpath}, ready_fd_flag="--info-fd",
+                              stdout=log_fd, stderr=log_fd, cwd="/")
+        agent.start((json.dumps(JobKeys.generate().as_dict()) + "\n").encode(), keep_stdin=False)
     finally:
-        os.close(w)
         os.close(log_fd)
     try:
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(JobKeys.generate().as_dict()) + "\n").encode())
-        proc.stdin.close()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        import select
-
-        while time.monotonic() < deadline:  # until it says where it listens, or exits
-            ready, _, _ = select.select([r], [], [], 0.5)
-            if ready:
-                os.read(r, 65536)
-                return
-            if proc.poll() is not None:
-                return
+        agent.wait_ready(_START_TIMEOUT_S)  # until it says where it listens, or exits
     finally:
-        os.close(r)
+        agent.detach()  # it outlives us: the next script finds it by its socket
 
 
 # -- the agent's side ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """One helper process of ours: start it, wait until it says it is ready, stop it by a deadline.
 
-The FUSE mounts (:mod:`monarch_rdmafs.mount`, ``monarch.gather_mount``) and a client's private host
-agent (``monarch.actor``) are each a child process that is handed its configuration on stdin (keys
+The FUSE mounts (:mod:`monarch_rdmafs.mount`, ``monarch.gather_mount``), a client's private host
+agent (``monarch.actor``) and the user's shared host agent (``monarch_agents.local_agent``, which
+outlives its starter: :meth:`HelperProcess.detach`) are each a child process that is handed its configuration on stdin (keys
 never go on a command line, where ``ps`` shows them), says one line when it is ready (on stdout or
 on a pipe of its own), and ends when its stdin closes; a child that does not end by the deadline is
 killed.  It lives in the lowest layer so that all three can use it.
@@ -25,15 +26,20 @@ class HelperProcess:
 
     ``ready_fd_flag``: the child says its lines on a pipe of its own, whose fd follows this flag on
     its command line (``--info-fd 7``); without it, on its stdout.  Lines are read with ``select``
-    on the pipe, so a child that never answers costs no thread.
+    on the pipe, so a child that never answers costs no thread.  ``stdout`` (with ``ready_fd_flag``
+    only: otherwise stdout is the protocol's pipe), ``stderr`` and ``cwd`` are Popen's.
     """
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, ready_fd_flag: str | None = None,
-                 stderr: int | None = None):
+                 stdout: int | None = None, stderr: int | None = None, cwd: str | None = None):
+        if stdout is not None and not ready_fd_flag:
+            raise ValueError("stdout is the helper's line protocol unless it answers on a pipe of its own")
         self.argv = list(argv)
         self.env = env
         self.ready_fd_flag = ready_fd_flag
+        self.stdout = stdout
         self.stderr = stderr
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self._fd = -1
         self._buf = b""
@@ -50,8 +56,14 @@ class HelperProcess:
             argv, pass_fds = [*argv, self.ready_fd_flag, str(w)], (w,)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
-                                         stdout=None if self.ready_fd_flag else subprocess.PIPE,
-                                         stderr=self.stderr, pass_fds=pass_fds, start_new_session=True, env=self.env)
+                                         stdout=self.stdout if self.ready_fd_flag else subprocess.PIPE,
+                                         stderr=self.stderr, pass_fds=pass_fds, start_new_session=True, env=self.env,
+                                         cwd=self.cwd)
+        except BaseException:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            raise
         finally:
             if w >= 0:
                 os.close(w)
@@ -113,6 +125,20 @@ class HelperProcess:
         """The child's first line (its "ready", or why not); "" when it said nothing within ``timeout`` s
         (then :attr:`returncode` says whether it exited)."""
         return self.read_line(timeout)
+
+    def detach(self) -> None:
+        """Let the child go on without us (a shared agent outlives the script that started it):
+        close our ends of its pipes, stop nothing."""
+        p = self.proc
+        for f in ((p.stdin, p.stdout) if p is not None else ()):
+            if f is not None and not f.closed:
+                try:
+                    f.close()
+                except OSError:
+                    pass  # a broken pipe on a last flush: nothing was left to say
+        if self.ready_fd_flag and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
 
     def stop(self, deadline: float) -> int | None:
         """End the child: close its stdin (its cue to end), wait until ``deadline`` (``time.monotonic()``),

@@ -41,3 +41,20 @@ def test_ready_on_a_pipe_of_its_own_and_a_child_that_dies_at_start():
     dead.start()
     assert dead.wait_ready(60.0) == "" and dead.eof
     assert dead.stop(time.monotonic() + 60.0) == 3
+
+
+def test_detach_leaves_the_child_running():
+    """A shared host agent outlives the script that started it: detach closes our pipes, stops nothing."""
+    import os
+    import signal
+
+    h = HelperProcess([sys.executable, "-c", "import os, sys, time\nos.write(int(sys.argv[-1]), b'up\\n')\n"
+                                            "time.sleep(600)"], ready_fd_flag="--info-fd")
+    h.start(b"", keep_stdin=False)
+    assert h.wait_ready(60.0) == "up"
+    h.detach()
+    try:
+        assert h.alive
+    finally:
+        os.kill(h.pid, signal.SIGKILL)
+        h.wait(60.0)
