@@ -49,6 +49,8 @@ _MEANINGS = {
 # table's (written there as numbers; tests/cli/test_exit_codes.py pins them to it).
 from monarch_agents.errors import MonarchError, UsageError, install_hint, missing_part  # noqa: E402, F401
 from monarch_schedulers.errors import SchedulerError  # noqa: E402, F401  (re-exported)
+# A folder monarch keeps private files in is another user's or open to others (monarch_rdmafs.private).
+from monarch_agents.files import UnsafeFolder  # noqa: E402,F401
 
 
 class StateError(MonarchError):

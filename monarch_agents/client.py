@@ -15,7 +15,8 @@ from monarch_agents import runtime as rt_mod
 from monarch_agents import messages as m
 from monarch_agents import supervision
 from monarch_agents.errors import MonarchError
-from monarch_agents.keys import JobKeys
+from monarch_agents import keys as keys_mod
+from monarch_agents.keys import CLIENT, JobKeys
 from monarch_agents.runtime import Runtime
 from monarch_agents.transport import addr_host, route_ip
 
@@ -44,6 +45,10 @@ def bind_address(reach: Iterable[str] = ()) -> str:
     for addr in reach:
         return route_ip(addr_host(addr))
     return "127.0.0.1"
+
+
+def _from_agents(msg_type: type, role: str) -> bool:
+    return role == CLIENT
 
 
 def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route: dict | None = None) -> Runtime:
@@ -76,13 +81,15 @@ def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route
 
             ctx = transport.new_context()
         name = "client" if current is None else f"client-{len(_by_keys) + 1}"
+        # A `monarch` command's process hosts no actor: it hears only its host agents (monarch_agents.keys).
+        admit = _from_agents if keys_mod.agents_only() else None
         if route and route.get("via") == "port-forward":
             holder: list[Runtime] = []
-            rt = Runtime(keys, bind_host="127.0.0.1", name=name, socks_proxy=route["socks"], ctx=ctx,
+            rt = Runtime(keys, bind_host="127.0.0.1", name=name, socks_proxy=route["socks"], ctx=ctx, admit=admit,
                          advertise=lambda endpoint: _relayed_address(holder, route["control"], endpoint))
             holder.append(rt)
         else:
-            rt = Runtime(keys, bind_host=bind_address(reach), name=name, ctx=ctx)
+            rt = Runtime(keys, bind_host=bind_address(reach), name=name, ctx=ctx, admit=admit)
         _routes[id(rt)] = route
         supervision.install(rt)
         rt.register(m.ActorDebugWaiting, _debug_waiting)

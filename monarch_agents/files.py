@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from monarch_rdmafs.private import UnsafeFolder, check_private, private_dir, runtime_dir  # noqa: F401  (the one rule; see there)
+
 
 def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
     """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600).

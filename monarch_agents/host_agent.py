@@ -30,6 +30,8 @@ import time
 from typing import Any, Iterable, TypeVar
 
 from monarch_agents import messages as m
+from monarch_agents.files import private_dir
+from monarch_agents.hardening import not_dumpable
 from monarch_agents.keys import CLIENT, LOCAL_PROC
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.services import (Child, SerialWorker, Service, debug, killpg, procs, relay, runs, shells, telemetry,
@@ -104,7 +106,7 @@ class HostAgent:
         self.stopped = threading.Event()
         self._base_env = dict(os.environ)
         self._base_env["MONARCH_HOSTNAME"] = host
-        os.makedirs(log_dir, exist_ok=True)
+        private_dir(log_dir)
         self.services: list[Service] = [cls(self) for cls in services]
         self._from_local_procs = frozenset().union(*(type(s).from_local_procs for s in self.services))
         self._workers: list[SerialWorker] = []
@@ -194,7 +196,7 @@ class HostAgent:
         if self.inherit_stdio:
             return [1, 2]
         path = os.path.join(self.log_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # under the private log folder
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         return [fd, os.dup(fd)]
 
@@ -376,7 +378,7 @@ def _interpreter_first_on_path() -> None:
 
 
 def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERVICES, *,
-         forked: bool = False) -> None:
+         forked: bool = False, keys: JobKeys | None = None) -> None:
     """Start a host agent with ``services`` and return once it has stopped.
 
     With ``--fork-hosts FILE``, start one agent per entry of FILE instead (see :func:`fork_hosts`)."""
@@ -401,20 +403,24 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
                    help="start one agent per entry of this JSON file ({args, log}), each a fork of this process")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    # Before any key is read: code of the same uid (a rank) may not read this process's memory
+    # (a fork inherits it, and the keys the launcher read once).
+    hardened = not_dumpable()
+    if keys is None:
+        if args.keys_file:
+            with open(args.keys_file) as f:
+                keys = JobKeys(**json.load(f))
+        else:
+            keys = JobKeys(**json.loads(sys.stdin.readline()))
     if args.fork_hosts and not forked:
         at = argv.index("--fork-hosts") if "--fork-hosts" in argv else -1
         common = argv[:at] + argv[at + 2:] if at >= 0 else [a for a in argv if not a.startswith("--fork-hosts=")]
-        fork_hosts(args.fork_hosts, common, [x for x in args.preload.split(",") if x], services)
+        fork_hosts(args.fork_hosts, common, [x for x in args.preload.split(",") if x], services, keys)
         return
 
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _interpreter_first_on_path()
-    if args.keys_file:
-        with open(args.keys_file) as f:
-            keys = JobKeys(**json.load(f))
-    else:
-        keys = JobKeys(**json.loads(sys.stdin.readline()))
     host = args.hostname or os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
     try:
         bind = args.bind or route_ip(args.client_host, fallback=None)
@@ -437,7 +443,7 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
         listener = OwnerListener(agent, args.shared_socket, args.idle_exit or DEFAULT_IDLE_S)
         listener.start()
     info = {"addr": addr, "pid": os.getpid(), "host": host, "host_rank": args.host_rank, "ip": bind,
-            "log_dir": log_dir, "started_at": agent.started_at}
+            "log_dir": log_dir, "started_at": agent.started_at, "dumpable": not hardened}
     if args.agent_file:
         write_json_atomic(args.agent_file, info)
     if args.info_fd >= 0:
@@ -452,7 +458,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
             listener.close()
 
 
-def fork_hosts(path: str, common: list[str], preload: list[str], services: Iterable[type[Service]]) -> None:
+def fork_hosts(path: str, common: list[str], preload: list[str], services: Iterable[type[Service]],
+               keys: JobKeys) -> None:
     """Start many host agents on this machine (the local scheduler's hosts), each a fork of this process.
 
     ``path`` is a JSON list of ``{"args": [...], "log": FILE}``: each agent runs with ``common`` plus
@@ -476,7 +483,7 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
     pids: list[int] = []
     try:
         for h in hosts:
-            pids.append(_fork_host(h, common, services))
+            pids.append(_fork_host(h, common, services, keys))
     except BaseException:
         for pid in pids:  # nobody would know of them: all or none
             killpg(pid, signal.SIGKILL)
@@ -484,7 +491,7 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
     print(json.dumps({"pids": pids}), flush=True)
 
 
-def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]]) -> int:
+def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]], keys: JobKeys) -> int:
     """Fork one agent of :func:`fork_hosts`; its pid."""
     log_fd = os.open(h["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -504,7 +511,7 @@ def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]]) ->
         os.dup2(log_fd, 2)
         os.close(null)
         os.close(log_fd)
-        main([*common, *h["args"]], services, forked=True)
+        main([*common, *h["args"]], services, forked=True, keys=keys)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
         if not isinstance(e.code, int) and e.code is not None:

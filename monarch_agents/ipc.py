@@ -55,12 +55,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch_agents import wire
+from monarch_agents.keys import CLIENT, LOCAL_PROC, MEMBER, PROC
 
 if TYPE_CHECKING:
     from monarch_agents.transport import JobKeys
 
 _NAME_PREFIX = "\0monarch-ipc:"
-_HELLO = struct.Struct("!4s16s32s")  # magic, nonce, mac
+_HELLO = struct.Struct("!4s16s32s32s")  # magic, nonce, mac, client mac
 _WELCOME = struct.Struct("!4s32s")  # magic, mac
 _HELLO_MAGIC = b"MNRH"
 _WELCOME_MAGIC = b"MNRW"
@@ -111,6 +112,18 @@ def _hello_mac(keys: JobKeys, name: str, nonce: bytes, to_host: bool = False, ke
     return _hmac(key if key is not None else _hello_key(keys, to_host), msg)
 
 
+def _client_mac(keys: JobKeys, name: str, nonce: bytes, key: str | None = None) -> bytes:
+    """A second proof in every hello: made with the client's secret by a process that holds it (the
+    client, a host agent), zeros otherwise.  A member listener that holds that secret (a client) tells
+    its agents from procs by it, as ZAP tells them apart by key over TCP."""
+    key = keys.client_secret if key is None else key
+    return _hmac(key, b"monarch-ipc-client\0" + name.encode() + b"\0" + nonce) if key else bytes(32)
+
+
+def _hello_bytes(keys: JobKeys, name: str, nonce: bytes, to_host: bool = False) -> bytes:
+    return _HELLO.pack(_HELLO_MAGIC, nonce, _hello_mac(keys, name, nonce, to_host), _client_mac(keys, name, nonce))
+
+
 def _welcome_mac(keys: JobKeys, nonce: bytes, to_host: bool = False, key: str | None = None) -> bytes:
     """A member listener proves the members' server secret; a host agent, the secret the hello used
     (a proc cannot check a proof made with a secret it does not hold)."""
@@ -122,8 +135,6 @@ def _welcome_mac(keys: JobKeys, nonce: bytes, to_host: bool = False, key: str | 
 
 def _hello_roles(keys: JobKeys, to_host: bool) -> list[tuple[str, str]]:
     """(secret, role) a listener accepts hellos keyed with: a host agent tells the client from procs."""
-    from monarch_agents.keys import CLIENT, LOCAL_PROC, MEMBER
-
     if not to_host:
         return [(keys.member_secret, MEMBER)]
     return [(k, role) for k, role in ((keys.client_secret, CLIENT), (keys.proc_secret, LOCAL_PROC)) if k]
@@ -180,6 +191,8 @@ class Link:
         self.to_host = to_host  # the listener is a host agent's
         #: Who the peer proved to be (inbound links, once the hello is checked): a role of monarch_agents.keys.
         self.role = ""
+        #: The longest message read from this link (lowered for procs' keys once the hello says who it is).
+        self.max_bytes = wire.MAX_FRAME_BYTES
         self.lock = threading.Lock()
         # Outbound: messages wait until the welcome is checked.  Inbound: nothing is read
         # but the hello until it is checked.
@@ -300,7 +313,7 @@ class Link:
         else:
             if len(buf) < _HELLO.size:
                 return False
-            magic, nonce, mac = _HELLO.unpack_from(buf)
+            magic, nonce, mac, client_mac = _HELLO.unpack_from(buf)
             key = None
             if magic == _HELLO_MAGIC:
                 for secret, role in _hello_roles(self.keys, self.to_host):
@@ -309,12 +322,18 @@ class Link:
                         break
             if key is None:
                 raise LinkError("a peer without the job's keys tried to connect")
+            if self.role == MEMBER and self.keys.client_secret:
+                # A client's listener: its host agents prove the client's secret, procs cannot.
+                self.role = CLIENT if _same_digest(client_mac, _client_mac(self.keys, self.name, nonce)) else PROC
             del buf[: _HELLO.size]
             welcome = _welcome_mac(self.keys, nonce, self.to_host, key)
             try:  # fits: it is the first thing written on a fresh socket
                 self.sock.send(_WELCOME.pack(_WELCOME_MAGIC, welcome), socket.MSG_NOSIGNAL)
             except OSError:
                 raise PeerGone(self.addr) from None
+        if self.to_host and self.role in (PROC, LOCAL_PROC):
+            # A host agent's link from a proc's key: the procs' limit (monarch_agents.wire).
+            self.max_bytes = wire.PROC_MAX_FRAME_BYTES
         with self.lock:
             self.ready = True
         return True
@@ -334,9 +353,9 @@ class Link:
                 if len(buf) < start:
                     break
                 lens = head.unpack_from(buf, pos)[2:]
-                if sum(lens) > wire.MAX_FRAME_BYTES:
+                if sum(lens) > self.max_bytes:
                     # Refused on its header, before any of it is buffered.
-                    raise LinkError(f"a {sum(lens)}-byte message is over the {wire.MAX_FRAME_BYTES}-byte frame limit")
+                    raise LinkError(f"a {sum(lens)}-byte message is over the {self.max_bytes}-byte limit for a {self.role or 'peer'}")
                 end = start + sum(lens)
                 if len(buf) < end:
                     break
@@ -378,7 +397,7 @@ def connect(addr: str, keys: JobKeys, to_host: bool = False) -> Link | None:
             s.close()
             return None
         nonce = os.urandom(16)
-        s.sendall(_HELLO.pack(_HELLO_MAGIC, nonce, _hello_mac(keys, socket_name(addr), nonce, to_host)))
+        s.sendall(_hello_bytes(keys, socket_name(addr), nonce, to_host))
         s.setblocking(False)
     except OSError:
         s.close()

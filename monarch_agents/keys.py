@@ -27,6 +27,21 @@ from dataclasses import asdict, dataclass
 CLIENT, PROC, LOCAL_PROC, MEMBER = "client", "proc", "local-proc", "member"
 
 
+#: Set in a ``monarch`` command's process (:func:`admit_only_agents`): the runtimes it starts take
+#: messages only from holders of the client's key (its host agents), never from a proc's key, which
+#: every rank and actor holds.  Here, not in ``client``, so setting it imports no ZeroMQ.
+_agents_only = False
+
+
+def admit_only_agents(on: bool = True) -> None:
+    global _agents_only
+    _agents_only = on
+
+
+def agents_only() -> bool:
+    return _agents_only
+
+
 @dataclass(frozen=True, slots=True)
 class JobKeys:
     """The CURVE keys of one job, as z85 text (safe to keep in a 0600 file)."""

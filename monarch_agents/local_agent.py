@@ -31,14 +31,15 @@ import json
 import logging
 import os
 import socket
-import stat
 import struct
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from monarch_agents.files import UnsafeFolder, private_dir
+from monarch_agents.files import runtime_dir as shared_runtime_dir
 
 if TYPE_CHECKING:
     from monarch_agents.host_agent import HostAgent
@@ -65,22 +66,15 @@ def enabled() -> bool:
 
 
 def runtime_dir() -> str | None:
-    """The user's private folder for agent sockets, made 0700 if missing; None if it is not safe
-    (another owner, or open to others): the caller then starts an agent of its own."""
-    base = os.environ.get(RUNTIME_DIR_ENV)
-    if not base:
-        xdg = os.environ.get("XDG_RUNTIME_DIR")
-        base = os.path.join(xdg, "monarch") if xdg and os.path.isdir(xdg) else \
-            os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
+    """The user's private folder for agent sockets (``monarch_rdmafs.private``'s rule: made 0700 if
+    missing); None if it is not safe (another owner, a link, or writable by others): the caller then
+    starts an agent of its own."""
     try:
-        os.makedirs(base, 0o700, exist_ok=True)
-        st = os.lstat(base)
-    except OSError:
+        base = os.environ.get(RUNTIME_DIR_ENV)
+        return private_dir(base) if base else shared_runtime_dir()
+    except (UnsafeFolder, OSError) as e:
+        log.warning("not using the shared host agent: %s", e)
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        log.warning("not using %s for the shared host agent: it must be a folder of yours with mode 0700", base)
-        return None
-    return base
 
 
 def _code_root() -> str:

@@ -16,7 +16,6 @@ so the error names the signal or exit code.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
@@ -26,13 +25,16 @@ from typing import Any, Callable, Protocol
 from monarch_agents.errors import SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.messages import PortRef, ProcDied, Reply, Streamed
-from monarch_agents.transport import JobKeys, Mailbox, PeerLost
+from monarch_agents.keys import CLIENT
+from monarch_agents.transport import JobKeys, Mailbox, PeerLost, is_host_agent
 
 log = logging.getLogger("monarch.runtime")
 
 #: How long to wait for a host agent's ProcDied (which has the exit status)
 #: after a connection to a proc we own closed.
 _DEATH_GRACE_S = 0.1
+#: The sender role of a message this process sent itself.
+SELF = "self"
 
 
 class PortHandler(Protocol):
@@ -43,20 +45,23 @@ class PortHandler(Protocol):
 class OneShot:
     """A port that resolves one future with the first answer."""
 
-    __slots__ = ("future", "rt", "port_id", "describe")
+    __slots__ = ("future", "rt", "port_id", "describe", "restricted")
 
-    def __init__(self, rt: "Runtime", future: Future, describe: Callable[[str], dict] | None = None):
+    def __init__(self, rt: "Runtime", future: Future, describe: Callable[[str], dict] | None = None,
+                 restricted: bool = False):
         self.future = future
         self.rt = rt
         self.port_id = 0
         self.describe = describe
+        #: An error is rebuilt with the envelope unpickler (monarch's own types only), never a full unpickle.
+        self.restricted = restricted
 
     def deliver(self, reply: Reply) -> None:
         self.rt.close_port(self.port_id)
         if reply.ok:
             self.future.set_result(reply.payload)
         else:
-            self.future.set_exception(_as_exception(reply.payload))
+            self.future.set_exception(_as_exception(reply.payload, self.restricted))
 
     def lost(self, addr: str, error: SupervisionError) -> None:
         self.rt.close_port(self.port_id)
@@ -109,13 +114,14 @@ class _Relay:
         pass  # a port can have many senders; one dying does not end it
 
 
-def _as_exception(payload: Any) -> BaseException:
+def _as_exception(payload: Any, restricted: bool = False) -> BaseException:
+    from monarch_agents import wire
     from monarch_agents.messages import Pickled
 
     if isinstance(payload, Pickled):
         try:
-            payload = payload.load()
-        except Exception as e:  # the exception itself could not be rebuilt here
+            payload = wire.loads_envelope(payload.body, payload.buffers) if restricted else payload.load()
+        except Exception as e:  # the exception itself could not be rebuilt here (or may not be)
             return RuntimeError(f"remote error could not be decoded: {e}")
     if isinstance(payload, BaseException):
         return payload
@@ -142,7 +148,6 @@ class Runtime:
         self._own_ctx = ctx
         self._relays: dict[tuple[str, int], PortRef] = {}
         self._ports: dict[int, PortHandler] = {}
-        self._port_ids = itertools.count(1)
         self._waiting: dict[str, set[int]] = defaultdict(set)  # peer addr -> ports waiting on it
         self._port_waits: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -191,7 +196,7 @@ class Runtime:
                 return
         if addr == self.addr:
             # To an actor this process hosts (or a port it opened): no socket, same order.
-            self.mailbox.call_soon(lambda: self._on_message(msg))
+            self.mailbox.call_soon(lambda: self._on_own_message(msg))
             return
         err = self._death.get(addr)
         if err is not None:
@@ -201,10 +206,18 @@ class Runtime:
         except PeerLost:
             raise self._death.get(addr) or SupervisionError(f"connection to {addr} was lost")
 
+    def _on_own_message(self, msg: Any) -> None:
+        self.mailbox.sender_role = SELF
+        self._on_message(msg)
+
     def _on_message(self, msg: Any) -> None:
         if type(msg) is Reply:
             h = self._ports.get(msg.port_id)
             if h is not None:
+                if not self._from_awaited(msg.port_id):
+                    log.warning("%s: dropped an answer to port %x from a %s key; it waits on host agents",
+                                self.name, msg.port_id, self.mailbox.sender_role or "unknown")
+                    return
                 h.deliver(msg)
             return
         if type(msg) is ProcDied:
@@ -236,9 +249,25 @@ class Runtime:
 
     # -- ports -------------------------------------------------------------
 
+    def _from_awaited(self, port_id: int) -> bool:
+        """Whether the answer being handled may come from its sender: a port that waits only on host
+        agents takes answers only from a holder of the client's key (they, or this process), never
+        from a proc's key, which any rank or actor holds."""
+        if not self.keys.client_secret:
+            return True  # a proc: every sender holds what it holds, and a Unix socket cannot tell them apart
+        waits = self._port_waits.get(port_id)
+        if not waits or not all(is_host_agent(a) for a in waits):
+            return True
+        return self.mailbox.sender_role in (CLIENT, SELF)
+
     def open_port(self, handler: PortHandler, waits_on: list[str] | tuple = ()) -> PortRef:
         """A port routing answers to ``handler``; fails it if a peer in ``waits_on`` dies."""
-        pid = next(self._port_ids)
+        with self._lock:
+            # Random ids (63 bits: telemetry keeps them as int64): a peer cannot guess the port of
+            # an answer another one waits for.
+            pid = _random_port_id()
+            while pid in self._ports:
+                pid = _random_port_id()
         if hasattr(handler, "port_id"):
             handler.port_id = pid
         with self._lock:
@@ -273,7 +302,7 @@ class Runtime:
     def request(self, addr: str, make: Callable[[PortRef], Any], transform: Callable[[Any], Any] | None = None) -> Future:
         """Send ``make(port)`` to ``addr`` and return a future for the one answer."""
         fut: Future = Future(transform)
-        handler = OneShot(self, fut)
+        handler = OneShot(self, fut, restricted=is_host_agent(addr))
         port = self.open_port(handler, (addr,))
         try:
             self.send(addr, make(port))
@@ -368,6 +397,10 @@ class Runtime:
                 w(err)
             except Exception:
                 log.exception("death watcher failed")
+
+
+def _random_port_id() -> int:
+    return (int.from_bytes(os.urandom(8), "big") >> 1) or 1
 
 
 def _hostname() -> str:

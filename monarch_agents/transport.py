@@ -45,7 +45,7 @@ import zmq
 
 from monarch_agents import ipc, tunnel, wire
 from monarch_agents.zap import KeyGate
-from monarch_agents.keys import JobKeys  # noqa: F401  (re-exported: the transport's callers name it here)
+from monarch_agents.keys import LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
 log = logging.getLogger("monarch.transport")
 
@@ -58,6 +58,12 @@ _HEARTBEAT_TIMEOUT_MS = 5000
 _LINGER_S = 0.5
 #: A peer that has not completed the CURVE handshake by then is treated as gone.
 _CONNECT_DEADLINE_S = 5.0
+#: How long an inbound TCP connection has to complete the CURVE handshake.
+_HANDSHAKE_IVL_MS = 3000
+#: The roles of a proc's key (see ``monarch_agents.keys``): what user code holds.
+PROC_ROLES = frozenset({PROC, LOCAL_PROC})
+#: A refused message up to this size is decoded to tell its sender why; a bigger one is dropped.
+_REFUSED_DECODE_MAX = 64 << 10
 
 
 _ctx_lock = threading.Lock()
@@ -202,6 +208,15 @@ class Mailbox:
         self._admit = admit
         self._on_refused = on_refused or (lambda msg, role: None)
         self.stats_refused = 0
+        #: A host agent's mailbox guards itself against procs' keys (a controller trusts its own procs,
+        #: and a `monarch` command's runtime refuses them by policy; see ``_deliver``).
+        self._guard_procs = host
+        # A host agent's only: a controller takes big results (tensors) from its procs.
+        self.proc_frame_limit = wire.PROC_MAX_FRAME_BYTES if host else wire.MAX_FRAME_BYTES
+        #: The role of the message ``on_message`` is handling (IO thread only): the key its sender
+        #: proved, ``"client"`` for the client and host agents, ``"proc"``/``"local-proc"`` for procs,
+        #: ``"member"`` where a proc's listener cannot tell (see ``monarch_agents.keys``).
+        self.sender_role = ""
         self.addr = ""
         # One mailbox per process shares the process context; another one in the same process
         # (tests) needs a context of its own, as each context has a single ZAP handler.
@@ -255,6 +270,10 @@ class Mailbox:
         r.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         r.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
         r.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        # A connection that has not proved a job key by then is closed: anyone who can reach the
+        # port may open connections, and idle ones must not hold our descriptors (ZeroMQ's default: 30 s).
+        r.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+        raise_fd_limit()
         host = self.bind_host
         fmt = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
         if self.bind_port:
@@ -600,23 +619,46 @@ class Mailbox:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            # The role the ZAP handler gave the peer's key (read only where a policy needs it).
-            self._deliver(frames[1:], (), frames[1].get("User-Id") if self._admit is not None and len(frames) > 1 else "")
+            # The role the ZAP handler gave the peer's key (a policy, and reply routing, look at it).
+            self._deliver(frames[1:], (), frames[1].get("User-Id") if len(frames) > 1 else "")
         self._redrain = True  # its FD will not say so again: come back without waiting
 
     def _deliver(self, frames: Any, fds: Any, role: str) -> None:
+        # A proc's key (any rank or actor holds one) is held to less than the client's: at a host
+        # agent its message's type is checked against the policy, and its size against the procs'
+        # limit, before the body is decoded, and the body's pickle is checked before the unpickler
+        # sees it (no length or memo index in it may make us allocate more than it is).  A runtime
+        # with a policy (a host agent, a `monarch` command's) checks the type before decoding too.
+        guarded = self._guard_procs and role in PROC_ROLES
+        cls = None
+        fds = list(fds)
         try:
-            msg = wire.decode(frames, fds)
+            if guarded or self._admit is not None:
+                cls = wire.message_type(frames)
+            if guarded and wire.frames_size(frames) > self.proc_frame_limit:
+                raise wire.WireError(f"a {wire.frames_size(frames)}-byte message from a proc's key is over the "
+                                     f"{self.proc_frame_limit}-byte limit for procs")
+            if self._admit is not None and not self._admit(cls, role):
+                self.stats_refused += 1
+                log.warning("%s: refused a %s from a peer with the %s key", self.name, cls.__name__, role or "no")
+                if wire.frames_size(frames) <= _REFUSED_DECODE_MAX:  # small: say why to its sender
+                    fds, taken = [], fds
+                    msg = wire.decode(frames, taken, check=True)
+                    self._guard(lambda: self._on_refused(msg, role))
+                return
+            fds, taken = [], fds
+            msg = wire.decode(frames, taken, check=guarded)
+            if cls is not None and type(msg) is not cls:
+                raise wire.WireError(f"the header says {cls.__name__}, the body is a {type(msg).__name__}")
         except wire.WireError as e:
             self.stats_dropped += 1
             log.warning("%s: dropped a malformed message: %s", self.name, e)
             return
-        if self._admit is not None and not self._admit(type(msg), role):
-            self.stats_refused += 1
-            log.warning("%s: refused a %s from a peer with the %s key", self.name, type(msg).__name__, role or "no")
-            self._guard(lambda: self._on_refused(msg, role))
-            return
+        finally:
+            for fd in fds:  # not handed to the decoder: ours to close
+                os.close(fd)
         self.stats_received += 1
+        self.sender_role = role
         try:
             self.on_message(msg)
         except Exception:
@@ -701,6 +743,31 @@ class Mailbox:
     def statistics(self) -> dict:
         return {"received": self.stats_received, "dropped": self.stats_dropped, "refused": self.stats_refused,
                 "peers": len(self._peers)}
+
+
+_fd_limit_raised = False
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft limit on open descriptors to its hard limit (once).
+
+    The usual soft limit (1,024) is what an unauthenticated flood of idle connections exhausts
+    first: a listener then cannot accept its own job's peers, nor open files.  The hard limit is
+    the administrator's; going up to it needs no privilege.
+    """
+    global _fd_limit_raised
+    if _fd_limit_raised:
+        return
+    _fd_limit_raised = True
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError) as e:
+        log.debug("could not raise the descriptor limit: %s", e)
 
 
 def _close_quietly(sock: zmq.Socket, monitor: zmq.Socket) -> None:

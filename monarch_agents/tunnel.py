@@ -39,10 +39,20 @@ def send_line(sock: socket.socket, obj: dict) -> None:
     sock.sendall(json.dumps(obj).encode() + b"\n")
 
 
-def read_line(sock: socket.socket) -> dict | None:
-    """One JSON line, read a byte at a time so no tunnelled byte after it is consumed; None at EOF."""
+def read_line(sock: socket.socket, deadline: float | None = None) -> dict | None:
+    """One JSON line, read a byte at a time so no tunnelled byte after it is consumed; None at EOF.
+
+    ``deadline`` (``time.monotonic()``): the whole line must have come by then (a peer sending a
+    byte now and then cannot hold the reader), else ``socket.timeout``."""
+    import time
+
     buf = bytearray()
     while len(buf) < MAX_LINE:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the request line did not come in time")
+            sock.settimeout(left)
         b = sock.recv(1)
         if not b:
             return None

@@ -8,7 +8,9 @@ A message on the wire is::
 kind byte per buffer: ``0`` the buffer travels as its own frame, ``1`` the
 frame holds only its length and the buffer is a shared-memory segment whose
 descriptor travels beside the frames (same-host peers, see ``monarch_agents/ipc.py``
-and ``monarch_agents/shm.py``).  ``body`` is pickle protocol 5; large buffers (NumPy
+and ``monarch_agents/shm.py``); then the message's type as ``module:name``, so a receiver
+decides whether it takes that type from that sender before it decodes the body
+(:func:`message_type`), and checks the body is that type after.  ``body`` is pickle protocol 5; large buffers (NumPy
 arrays, tensors, big ``bytes``) are taken out of band so they are never copied
 into the pickle stream.
 
@@ -34,7 +36,7 @@ import cloudpickle
 from monarch_agents import shm
 
 MAGIC = b"MNRC"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct("!4sHI")  # magic, version, number of out-of-band buffers
 
 #: Buffers at least this large leave the pickle stream as their own frame.
@@ -46,6 +48,9 @@ MAX_SEGMENTS = 32
 #: The longest frame (or shared-memory segment) a receiver accepts; a peer announcing more is cut
 #: off before anything is allocated for it.  ``MONARCH_MAX_FRAME_BYTES`` raises it for bigger tensors.
 MAX_FRAME_BYTES = int(os.environ.get("MONARCH_MAX_FRAME_BYTES", 8 << 30))
+#: The longest message a proc's key (user code) may send to a host agent (``MONARCH_PROC_MAX_FRAME_BYTES``):
+#: what actors ask of their host agent is small (a controller still takes big results from its procs).
+PROC_MAX_FRAME_BYTES = int(os.environ.get("MONARCH_PROC_MAX_FRAME_BYTES", 256 << 20))
 
 _PROTO_5 = b"\x80\x05"  # how a pickle protocol 5 stream begins
 _KIND_FRAME = 0
@@ -281,7 +286,9 @@ ENVELOPE_GLOBALS = {
     ("array", "_array_reconstructor"),
 }
 #: Builtins an envelope may name besides exception classes (protocol 5 writes most containers as opcodes).
-_SAFE_BUILTINS = {"set", "frozenset", "bytearray", "complex", "slice", "range"}
+#: None allocates more than its arguments: ``bytearray(n)`` or ``range(n)`` (fed to a set or an
+#: array) would turn a few bytes into gigabytes, so they are not here (protocol 5 never names them).
+_SAFE_BUILTINS = {"set", "frozenset", "complex", "slice"}
 
 
 class EnvelopeError(pickle.UnpicklingError):
@@ -327,6 +334,60 @@ def _is_record_type(cls: type) -> bool:
 _envelope_globals: dict[tuple[str, str], Any] = {}
 
 
+# What each opcode of a pickle takes after it: (how, size).  how 0: ``size`` fixed bytes; 1: a
+# ``size``-byte little-endian length, then that many bytes; 2: ``size`` newline-ended lines.
+# Opcodes not listed are refused: PUT, BINPUT and LONG_BINPUT (the C unpickler grows its memo to the
+# index they name: 12 bytes can make it allocate 16 GiB; protocol 5 writes MEMOIZE instead), the
+# persistent ids and the extension registry (never used by us).
+_OPCODE_ARGS: dict[int, tuple[int, int]] = {
+    **{ord(c): (0, 0) for c in "(.012N)]}aeltdsubRo"},
+    **{op: (0, 0) for op in (0x81, 0x92, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8F, 0x90, 0x91, 0x93, 0x94, 0x97, 0x98)},
+    ord("K"): (0, 1), ord("M"): (0, 2), ord("J"): (0, 4), ord("G"): (0, 8), ord("h"): (0, 1), ord("j"): (0, 4),
+    0x80: (0, 1), 0x95: (0, 8),
+    ord("U"): (1, 1), ord("T"): (1, 4), ord("C"): (1, 1), ord("B"): (1, 4), 0x8E: (1, 8), ord("X"): (1, 4),
+    0x8C: (1, 1), 0x8D: (1, 8), 0x96: (1, 8), 0x8A: (1, 1), 0x8B: (1, 4),
+    **{ord(c): (2, 1) for c in "ILFSVg"}, ord("c"): (2, 2), ord("i"): (2, 2),
+}
+_ARGS_TABLE = [_OPCODE_ARGS.get(i) for i in range(256)]
+
+
+def check_pickle(body: Any) -> None:
+    """Raise :class:`WireError` unless ``body`` is a pickle whose every opcode and length fits in it.
+
+    Run before the C unpickler sees a body from a peer that holds only a proc's key: no length,
+    frame or memo index it names may make the receiver allocate more than the body's own size.
+    """
+    data = bytes(body)
+    n = len(data)
+    pos = 0
+    table = _ARGS_TABLE
+    while pos < n:
+        op = data[pos]
+        spec = table[op]
+        if spec is None:
+            raise WireError(f"opcode {op:#x} at {pos} is not one monarch writes")
+        pos += 1
+        how, size = spec
+        if how == 0:
+            if op == 0x95 and pos + 8 <= n and int.from_bytes(data[pos:pos + 8], "little") > n - pos - 8:
+                raise WireError("a pickle frame longer than the body")
+            pos += size
+        elif how == 1:
+            length = int.from_bytes(data[pos:pos + size], "little")
+            pos += size + length
+        else:
+            for _ in range(size):
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    raise WireError("a text opcode without its line")
+                pos = end + 1
+        if pos > n:
+            raise WireError("a pickle naming more bytes than it has")
+        if op == 0x2E:  # STOP
+            return
+    raise WireError("a pickle without its end")
+
+
 class _EnvelopeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         key = (module, name)
@@ -357,10 +418,59 @@ def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
     """
     buffers: list[pickle.PickleBuffer] = []
     body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
-    return encode_parts(body, buffers, fds)
+    return encode_parts(body, buffers, fds, _type_name(type(obj)))
 
 
-def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[int] | None = None) -> list[Any]:
+_type_names: dict[type, bytes] = {}
+
+
+def _type_name(cls: type) -> bytes:
+    name = _type_names.get(cls)
+    if name is None:
+        name = _type_names[cls] = f"{cls.__module__}:{cls.__qualname__}".encode()
+    return name
+
+
+def message_type(frames: Sequence[Any]) -> type:
+    """The type a message's header says it is, resolved as the envelope unpickler would (only
+    monarch's message types), without looking at its body.  Raises :class:`WireError`."""
+    try:
+        header = bytes(memoryview(_buf(frames[0])))
+        magic, version, nbuf = _HEADER.unpack_from(header)
+    except (IndexError, struct.error, TypeError) as e:
+        raise WireError(f"bad header: {e}") from None
+    if magic != MAGIC or version != VERSION:
+        raise WireError("bad magic or wire version")
+    module, _, name = header[_HEADER.size + nbuf:].decode("ascii", "replace").partition(":")
+    key = (module, name)
+    cls = _envelope_globals.get(key)
+    if cls is None:
+        try:
+            cls = _envelope_globals[key] = _envelope_global(module, name)
+        except Exception as e:
+            raise WireError(f"the header names {module}:{name}, not a message type ({e})") from None
+    return cls
+
+
+def frames_size(frames: Sequence[Any]) -> int:
+    """The bytes a message's frames hold (a shared-memory segment counts as its announced length)."""
+    total = 0
+    try:
+        header = memoryview(_buf(frames[0]))
+        kinds = bytes(header[_HEADER.size:_HEADER.size + _HEADER.unpack_from(header)[2]])
+    except (IndexError, struct.error, TypeError):
+        return 0
+    for i, f in enumerate(frames):
+        f = _buf(f)
+        n = f.nbytes if isinstance(f, memoryview) else len(f)
+        if i >= 2 and i - 2 < len(kinds) and kinds[i - 2] == _KIND_SEGMENT and n == _SEGMENT.size:
+            n = _SEGMENT.unpack(bytes(f))[0]
+        total += n
+    return total
+
+
+def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[int] | None = None,
+                 type_name: bytes = b"") -> list[Any]:
     kinds = bytearray()
     frames: list[Any] = [b"", body]
     made = 0
@@ -381,24 +491,25 @@ def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[
                 os.close(fd)
             del fds[len(fds) - made:]
         raise
-    frames[0] = _HEADER.pack(MAGIC, VERSION, len(buffers)) + bytes(kinds)
+    frames[0] = _HEADER.pack(MAGIC, VERSION, len(buffers)) + bytes(kinds) + type_name
     return frames
 
 
-def decode(frames: Sequence[Any], fds: Sequence[int] = ()) -> Any:
+def decode(frames: Sequence[Any], fds: Sequence[int] = (), check: bool = False) -> Any:
     """The message in ``frames`` (and its segments' ``fds``, which it takes over).
 
-    Raises :class:`WireError` if they are not one.
+    ``check``: the sender holds only a proc's key; its body is checked (:func:`check_pickle`)
+    before the unpickler sees it.  Raises :class:`WireError` if they are not one.
     """
     fds = list(fds)
     try:
-        return _decode(frames, fds)
+        return _decode(frames, fds, check)
     finally:
         for fd in fds:  # whatever was not mapped
             os.close(fd)
 
 
-def _decode(frames: Sequence[Any], fds: list[int]) -> Any:
+def _decode(frames: Sequence[Any], fds: list[int], check: bool = False) -> Any:
     try:
         header = memoryview(_buf(frames[0]))
         magic, version, nbuf = _HEADER.unpack_from(header)
@@ -408,7 +519,7 @@ def _decode(frames: Sequence[Any], fds: list[int]) -> Any:
         raise WireError("bad magic")
     if version != VERSION:
         raise WireError(f"wire version {version}, expected {VERSION}")
-    kinds = bytes(header[_HEADER.size :])
+    kinds = bytes(header[_HEADER.size : _HEADER.size + nbuf])
     if len(kinds) != nbuf or len(frames) != 2 + nbuf:
         raise WireError(f"expected {nbuf} buffers, got {len(frames) - 2} frames")
     if kinds.count(_KIND_SEGMENT) != len(fds):
@@ -421,6 +532,8 @@ def _decode(frames: Sequence[Any], fds: list[int]) -> Any:
     if proto != _PROTO_5:
         # Every body we write starts so; anything else never reaches the unpickler.
         raise WireError("body is not a protocol 5 pickle")
+    if check:
+        check_pickle(body)
     buffers = []
     try:
         for kind, f in zip(kinds, frames[2:]):

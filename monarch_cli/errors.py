@@ -13,7 +13,7 @@ import traceback
 
 import click
 
-from monarch.errors import ExitCode, MonarchError
+from monarch.errors import ExitCode, MonarchError, UnsafeFolder
 from monarch_cli.output import err as err_console
 from monarch_cli.output import escape as _escape
 from monarch_cli.output import print_json
@@ -28,6 +28,8 @@ def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> clic
         message, hint, code = e.message, e.hint, int(e.exit_code)  # a run passes its rank's status on: not only the table's
     elif missing is not None:
         (message, hint), code = missing, ExitCode.USAGE
+    elif isinstance(e, UnsafeFolder):
+        message, hint, code = e.message, e.hint, int(ExitCode.STATE)
     elif isinstance(e, KeyboardInterrupt):
         message, hint, code = "interrupted", "", ExitCode.INTERRUPTED
     else:

@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     warnings.showwarning = _one_line_warning
+    from monarch._workbench import command_process
+
+    command_process()  # this process hears only its host agents (an actor program runs in a child)
     try:
         code = app.main(args=argv, prog_name="monarch", standalone_mode=False, obj=Options())
     except click.ClickException as e:  # usage errors Click found before any command ran
@@ -168,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         from monarch_cli.errors import fail
 
         code = fail(KeyboardInterrupt(), as_json=_json_requested(argv)).exit_code
+    finally:
+        command_process(False)  # main() called in-process (tests) leaves later runtimes as they were
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 

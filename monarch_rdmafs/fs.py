@@ -22,6 +22,7 @@ from typing import Callable
 
 import pyfuse3
 
+from monarch_rdmafs.errors import CorruptChunk
 from monarch_rdmafs.manifest import CHUNK_SIZE, DIR, FILE, LINK, Entry, Manifest, parent_of
 from monarch_rdmafs.store import ChunkStore
 
@@ -260,7 +261,10 @@ class WorkspaceFS(pyfuse3.Operations):
             self._fds.move_to_end(cid)
             return fd
         try:
-            fd = os.open(self.store.path(cid), os.O_RDONLY)
+            fd = self.store.read_fd(cid)  # checked against its hash on first open: a swapped chunk is EIO
+        except CorruptChunk as e:
+            log.error("%s", e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as e:
             log.error("chunk %s missing from the store: %s", cid, e)
             raise pyfuse3.FUSEError(errno.EIO) from None

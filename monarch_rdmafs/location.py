@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 
 from monarch_rdmafs.mount import unmount_stale
+from monarch_rdmafs.private import runtime_dir
 
 
 def workspace_root(log_dir: str) -> str:
@@ -25,7 +25,9 @@ def workspace_root(log_dir: str) -> str:
 def default_workspace_root(log_dir: str) -> str:
     """The workspace folder of the agent logging to ``log_dir`` when ``MONARCH_WORKSPACE_DIR`` is not set."""
     tag = hashlib.sha256(os.path.abspath(log_dir).encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}", f"ws-{tag}")
+    # In this user's private runtime folder (XDG_RUNTIME_DIR, else the temp dir's monarch-<uid>),
+    # which the workspace service makes or checks before it stores a chunk (monarch_rdmafs.private).
+    return os.path.join(runtime_dir(make=False), f"ws-{tag}")
 
 
 def remove_workspace(log_dir: str) -> None:
@@ -34,6 +36,6 @@ def remove_workspace(log_dir: str) -> None:
     Only the default location: a ``MONARCH_WORKSPACE_DIR`` the user chose is theirs to remove.
     """
     root = default_workspace_root(log_dir)
-    if os.path.isdir(root):
+    if os.path.isdir(root) and not os.path.islink(root) and os.stat(root).st_uid == os.getuid():
         unmount_stale(os.path.join(root, "store"))
         shutil.rmtree(root, ignore_errors=True)

@@ -81,11 +81,15 @@ class Manifest:
         if doc.get("version") != MANIFEST_VERSION:
             raise ValueError(f"manifest version {doc.get('version')}, this reads {MANIFEST_VERSION}")
         entries = []
-        for path, kind, mode, size, mtime_ns, extra in doc["entries"]:
-            if kind == FILE:
-                entries.append(Entry(path, kind, mode, size, mtime_ns, tuple(extra)))
-            else:
-                entries.append(Entry(path, kind, mode, size, mtime_ns, (), extra if kind == LINK else ""))
+        try:
+            for path, kind, mode, size, mtime_ns, extra in doc["entries"]:
+                if kind == FILE:
+                    entries.append(Entry(path, kind, mode, size, mtime_ns, tuple(extra)))
+                else:
+                    entries.append(Entry(path, kind, mode, size, mtime_ns, (), extra if kind == LINK else ""))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a manifest: {e}") from None
+        _validate(entries)
         return cls(tuple(entries), bytes(data))
 
     @property
@@ -105,6 +109,38 @@ class Manifest:
 
     def by_path(self) -> dict[str, Entry]:
         return {e.path: e for e in self.entries}
+
+
+def _validate(entries: list[Entry]) -> None:
+    """Raise ValueError unless ``entries`` is a tree a host may serve or write out: relative paths with no
+    ``..``, ``.`` or empty parts, each under a directory entry (never under a link, which a materialized
+    tree would follow), sorted and unique, with well-formed chunk ids and sizes that match them."""
+    from monarch_rdmafs.store import is_chunk_id
+
+    if not entries or entries[0].path != "" or entries[0].kind != DIR:
+        raise ValueError("a manifest starts with its root directory")
+    kinds = {"": DIR}
+    previous = ""
+    for e in entries[1:]:
+        p = e.path
+        if type(p) is not str or not p or p <= previous:
+            raise ValueError(f"manifest paths out of order or repeated at {p!r}")
+        previous = p
+        parts = p.split("/")
+        if p.startswith("/") or "\0" in p or any(x in ("", ".", "..") for x in parts):
+            raise ValueError(f"manifest path {p!r} is not a plain relative path")
+        if e.kind not in (FILE, DIR, LINK) or type(e.mode) is not int or not 0 <= e.mode <= 0o7777:
+            raise ValueError(f"manifest entry {p!r} has kind {e.kind!r} and mode {e.mode!r}")
+        if type(e.size) is not int or e.size < 0 or type(e.mtime_ns) is not int:
+            raise ValueError(f"manifest entry {p!r} has a bad size or time")
+        if kinds.get(parent_of(p)[0]) != DIR:
+            raise ValueError(f"manifest path {p!r} is not inside a directory of the tree")
+        if e.kind == FILE:
+            if not all(is_chunk_id(c) for c in e.chunks) or len(e.chunks) != -(-e.size // CHUNK_SIZE):
+                raise ValueError(f"manifest file {p!r} has bad chunk ids or a size that does not match them")
+        elif e.kind == LINK and (type(e.target) is not str or "\0" in e.target):
+            raise ValueError(f"manifest link {p!r} has a bad target")
+        kinds[p] = e.kind
 
 
 def parent_of(path: str) -> tuple[str, str]:

@@ -33,6 +33,7 @@ import time
 from monarch_rdmafs.errors import SyncError
 from monarch_rdmafs.helper import HelperProcess
 from monarch_rdmafs.manifest import CHUNK_SIZE, DIR, FILE, LINK, Manifest
+from monarch_rdmafs.private import check_mount_parent, make_dirs
 from monarch_rdmafs.store import ChunkStore
 
 log = logging.getLogger("monarch.rdmafs.mount")
@@ -105,13 +106,15 @@ def unmount_stale(store_root: str) -> list[str]:
 
 def prepare_mount_point(path: str) -> None:
     """Make ``path`` an empty directory to mount on, clearing a dead mount or an old fallback link."""
+    make_dirs(os.path.dirname(path))
+    check_mount_parent(path)
     if os.path.islink(path):
         os.unlink(path)
     try:
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path)
     except (FileExistsError, OSError):
         unmount(path)  # a dead FUSE mount fails stat with ENOTCONN
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path)
     if is_mounted(path):
         unmount(path)
 
@@ -208,7 +211,8 @@ class MaterializedMount:
         dest = os.path.join(self.gens_dir, manifest_id)
         if not os.path.isdir(dest):
             materialize(self.store, manifest, dest)
-        os.makedirs(os.path.dirname(self.mountpoint), exist_ok=True)
+        make_dirs(os.path.dirname(self.mountpoint))
+        check_mount_parent(self.mountpoint)
         tmp = f"{self.mountpoint}.tmp-{os.getpid()}"
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -233,15 +237,14 @@ def materialize(store: ChunkStore, manifest: Manifest, dest: str) -> None:
     for e in manifest.entries:
         path = os.path.join(tmp, e.path) if e.path else tmp
         if e.kind == DIR:
-            os.makedirs(path, exist_ok=True)
+            make_dirs(path)
             dirs.append((path, e))
         elif e.kind == LINK:
             os.symlink(e.target, path)
         elif e.kind == FILE:
-            with open(path, "wb") as out:
+            with open(path, "xb") as out:  # x: never through a link or over a file already there
                 for cid in e.chunks:
-                    with open(store.path(cid), "rb") as src:
-                        shutil.copyfileobj(src, out, 1 << 20)
+                    out.write(store.get(cid))  # checked against its hash: a swapped chunk fails the sync
             os.chmod(path, e.mode & ~0o222)
             os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
     for path, e in reversed(dirs):

@@ -33,6 +33,7 @@ from monarch_rdmafs.errors import CorruptChunk, StoreFull, SyncError
 from monarch_rdmafs.helper import HelperProcess
 from monarch_rdmafs.manifest import Manifest
 from monarch_rdmafs.mount import FuseMount, MaterializedMount, fuse_unavailable_reason, unmount_stale
+from monarch_rdmafs.private import UnsafeFolder, private_dir
 from monarch_rdmafs.rdma import choose_transport
 from monarch_rdmafs.store import ChunkStore
 
@@ -68,8 +69,11 @@ class WorkspaceService:
     name = "workspace"
 
     def __init__(self, root: str, *, host: str, host_rank: int, send: Callable[[str, Any], None],
-                 reply: Callable[[Any, Any, bool], None], addr: Callable[[], str] = lambda: ""):
+                 reply: Callable[[Any, Any, bool], None], addr: Callable[[], str] = lambda: "",
+                 private_top: str | None = None):
         self.root = os.path.abspath(root)
+        #: The highest folder that must be private along with the root (see ``monarch_rdmafs.private``).
+        self._private_top = private_top
         self.host = host
         self.host_rank = host_rank
         self._send = send
@@ -123,7 +127,7 @@ class WorkspaceService:
         stored = 0
         corrupt = []
         try:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            private_dir(self.root, top=self._private_top)
             for cid, data in msg.chunks():
                 if self.store.has(cid):
                     continue
@@ -137,6 +141,8 @@ class WorkspaceService:
             done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt)
         except StoreFull as e:
             done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"{e.message} ({e.hint})")
+        except UnsafeFolder as e:
+            done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"{self.host}: {e.message} ({e.hint})")
         except OSError as e:
             done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"cannot store chunks: {e}")
         self._reply(msg.reply, done, True)
@@ -195,7 +201,7 @@ class WorkspaceService:
             if time.monotonic() - self._last_gc > _GC_EVERY_S:
                 self._last_gc = time.monotonic()
                 self._gc()  # after the answer: the sync does not wait for it
-        except SyncError as e:
+        except (SyncError, UnsafeFolder) as e:
             self._reply(msg.reply, RuntimeError(f"{self.host}: {e.message}" + (f" ({e.hint})" if e.hint else "")), False)
         except Exception as e:
             log.exception("commit failed")
@@ -277,7 +283,7 @@ class WorkspaceService:
                 keep.add(mt.previous)
                 try:
                     keep |= Manifest.from_bytes(self.store.get(mt.previous)).chunk_ids()
-                except (OSError, ValueError):
+                except (OSError, ValueError, SyncError):
                     pass
         self.store.gc(keep, older_than=time.time() - _GC_AGE_S)
 

@@ -23,13 +23,15 @@ def read_keys(job_dir: str) -> JobKeys:
 
 
 def agent_argv(job_dir: str, *, python: str | None = None, extra: list[str] | None = None,
-               preload: tuple[str, ...] | list[str] = ()) -> list[str]:
+               preload: tuple[str, ...] | list[str] = (), keys_on_stdin: bool = False) -> list[str]:
     """``python -m monarch_agents.host_agent`` with the job's files; rank and hostname are added per host.
 
-    ``preload``: modules its zygote imports once (a scheduler's ``agent_preload``)."""
+    ``preload``: modules its zygote imports once (a scheduler's ``agent_preload``).  ``keys_on_stdin``:
+    the starter writes the keys to the agent's stdin (a pipe), so no file is named; else the agent
+    reads the job folder's 0600 keys file, once, at start."""
     return [
         python or sys.executable, "-m", "monarch_agents.host_agent",
-        "--keys-file", os.path.join(job_dir, "keys.json"),
+        *([] if keys_on_stdin else ["--keys-file", os.path.join(job_dir, "keys.json")]),
         *preload_args(preload),
         *(extra or []),
     ]

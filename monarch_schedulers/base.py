@@ -93,6 +93,13 @@ class Scheduler(abc.ABC):
     #: Modules every host agent's zygote imports once (``--preload``), so procs start with them
     #: loaded; set by the layer above (the Python API its procs run), which this one may not name.
     agent_preload: tuple[str, ...] = ()
+    #: Keys of running agents that ``allocate`` adopted instead of the job's new ones (kubernetes
+    #: --attach); None: the agents use the keys they were given.  Handed over here, not re-read from
+    #: the job folder's file.
+    adopted_keys: Any = None
+    #: The job's keys (``monarch_agents.keys.JobKeys``), handed over by ``reserve`` before ``allocate``:
+    #: a scheduler that starts agents itself gives them over a pipe instead of naming the keys file.
+    keys: Any = None
 
     @abc.abstractmethod
     def dryrun(self, spec: JobSpec, job_dir: str) -> AllocateRequest:

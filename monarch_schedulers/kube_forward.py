@@ -34,7 +34,7 @@ import struct
 import threading
 
 from monarch_agents import tunnel
-from monarch_agents.files import write_atomic
+from monarch_agents.files import runtime_dir, write_atomic
 from monarch_schedulers.agent_launch import ROUTE_FILE, read_keys
 
 log = logging.getLogger("monarch.kube_forward")
@@ -245,10 +245,8 @@ def control_socket_path(job_dir: str) -> str:
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
     import hashlib
-    import tempfile
 
-    short = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
-    os.makedirs(short, mode=0o700, exist_ok=True)
+    short = runtime_dir()
     return os.path.join(short, f"forward-{hashlib.sha256(os.fsencode(job_dir)).hexdigest()[:16]}.sock")
 
 

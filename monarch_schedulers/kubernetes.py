@@ -265,6 +265,7 @@ class KubernetesScheduler(Scheduler):
         from monarch_schedulers.agent_launch import write_keys
 
         write_keys(job_dir, keys)
+        self.adopted_keys = keys
         job_id = f"{ns}/{name}"
         self._save(job_dir, {"job_id": job_id, "kind": "attached", "name": name, "adopted": True, "pods": {},
                              "reach": reach, "port": port})

@@ -24,7 +24,8 @@ import subprocess
 import time
 import uuid
 
-from monarch_agents.files import write_atomic
+from monarch_agents.files import private_dir, write_atomic
+from monarch_agents.names import open_private
 from monarch_schedulers import netns
 from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, JobSpec, Scheduler
@@ -50,7 +51,7 @@ class LocalScheduler(Scheduler):
             cmds.append(f"# bridge {p.bridge} at the first free /24 of {netns.SUPERNET} (shown as 10.213.0.0/24);"
                         f" host i in netns monarch-{tag}-h<i>")
         for i in range(spec.hosts):
-            argv = agent_argv(job_dir, preload=self.agent_preload,
+            argv = agent_argv(job_dir, preload=self.agent_preload, keys_on_stdin=self.keys is not None,
                               extra=self._extra(job_dir, i, p.hosts[i].ip if self.netns else self.bind))
             if self.netns:
                 argv = netns.enter_argv(p.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
@@ -69,7 +70,7 @@ class LocalScheduler(Scheduler):
         job_dir = request.job_dir
         tag = (request.payload.get("tag") if isinstance(request.payload, dict) else None) or uuid.uuid4().hex[:8]
         job_id = f"local-{tag}"
-        os.makedirs(os.path.join(job_dir, "agents"), exist_ok=True)
+        private_dir(os.path.join(job_dir, "agents"), top=job_dir)
         plan = self._make_namespaces(tag, request.hosts) if self.netns else None
         procs: list[OwnedProcess] = []
         try:
@@ -79,16 +80,25 @@ class LocalScheduler(Scheduler):
             env = {**os.environ, **extra_env,
                    "PYTHONPATH": os.pathsep.join(filter(None, [project_root(), os.environ.get("PYTHONPATH")]))}
             for i in range(request.hosts):
-                os.makedirs(os.path.join(job_dir, "logs", f"host{i}"), exist_ok=True)
+                private_dir(os.path.join(job_dir, "logs", f"host{i}"), top=job_dir)
             if plan is None:
                 procs.extend(self._fork_agents(job_dir, request.hosts, env))
             for i in range(request.hosts if plan is not None else 0):
-                argv = agent_argv(job_dir, preload=self.agent_preload, extra=self._extra(job_dir, i, plan.hosts[i].ip))
+                argv = agent_argv(job_dir, preload=self.agent_preload, keys_on_stdin=self.keys is not None,
+                                  extra=self._extra(job_dir, i, plan.hosts[i].ip))
                 argv = netns.enter_argv(plan.hosts[i], argv, f"host{i}", os.path.join(job_dir, "hosts"))
-                with open(os.path.join(job_dir, "logs", f"host{i}", "agent.log"), "ab") as out:
-                    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env=env, cwd=os.getcwd())
+                with open_private(os.path.join(job_dir, "logs", f"host{i}", "agent.log"), "ab") as out:
+                    # The keys go over a pipe, read once: nothing on the command line or in a file
+                    # the agent names (a rank could read /proc/<agent>/cmdline and follow it).
+                    p = subprocess.Popen(argv, stdin=subprocess.PIPE if self.keys is not None else subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                         cwd=os.getcwd())
                 procs.append(OwnedProcess.of(p.pid))
+                if p.stdin is not None:
+                    try:
+                        p.stdin.write((json.dumps(self.keys.as_dict()) + "\n").encode())
+                    finally:
+                        p.stdin.close()
             record = {"job_id": job_id, "agents": [dataclasses.asdict(a) for a in procs]}
             if plan is not None:
                 record["netns"] = plan.to_json()
@@ -111,9 +121,12 @@ class LocalScheduler(Scheduler):
                  "log": os.path.join(job_dir, "logs", f"host{i}", "agent.log")} for i in range(hosts)]
         spec_file = os.path.join(job_dir, "fork-hosts.json")
         _write_private(spec_file, json.dumps(spec))
-        argv = [*agent_argv(job_dir, preload=self.agent_preload), "--fork-hosts", spec_file]
-        with open(os.path.join(job_dir, "logs", "launcher.log"), "ab") as log:
-            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
+        argv = [*agent_argv(job_dir, preload=self.agent_preload, keys_on_stdin=self.keys is not None),
+                "--fork-hosts", spec_file]
+        # The launcher reads the keys from its stdin (a pipe) and its forks inherit them in memory.
+        keys = (json.dumps(self.keys.as_dict()) + "\n").encode() if self.keys is not None else b""
+        with open_private(os.path.join(job_dir, "logs", "launcher.log"), "ab") as log:
+            p = subprocess.run(argv, input=keys, stdout=subprocess.PIPE, stderr=log, env=env,
                                cwd=os.getcwd(), start_new_session=True)
         try:
             pids = [int(x) for x in json.loads(p.stdout.decode().strip().splitlines()[-1])["pids"]]

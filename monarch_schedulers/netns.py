@@ -123,7 +123,16 @@ def create(tag: str, hosts: int, supernet: str = SUPERNET) -> NetnsPlan:
     if len(tag) > 8 or not tag.isalnum():
         raise NetnsError(f"bad namespace tag {tag!r}")  # interface names are at most 15 bytes
     os.makedirs(os.path.dirname(_LOCK), exist_ok=True)
-    with open(_LOCK, "a") as lock:
+    # The lock lives in a folder anyone may write (/run/lock, /tmp): never through a link someone
+    # put there, and only a file of ours (another user holding a lock on theirs would stall us).
+    try:
+        fd = os.open(_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise NetnsError(f"cannot open the namespace lock {_LOCK}: {e.strerror}", f"remove it (`rm {_LOCK}`)") from None
+    if os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
+        raise NetnsError(f"{_LOCK} belongs to another user", f"remove it (`rm {_LOCK}`) and run the command again")
+    with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         p = plan(tag, hosts, _free_subnet(supernet))
         try:

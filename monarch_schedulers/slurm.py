@@ -55,6 +55,7 @@ import sys
 import time
 from typing import Any
 
+from monarch_agents.files import private_dir
 from monarch_schedulers.errors import SchedulerError, UsageError
 from monarch_schedulers.agent_launch import agent_argv, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, JobSpec, Scheduler
@@ -336,6 +337,7 @@ class SlurmScheduler(Scheduler):
                  "# Written by monarch (monarch_schedulers/slurm.py). One host agent per node; each writes its",
                  f"# address to {job_dir}/agents/<node id>.json. `monarch stop` (scancel) ends the job.",
                  "set -eu",
+                 "umask 077  # what the agents and srun's --output make is private (keys, logs, chunks)",
                  f"export PYTHONPATH={shlex.quote(root)}${{PYTHONPATH:+:$PYTHONPATH}}",
                  "# Each agent gets every CPU the job holds on its node (a step's default is one per task).",
                  "cpus=$(tr ',' '\\n' <<<\"$SLURM_JOB_CPUS_PER_NODE\" | sed 's/(.*//' | sort -n | head -n1)",
@@ -349,10 +351,10 @@ class SlurmScheduler(Scheduler):
 
     def allocate(self, request: AllocateRequest) -> str:
         job_dir = request.job_dir
-        os.makedirs(os.path.join(job_dir, "agents"), exist_ok=True)
+        private_dir(os.path.join(job_dir, "agents"), top=job_dir)
         # Slurm opens --output files but does not make their folders.
         for i in range(request.hosts):
-            os.makedirs(os.path.join(job_dir, "logs", f"host{i}"), exist_ok=True)
+            private_dir(os.path.join(job_dir, "logs", f"host{i}"), top=job_dir)
         script = os.path.join(job_dir, "slurm.sbatch")
         with open(script, "w") as f:
             f.write(request.text)

@@ -22,6 +22,7 @@ What it does not do: talk to hosts (the caller fans out; see ``monarch/_workbenc
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Callable
 
 import datafusion
 import pyarrow as pa
-from datafusion import SessionConfig, SessionContext, SQLOptions
+from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext, SQLOptions
 from datafusion.unparser import Dialect, Unparser
 
 from monarch_telemetry.schema import TABLES, VIEWS
@@ -66,9 +67,22 @@ def one_line(e: BaseException) -> str:
     return " ".join(ln for ln in lines if ln.lower() != "caused by")[:1000]
 
 
+#: What one query may hold in memory in one process (a host agent, or the client finishing it):
+#: DataFusion's sorts, joins and aggregates draw from a pool of this size and fail when it is spent
+#: (nothing spills to disk), and the result a scan sends back may not be bigger.  A user's SQL
+#: runs on every host agent: one ``ORDER BY`` over ``repeat()`` took an agent from 128 MB to 3 GB.
+MEMORY_LIMIT_BYTES = int(os.environ.get("MONARCH_TELEMETRY_MEMORY_BYTES", 512 << 20))
+
+
 def _context() -> SessionContext:
     cfg = SessionConfig().with_information_schema(True).with_target_partitions(4)
-    return SessionContext(cfg)
+    runtime = RuntimeEnvBuilder().with_disk_manager_disabled().with_fair_spill_pool(MEMORY_LIMIT_BYTES)
+    return SessionContext(cfg, runtime)
+
+
+def _over_memory(what: str) -> QueryError:
+    return QueryError(f"the query needs more than the {MEMORY_LIMIT_BYTES >> 20} MiB a telemetry query may use "
+                      f"in one process ({what}); narrow it with WHERE / LIMIT, or raise MONARCH_TELEMETRY_MEMORY_BYTES")
 
 
 def _register_views(ctx: SessionContext) -> None:
@@ -525,6 +539,8 @@ def _run_df(make: Callable[[], datafusion.DataFrame], row_limit: int | None, dea
         e = out["error"]
         if isinstance(e, QueryError):
             raise e
+        if "Resources exhausted" in str(e):
+            raise _over_memory(one_line(e).split(": ")[-1]) from None
         raise QueryError(one_line(e)) from None
     return out["table"]
 
@@ -532,8 +548,12 @@ def _run_df(make: Callable[[], datafusion.DataFrame], row_limit: int | None, dea
 def _collect_stream(df: datafusion.DataFrame, deadline: float | None) -> pa.Table:
     schema = df.schema()
     batches = []
+    held = 0
     for b in df.execute_stream():
         batches.append(b.to_pyarrow())
+        held += batches[-1].nbytes
+        if held > MEMORY_LIMIT_BYTES:
+            raise _over_memory("its result")
         if deadline is not None and time.monotonic() > deadline:
             raise QueryTimeout("the query did not finish in time and was cancelled")
     return pa.Table.from_batches(batches, schema=schema)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from monarch_agents.files import write_atomic
+from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.services.runs import ORDER_RECORD, RankExit
 from monarch._workbench.state import JobRecord
 
@@ -154,7 +154,7 @@ class ProgramLog:
 
     def __init__(self, record: JobRecord, run_id: str):
         self.dir = program_run_dir(record, run_id)
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        private_dir(self.dir, top=record.job_dir)
         self.files = {k: open(os.path.join(self.dir, f"0.{k}"), "ab") for k in ("stdout", "stderr", "order")}
 
     def write(self, stream: str, data: bytes) -> None:

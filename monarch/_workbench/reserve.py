@@ -23,12 +23,13 @@ from monarch._workbench.state import (
     JobSpec,
     StatePaths,
     load_state,
+    make_job_dir,
     remove_state,
     save_state,
 )
 from monarch_schedulers import Description, HostState, create_scheduler
 from monarch_schedulers import names as scheduler_names  # noqa: F401  (for the CLI: the schedulers there are)
-from monarch_schedulers.agent_launch import agent_file, read_keys, write_keys
+from monarch_schedulers.agent_launch import agent_file, write_keys
 
 #: Called while waiting: (phase, hosts ready, hosts wanted, scheduler description or None).
 Progress = Callable[[str, int, int, "Description | None"], None]
@@ -135,14 +136,14 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
     The state file is written as soon as the scheduler took the request, so a reservation whose
     client dies while the hosts start can still be found and released.
     """
-    shutil.rmtree(job_dir, ignore_errors=True)
-    os.makedirs(os.path.join(job_dir, "agents"), mode=0o700, exist_ok=True)
+    make_job_dir(job_dir)
     keys = JobKeys.generate()
     write_keys(job_dir, keys)
     sched = scheduler_for(spec)
     # Before the submission: an agent that starts faster than the scheduler returns (local agents
     # forked from one launcher) must not be taken for one left over from an earlier reservation.
     submitted_at = time.time()
+    sched.keys = keys
     try:
         request = sched.dryrun(spec, job_dir)
         progress("submitting", 0, spec.hosts, None)
@@ -151,8 +152,9 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
         # A refused submission reserved nothing: leave no keys or half-made job folder behind.
         _remove_job_dir(job_dir)
         raise
-    # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs.
-    keys = read_keys(job_dir)
+    # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs;
+    # the file is never read back (what is in memory is what serve made).
+    keys = sched.adopted_keys or keys
     record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys, job=job,
                        created_at=submitted_at)
     try:
@@ -266,7 +268,7 @@ def release_without_state(job_dir: str) -> list[str]:
 
     The job folder still names the allocation (``<scheduler>.json`` with its job id, written at
     submission), which its scheduler releases; and a local host agent carries the job folder's
-    keys file in its arguments, so one the record missed is found among this machine's processes.
+    job folder in its arguments (its address file), so one the record missed is found among this machine's processes.
     """
     from monarch_schedulers import names
 
@@ -279,14 +281,14 @@ def release_without_state(job_dir: str) -> list[str]:
             continue
         create_scheduler(sched).release(job_id, job_dir=job_dir)
         done.append(f"released {sched} job {job_id}")
-    keys_file = os.path.join(os.path.abspath(job_dir), "keys.json")
-    for pid in _local_agents_using(keys_file):
+    for pid in _local_agents_using(os.path.abspath(job_dir)):
         _terminate(pid)
         done.append(f"stopped host agent pid {pid}")
     return done
 
 
-def _local_agents_using(keys_file: str) -> list[int]:
+def _local_agents_using(job_dir: str) -> list[int]:
+    """This user's host agents started for ``job_dir`` (their address file is in it)."""
     import psutil
 
     found = []
@@ -297,7 +299,7 @@ def _local_agents_using(keys_file: str) -> list[int]:
                 continue
         except psutil.Error:
             continue
-        if "monarch_agents.host_agent" in cmd and keys_file in cmd:
+        if "monarch_agents.host_agent" in cmd and any(a.startswith(job_dir + os.sep) for a in cmd):
             found.append(p.info["pid"])
     return found
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from monarch_agents import messages as m
+from monarch_agents.files import private_dir
 from monarch_agents.errors import SupervisionError
 from monarch_agents.runtime import Runtime, StreamPort
 from monarch.errors import ExitCode, MonarchError, RunError, RunFailed, UsageError
@@ -176,7 +177,7 @@ class RunLock:
         self.record = record
 
     def __enter__(self) -> "RunLock":
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        private_dir(os.path.dirname(self.path))
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from monarch_agents.files import write_atomic  # noqa: F401  (re-exported for the engine's modules)
+from monarch_agents.files import UnsafeFolder, check_private, private_dir, write_atomic  # noqa: F401  (re-exported for the engine's modules)
 from monarch_agents.keys import JobKeys
 from monarch.errors import StateError
 # They type the scheduler interface, so they live with it; the state file is made of them.
@@ -29,7 +30,7 @@ from monarch_schedulers.base import HostRecord, JobSpec  # noqa: F401  (re-expor
 STATE_FORMAT = "monarch-job-state"
 STATE_VERSION = 1
 DEFAULT_CONTEXT = "default"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" would let "name\n" through
 
 
 
@@ -137,7 +138,7 @@ class StatePaths:
             return DEFAULT_CONTEXT
 
     def set_current(self, name: str) -> None:
-        os.makedirs(self.root, exist_ok=True)
+        private(self.root)
         write_atomic(self.current_file, (self.check_name(name) + "\n").encode())
 
     def contexts(self) -> list[str]:
@@ -175,6 +176,12 @@ def find_state_dir(start: str) -> str:
     A ``.monarch/`` holding only logs (``~/.monarch/logs`` of scripts run without a reservation)
     does not count.  As git's GIT_CEILING_DIRECTORIES, ``MONARCH_CEILING_DIRECTORIES`` (paths
     separated by ':') names folders the search does not enter or pass.
+
+    As git's ``safe.directory`` rule, a ``.monarch/`` that is not this user's alone (another user's, a
+    link, or writable by group or others) is never used: the search stops there and falls back to
+    ``start/.monarch``, and a command that then finds no reservation says which folder was refused
+    and why (:func:`missing_state`).  Another user could otherwise put keys of theirs, or a state
+    file naming their agents, above your project.
     """
     here = os.path.abspath(start)
     ceilings = {os.path.abspath(p) for p in os.environ.get("MONARCH_CEILING_DIRECTORIES", "").split(os.pathsep) if p}
@@ -182,6 +189,15 @@ def find_state_dir(start: str) -> str:
     while True:
         candidate = os.path.join(d, ".monarch")
         if _holds_reservation(candidate):
+            try:
+                check_private(candidate, tighten=False)
+            except UnsafeFolder as e:
+                if d == here:
+                    raise StateError(f"refusing {candidate}: {_after_path(e.message, candidate)}", e.hint) from None
+                _REFUSED[os.path.join(here, ".monarch")] = (candidate, e)
+                return os.path.join(here, ".monarch")
+            if stat.S_IMODE(os.lstat(candidate).st_mode) & 0o077:
+                check_private(candidate)  # ours, readable by others: made 0700
             return candidate
         parent = os.path.dirname(d)
         if parent == d or parent in ceilings:
@@ -189,8 +205,40 @@ def find_state_dir(start: str) -> str:
         d = parent
 
 
+#: ``.monarch/`` folders the search refused, by the folder it fell back to (for :func:`missing_state`).
+_REFUSED: dict[str, tuple[str, UnsafeFolder]] = {}
+
+
+def _after_path(message: str, path: str) -> str:
+    return message[len(path) + 1:] if message.startswith(path + " ") else message
+
+
 def save_state(path: str, state: JobRecord) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(folder) == ".monarch":  # ours; a MONARCH_JOB file elsewhere is in the user's folder
+        private(folder)
     write_atomic(path, state_bytes(state))
+
+
+def private(folder: str, top: str | None = None) -> str:
+    """``folder`` made or checked private (``monarch_rdmafs.private``), as a StateError naming the fix."""
+    try:
+        return private_dir(folder, top)
+    except UnsafeFolder as e:
+        raise StateError(e.message, e.hint) from None
+
+
+def make_job_dir(job_dir: str) -> str:
+    """A fresh, private job folder (``.monarch/jobs/<name>/`` with its ``agents/``): what a reservation
+    before it left there is removed, and ``.monarch/`` and ``jobs/`` must be this user's alone."""
+    import shutil
+
+    jobs = os.path.dirname(os.path.abspath(job_dir))
+    top = os.path.dirname(jobs) if os.path.basename(jobs) == "jobs" else jobs
+    private(jobs, top)  # checked before anything in it is removed or written
+    shutil.rmtree(job_dir, ignore_errors=True)
+    private(os.path.join(job_dir, "agents"), top)
+    return job_dir
 
 
 def state_bytes(state: JobRecord | None, job: bytes | None = None, kind: str | None = None) -> bytes:
@@ -285,6 +333,12 @@ def context_of(path: str) -> str:
 def missing_state(path: str) -> StateError:
     """No reservation at ``path``: the error names the reservations that are there, and how to switch."""
     name = context_of(path)
+    refused = _REFUSED.get(os.path.dirname(os.path.abspath(path)))
+    if refused is not None:
+        folder, e = refused
+        return StateError(f"no reservation here; {folder} above was not used: {_after_path(e.message, folder)}",
+                          f"`monarch serve` here makes your own; or {e.hint}; MONARCH_CEILING_DIRECTORIES="
+                          f"{os.path.dirname(folder)} stops the search below it")
     others = [n for n in StatePaths(os.path.dirname(os.path.dirname(path))).contexts() if n != name] \
         if os.path.basename(os.path.dirname(path)) == ".monarch" else []
     flag = "" if name == DEFAULT_CONTEXT else f" --name {name}"

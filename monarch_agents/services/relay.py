@@ -30,6 +30,11 @@ from monarch_agents.services import Service
 log = logging.getLogger("monarch.relay")
 
 _ACCEPT_WAIT_S = 10.0
+#: At most this many connections wait to show the token at once; more are closed at once (a
+#: flood of idle connections from anyone who can reach the port must not grow threads without bound).
+_UNPROVEN_MAX = 16
+#: A connection has this long, in all, to send its request line with the token.
+_REQUEST_DEADLINE_S = 5.0
 
 
 class RelayService(Service):
@@ -44,6 +49,8 @@ class RelayService(Service):
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
         self._closed = False
+        self._unproven = threading.BoundedSemaphore(_UNPROVEN_MAX)
+        self.shed = 0
         self.clients = 0
         self.tunnels = 0
         #: Why the relay is not listening ("" while it is, or when it was not asked for).
@@ -68,7 +75,7 @@ class RelayService(Service):
     def info(self) -> dict:
         if self.error:
             return {"port": self.port, "error": self.error}
-        return {"port": self.port, "clients": self.clients, "tunnels": self.tunnels} if self.port else {}
+        return {"port": self.port, "clients": self.clients, "tunnels": self.tunnels, "shed": self.shed} if self.port else {}
 
     def stop(self, deadline: float) -> None:
         with self._lock:
@@ -86,17 +93,23 @@ class RelayService(Service):
                 conn, _ = ls.accept()
             except OSError:
                 return  # closed by stop()
+            if not self._unproven.acquire(blocking=False):
+                self.shed += 1  # the pool of connections yet to show the token is full
+                _close(conn)
+                continue
             threading.Thread(target=self._request, args=(conn,), name="relay-request", daemon=True).start()
 
     def _request(self, conn: socket.socket) -> None:
-        conn.settimeout(5)
         try:
-            req = tunnel.read_line(conn)
-        except OSError:
-            req = None
-        if req is None or not hmac.compare_digest(str(req.get("token", "")), self._token):
-            log.warning("relay: dropped a connection without the job's token")
-            return _close(conn)
+            try:
+                req = tunnel.read_line(conn, deadline=time.monotonic() + _REQUEST_DEADLINE_S)
+            except OSError:
+                req = None
+            if req is None or not hmac.compare_digest(str(req.get("token", "")), self._token):
+                log.info("relay: dropped a connection without the job's token")
+                return _close(conn)
+        finally:
+            self._unproven.release()  # proven (or gone): its slot is free for the next one
         conn.settimeout(None)
         if req.get("listen"):
             self._control(conn)

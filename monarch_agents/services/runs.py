@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from monarch_agents import messages as m
-from monarch_agents.files import write_atomic
+from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.names import open_private, path_component
 from monarch_agents.services import Child, Service, killpg, stop_children
 
@@ -198,7 +198,7 @@ class RunsService(Service):
         if msg.owner:
             agent.track_owner(msg.owner)
         run_dir = os.path.join(agent.log_dir, "runs", path_component(msg.run_id))
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        private_dir(run_dir, top=agent.log_dir)
         run = _Run(self, msg, run_dir)
         with open_private(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
             json.dump({"argv": msg.argv, "rank": msg.rank, "host": agent.host, "started": run.started}, f)

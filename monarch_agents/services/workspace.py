@@ -32,8 +32,12 @@ class WorkspaceAgentService(Service):
 
     def __init__(self, agent: Any):
         super().__init__(agent)
-        self.ws = WorkspaceService(workspace_root(agent.log_dir), host=agent.host, host_rank=agent.host_rank,
-                                   send=agent.send, reply=agent.reply, addr=lambda: agent.rt.addr)
+        root = workspace_root(agent.log_dir)
+        # The default root is in this user's runtime folder, which must be private too (another user
+        # could have made /tmp/monarch-<uid> first); a MONARCH_WORKSPACE_DIR's parent is the user's.
+        top = None if os.environ.get("MONARCH_WORKSPACE_DIR") else os.path.dirname(root)
+        self.ws = WorkspaceService(root, host=agent.host, host_rank=agent.host_rank, send=agent.send,
+                                   reply=agent.reply, addr=lambda: agent.rt.addr, private_top=top)
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return self.ws.handlers()

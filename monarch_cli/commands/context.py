@@ -107,7 +107,9 @@ def _marker(paths, name: str) -> str:
 
 
 def _mark(paths, name: str) -> None:
-    os.makedirs(os.path.join(paths.root, "contexts"), exist_ok=True)
+    from monarch._workbench.state import private
+
+    private(os.path.join(paths.root, "contexts"), top=paths.root)
     with open(_marker(paths, name), "a"):
         pass
 

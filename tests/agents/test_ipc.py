@@ -74,7 +74,7 @@ def _read_to_eof(s: socket.socket) -> bytes:
 
 def _hello(keys: JobKeys, addr: str, nonce: bytes = b"n" * 16) -> bytes:
     name = ipc.socket_name(addr)
-    return ipc._HELLO.pack(ipc._HELLO_MAGIC, nonce, ipc._hello_mac(keys, name, nonce))
+    return ipc._hello_bytes(keys, name, nonce)
 
 
 def _frame(msg) -> bytes:

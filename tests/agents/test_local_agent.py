@@ -135,9 +135,11 @@ def test_idle_agent_exits_and_removes_its_socket(shared_env):
 
 
 def test_an_open_runtime_folder_is_not_used(shared_env):
+    """Writable by others: someone could have put a socket of theirs in it (monarch_rdmafs.private's
+    rule; a folder of ours only readable by others is made 0700 and used)."""
     env, rt_dir, wd = shared_env
-    rt_dir.mkdir(mode=0o755)
-    os.chmod(rt_dir, 0o755)
+    rt_dir.mkdir(mode=0o775)
+    os.chmod(rt_dir, 0o775)
     run = _run(env, wd)
     assert run.returncode == 0, run.stderr  # a private agent of its own instead
     assert not _agent_pids(rt_dir)

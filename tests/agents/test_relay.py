@@ -43,7 +43,7 @@ def test_a_pod_connection_reaches_the_client_through_its_stream(relay):
     assert back.recv(100) == b"hello from a pod"
     back.sendall(b"hello from the client")
     assert pod.recv(100) == b"hello from the client"
-    assert service.info() == {"port": port, "clients": 1, "tunnels": 1}
+    assert service.info() == {"port": port, "clients": 1, "tunnels": 1, "shed": 0}
     # The client process ends: its stand-in address closes with it.
     control.close()
     for _ in range(100):

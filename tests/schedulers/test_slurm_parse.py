@@ -187,6 +187,7 @@ def test_dryrun_script():
 # Written by monarch (monarch_schedulers/slurm.py). One host agent per node; each writes its
 # address to {JOB_DIR}/agents/<node id>.json. `monarch stop` (scancel) ends the job.
 set -eu
+umask 077  # what the agents and srun's --output make is private (keys, logs, chunks)
 export PYTHONPATH={project_root()}${{PYTHONPATH:+:$PYTHONPATH}}
 # Each agent gets every CPU the job holds on its node (a step's default is one per task).
 cpus=$(tr ',' '\\n' <<<"$SLURM_JOB_CPUS_PER_NODE" | sed 's/(.*//' | sort -n | head -n1)

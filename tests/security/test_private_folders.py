@@ -1,0 +1,144 @@
+"""Private folders, attacked by a second local user (issue #24, findings 1, 2 and 7).
+
+Each test makes the attacker's moves with the attacker's own account (``runuser``), then runs the
+victim's real commands: the attack must get nothing (no file of the victim's in the attacker's
+folder, nothing read), the victim gets one line naming the folder and the fix, and the victim's
+reservation works once it is out of the way.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+
+from tests.cli.conftest import monarch
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _env(tmpdir: str) -> dict:
+    # The victim's temp dir is the shared test folder (never the machine's /tmp); no XDG_RUNTIME_DIR,
+    # as on a login node reached by a non-login shell or cron, so the guessable name is used.
+    return {"TMPDIR": tmpdir, "XDG_RUNTIME_DIR": "", "MONARCH_WORKSPACE_DIR": ""}
+
+
+def _victim_project(shared: str) -> str:
+    proj = os.path.join(shared, "victim")
+    os.mkdir(proj)
+    os.chmod(proj, 0o755)  # others may look in, as in a usual home or project folder
+    with open(os.path.join(proj, "x.py"), "w") as f:
+        f.write("print('the victim code ran')\n")
+    return proj
+
+
+def _stop(proj: str, env: dict) -> None:
+    monarch("stop", "--force", cwd=proj, env=env, timeout=60)
+
+
+def test_a_temp_folder_made_first_by_another_user_gets_no_chunk_and_the_victim_is_told(attacker, shared):
+    env = _env(shared)
+    proj = _victim_project(shared)
+    mine = os.path.join(shared, f"monarch-{os.getuid()}")
+    # The attacker makes the victim's guessable per-user folder first, open to everyone.
+    attacker.run(f"mkdir -m 777 {mine}")
+    try:
+        r = monarch("serve", "--workspace", ".", cwd=proj, env=env)
+        assert r.returncode != 0, r.stdout
+        assert f"{mine} belongs to another user (uid {attacker.uid})" in r.stderr, r.stderr
+        # Nothing of the victim's landed in it.
+        assert attacker.run(f"ls -A {mine}").stdout == ""
+    finally:
+        _stop(proj, env)
+    # Once it is gone, the victim's own folder is made private and works.
+    attacker.run(f"rm -rf {mine}")
+    try:
+        r = monarch("serve", "--workspace", ".", cwd=proj, env=env)
+        assert r.returncode == 0, r.stderr
+        st = os.lstat(mine)
+        assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+        r = monarch("run", "--", sys.executable, "x.py", cwd=proj, env=env)
+        assert r.returncode == 0 and "the victim code ran" in r.stdout, r.stderr
+        # The attacker can neither list nor read the chunks.
+        assert attacker.run(f"ls {mine}", check=False).returncode != 0
+        assert attacker.run(f"find {mine} -type f -exec cat {{}} +", check=False).stdout == ""
+    finally:
+        _stop(proj, env)
+
+
+def test_a_dot_monarch_of_another_user_above_the_project_is_never_used(attacker, shared):
+    env = _env(shared)
+    proj = _victim_project(shared)
+    above = os.path.join(shared, ".monarch")
+    # Another user's reservation folder above the victim's project: open to all, naming a context.
+    attacker.run(f"mkdir -m 777 {above} && echo default > {above}/current && chmod 666 {above}/current")
+    try:
+        r = monarch("status", cwd=proj, env=env)
+        assert r.returncode == 3, r.stderr
+        assert f"{above} above was not used: belongs to another user (uid {attacker.uid})" in r.stderr, r.stderr
+        assert "MONARCH_CEILING_DIRECTORIES" in r.stderr
+        # serve makes the victim's own, private, and never writes above.
+        r = monarch("serve", cwd=proj, env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(attacker.run(f"ls -A {above}").stdout.split()) == ["current"]
+        r = monarch("run", "--", "true", cwd=proj, env=env)
+        assert r.returncode == 0, r.stderr
+    finally:
+        _stop(proj, env)
+
+
+def test_every_folder_a_reservation_makes_is_0700_and_its_files_0600(attacker, shared):
+    env = _env(shared)
+    proj = _victim_project(shared)
+    try:
+        assert monarch("serve", "--workspace", ".", cwd=proj, env=env).returncode == 0
+        r = monarch("run", "--", sys.executable, "x.py", cwd=proj, env=env)
+        assert r.returncode == 0, r.stderr
+        loose = []
+        for top in (os.path.join(proj, ".monarch"), os.path.join(shared, f"monarch-{os.getuid()}")):
+            for dirpath, dirnames, filenames in os.walk(top):
+                if os.path.ismount(dirpath):
+                    dirnames[:] = []  # a FUSE mount's files are the synced tree's own
+                    continue
+                mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
+                # The materialized tree keeps the project's own modes; its store folder is what counts.
+                if mode != 0o700 and "/materialized/" not in dirpath + "/":
+                    loose.append((dirpath, oct(mode)))
+                for n in filenames:
+                    p = os.path.join(dirpath, n)
+                    st = os.lstat(p)
+                    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077 and "/materialized/" not in p:
+                        loose.append((p, oct(stat.S_IMODE(st.st_mode))))
+        assert loose == []
+        # The attacker reads nothing: not the keys, not a log, not a listing.
+        for what in ("ls .monarch", "cat .monarch/jobs/default/keys.json", "cat .monarch/jobs/default/logs/host0/agent.log",
+                     "cat .monarch/job_state.pkl"):
+            r = attacker.run(f"cd {proj} && {what}", check=False)
+            assert r.returncode != 0 and "ermission denied" in r.stderr, (what, r.stdout)
+    finally:
+        _stop(proj, env)
+
+
+def test_a_reservation_folder_writable_by_others_is_refused(shared, tmp_path):
+    env = _env(shared)
+    proj = _victim_project(shared)
+    try:
+        assert monarch("serve", cwd=proj, env=env).returncode == 0
+        os.chmod(os.path.join(proj, ".monarch"), 0o777)  # a careless chmod, or someone else's doing
+        r = monarch("run", "--", "true", cwd=proj, env=env)
+        assert r.returncode == 3 and "is writable by others (mode 777)" in r.stderr, r.stderr
+        os.chmod(os.path.join(proj, ".monarch"), 0o700)
+        assert monarch("run", "--", "true", cwd=proj, env=env).returncode == 0
+    finally:
+        os.chmod(os.path.join(proj, ".monarch"), 0o700)
+        _stop(proj, env)
+
+
+def test_a_context_name_with_a_trailing_newline_is_refused(tmp_path):
+    from monarch._workbench.state import StatePaths
+    from monarch.errors import StateError
+
+    with pytest.raises(StateError, match="bad context name"):
+        StatePaths(str(tmp_path)).state_file("default\n")
