@@ -113,6 +113,18 @@ class LazyGroup(click.Group):
         finally:
             self.help = old
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Each command's whole first sentence: Rich wraps it to the terminal (Click would cut it
+        # to fit 80 columns with "...", even on a wide one).
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:

@@ -30,6 +30,9 @@ def rdma_devices() -> tuple[tuple[str, ...], str]:
     try:
         from pyverbs.device import get_device_list  # type: ignore[import-not-found]
     except ImportError:
+        # Suggest pyverbs only where it would find something: the kernel lists RDMA devices here.
+        if not _kernel_rdma_devices():
+            return (), "no RDMA device (the kernel lists none in /sys/class/infiniband)"
         return (), "pyverbs is not installed (pip install pyverbs, with rdma-core)"
     except Exception as e:  # a broken rdma-core install shows up here, not as ImportError
         return (), f"pyverbs cannot load: {e}"
@@ -41,6 +44,13 @@ def rdma_devices() -> tuple[tuple[str, ...], str]:
     if not names:
         return (), "no RDMA device (ibverbs lists none)"
     return names, ""
+
+
+def _kernel_rdma_devices() -> list[str]:
+    try:
+        return sorted(os.listdir(os.environ.get("MONARCH_SYS_INFINIBAND", "/sys/class/infiniband")))
+    except OSError:
+        return []
 
 
 def choose_transport() -> TransportChoice:

@@ -44,7 +44,8 @@ class JobSpec:
             other.scheduler, other.hosts, other.procs_per_host, other.options)
 
     def summary(self) -> str:
-        return f"{self.hosts} host{'s' if self.hosts != 1 else ''} × {self.procs_per_host} procs ({self.scheduler})"
+        return (f"{self.hosts} host{'s' if self.hosts != 1 else ''} × {self.procs_per_host} "
+                f"proc{'s' if self.procs_per_host != 1 else ''} ({self.scheduler})")
 
 
 class HostState(enum.Enum):

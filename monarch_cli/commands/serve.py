@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -141,6 +142,9 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
                 elif phase != "ready":
                     st.update(text + " …")
             r = reserve(spec, name=name, paths=paths, wait=not no_wait, replace=replace, progress=progress, timeout=timeout)
+        previous = paths.current()
+        if previous == name or not os.path.exists(paths.state_file(previous)):
+            previous = None  # nothing else was current: nothing changes for commands without --name
         paths.set_current(name)
         rec = r.record
         synced = None
@@ -162,6 +166,9 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
             data["workspace"] = {"source": rec.workspace["source"], "synced": synced, "mounts": mounts}
             for h in data["hosts"]:
                 h["workspace"] = mounts.get(h["host"], "")
+        data["current"] = True
+        if previous:
+            data["previous_current"] = previous
         if o.json:
             print_json(data)
             return
@@ -173,6 +180,10 @@ def serve(ctx: click.Context, hosts: int, procs_per_host: int, scheduler: str, n
                   + (f": {where}" if where else "") + f"  state: {_rel(r.path)}")
         if not rec.ready:
             err.print("  hosts are still starting; `monarch status` shows progress, and `monarch run` waits for them")
+        if previous:
+            # Commands without --name now act on this one: say so, and how to go back.
+            err.print(f"  {rec.name!r} is now the current reservation (was {previous!r}); "
+                      f"`monarch context use {previous}` switches back")
         if synced is not None:
             err.print(f"  {escape(synced)}")
             err.print(f"  workspace mounted read-only on every host (e.g. {escape(next(iter(mounts.values()), ''))})")

@@ -73,7 +73,7 @@ def status(ctx: click.Context, name: str | None) -> None:
                 line += f", {_fmt_left(d.time_left_s)} left"
                 if d.time_left_s <= time_warning_s():
                     line += " [yellow](time limit soon)[/]"
-            err.print(line)
+            out.print(line)  # data, like the table under it: `monarch status | head` keeps it
             t = Table("rank", "host", "agent", "pid", "procs", "running", "address")
             for h in hosts:
                 style = "green" if h["agent"] == "up" else "red"

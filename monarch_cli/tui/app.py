@@ -249,8 +249,11 @@ class DashboardApp(App):
             run = self.query_one(RunsView).selected
         elif snap is not None:
             run = next((r for r in snap.runs if r.status == "running"), None)
-        if run is None or run.status != "running":
+        if run is None:
             self.notify("no running run to stop (select one in Runs)", severity="warning")
+            return
+        if run.status != "running":
+            self.notify(f"run {run.run_id} has already ended ({run.status}): nothing to stop", severity="warning")
             return
 
         def answered(yes: bool | None) -> None:

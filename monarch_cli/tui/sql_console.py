@@ -41,6 +41,9 @@ class SqlConsole(Vertical):
         if not self.history or self.history[-1] != sql:
             self.history.append(sql)
         self._at = len(self.history)
+        # The line is emptied for the next query (Up brings this one back): typing then starts a new
+        # query instead of appending to the old one.
+        event.input.value = ""
         self.query_one("#sql-message", Static).update(Text("running…", "dim"))
         self.run_sql(sql)
 
@@ -58,8 +61,8 @@ class SqlConsole(Vertical):
 
         try:
             result = self.app.source.query(sql, timeout_s=10.0, row_limit=ROW_LIMIT)
-        except MonarchError as e:
-            self.app.call_from_thread(self._error, str(e), getattr(e, "hint", "") or "")
+        except MonarchError as e:  # its message and hint apart (str(e) carries the hint too)
+            self.app.call_from_thread(self._error, e.message, e.hint or "")
             return
         except Exception as e:  # the query engine's own errors carry no MonarchError
             self.app.call_from_thread(self._error, f"{type(e).__name__}: {e}", "")

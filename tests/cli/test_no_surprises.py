@@ -167,3 +167,33 @@ def test_without_pyfuse3_the_fuse_fallback_says_how_to_install_it(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from monarch_rdmafs.mount import fuse_unavailable_reason as f; print(f())"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert "pyfuse3 is not installed" in r.stdout and "pip install 'monarch-workbench[fuse]'" in r.stdout, r.stderr
+
+
+def test_status_puts_its_job_line_on_stdout_and_counts_in_words(served):
+    r = monarch("status", cwd=served, check=True)
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("job 'default' ") and "(2 hosts × 1 proc (local)): RUNNING" in first, r.stdout
+    assert "job 'default'" not in r.stderr
+
+
+def test_help_lists_whole_descriptions(tmp_path):
+    r = monarch("--help", cwd=tmp_path, check=True)
+    commands = r.stdout.split("Commands")[1].split("Exit codes")[0]
+    import re
+
+    assert not re.search(r"\w\.\.\.", commands), commands  # Click's cut: "reuses a..."
+    assert "reuses a live" in commands and "reservation of the same shape." in commands
+
+
+def test_serve_name_says_it_became_current(tmp_path):
+    try:
+        r = monarch("serve", "--name", "first", cwd=tmp_path, check=True)
+        assert "now the current reservation" not in r.stderr  # nothing else was current
+        r = monarch("serve", "--name", "big", cwd=tmp_path, check=True)
+        assert "'big' is now the current reservation (was 'first'); `monarch context use first` switches back" \
+            in r.stderr
+        r = monarch("--json", "serve", "--name", "big", cwd=tmp_path, check=True)
+        assert json.loads(r.stdout)["current"] is True and "previous_current" not in json.loads(r.stdout)
+    finally:
+        for name in ("big", "first"):
+            monarch("stop", "--name", name, cwd=tmp_path, timeout=60)

@@ -41,7 +41,7 @@ def test_with_pyverbs_installed_and_no_device_the_choice_is_tcp_and_says_why():
     assert got["reason"].startswith("no RDMA device"), got
 
 
-def test_without_pyverbs_the_choice_is_tcp_and_says_why(monkeypatch):
+def test_without_pyverbs_the_choice_is_tcp_and_says_why(monkeypatch, tmp_path):
     import builtins
 
     real_import = builtins.__import__
@@ -52,6 +52,13 @@ def test_without_pyverbs_the_choice_is_tcp_and_says_why(monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_pyverbs)
+    # No device at all (this machine): nothing to install, so no pyverbs suggestion.
+    monkeypatch.setenv("MONARCH_SYS_INFINIBAND", str(tmp_path / "none"))
+    c = choose_transport()
+    assert (c.kind, c.reason) == ("tcp", "no RDMA device (the kernel lists none in /sys/class/infiniband)")
+    # A device the kernel lists, but no pyverbs to use it: then say how to install it.
+    (tmp_path / "ib" / "mlx5_0").mkdir(parents=True)
+    monkeypatch.setenv("MONARCH_SYS_INFINIBAND", str(tmp_path / "ib"))
     c = choose_transport()
     assert (c.kind, c.reason.startswith("pyverbs is not installed")) == ("tcp", True)
 

@@ -102,7 +102,7 @@ def test_pending_job_shows_its_queue_state_and_a_later_run_picks_it_up(workdir):
         assert st["state"] == "PENDING" and st["reason"] == "Resources: waiting for free nodes", st
         assert st["hosts"] == [] and st["ready"] is False
         r = monarch("status", cwd=workdir, check=True)
-        assert f"{served['job_id']} (4 hosts × 1 procs (slurm)): PENDING — Resources: waiting for free nodes" in _flat(r.stderr)
+        assert f"{served['job_id']} (4 hosts × 1 proc (slurm)): PENDING — Resources: waiting for free nodes" in _flat(r.stdout)
         subprocess.run(["scancel", blocker], check=True, capture_output=True)
         r = monarch("run", "--", "hostname", cwd=workdir, check=True)
         assert sorted(line.split()[0] for line in r.stdout.splitlines()) == ["[n1]", "[n2]", "[n3]", "[n4]"]

@@ -157,15 +157,31 @@ async def test_sql_console_table_history_and_errors(job):
         await until(pilot, lambda: table.row_count == 2, what="sql rows")
         assert [str(c.label) for c in table.columns.values()] == ["host", "n"]
         assert table.get_row_at(0) == ["host0", "1"]
-        inp.value = "SELECT nope FROM nowhere"
+        # The line is empty again: what is typed next is a new query, not appended to the old one.
+        assert inp.value == ""
+        await pilot.press(*"SELECT nope FROM nowhere")
         await pilot.press("enter")
         msg = app.query_one("#sql-message")
         await until(pilot, lambda: "error" in shown(msg), what="sql error")
+        assert "Schema error" in shown(msg) or "nowhere" in shown(msg), shown(msg)
+        hint = "`monarch query --tables` lists the tables and columns"
+        assert shown(msg).count(hint) == 1, shown(msg)  # once, below the error (not also inside it)
         assert table.row_count == 2  # the last good answer stays
         await pilot.press("up")
         assert inp.value == "SELECT nope FROM nowhere"
         await pilot.press("up")
         assert inp.value.startswith("SELECT host, count(*)")
+
+
+@pytest.mark.asyncio
+async def test_stopping_a_finished_run_says_it_has_ended(job):
+    app = make_app(job)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.snapshot is not None and app.snapshot.runs, what="the runs")
+        await pilot.press("2")
+        await pilot.press("x")
+        await until(pilot, lambda: any("has already ended (failed): nothing to stop" in str(n.message)
+                                       for n in app._notifications), what="the notice")
 
 
 @pytest.mark.asyncio
