@@ -87,7 +87,21 @@ def actor_kind(cls: type) -> str:
             kinds.add("async" if inspect.iscoroutinefunction(desc.fn) else "sync")
     if len(kinds) > 1:
         raise ValueError(f"{cls.__name__} mixes both async and sync endpoints; make them all `def` or all `async def`")
-    return kinds.pop() if kinds else "sync"
+    kind = kinds.pop() if kinds else None
+    # As Monarch: the hooks run where the endpoints do (a sync actor's thread has no event loop,
+    # an async actor's cleanup is awaited on its loop), so their kind must match.
+    hooks = {h: inspect.iscoroutinefunction(getattr(cls, h)) for h in ("__cleanup__", "__supervise__")
+             if callable(getattr(cls, h, None))}
+    if kind == "sync" and hooks.get("__cleanup__"):
+        raise ValueError(f"{cls} has sync endpoints, but an async __cleanup__. Make sure __cleanup__ is also "
+                         "synchronous (a sync actor's thread has no event loop)")
+    if kind == "async" and hooks.get("__cleanup__") is False:
+        raise ValueError(f"{cls} has async endpoints, but a synchronous __cleanup__. Make sure __cleanup__ is also "
+                         "async (it is awaited on the actor's event loop)")
+    if kind == "sync" and hooks.get("__supervise__"):
+        raise ValueError(f"{cls} has sync endpoints, but an async __supervise__. Make sure __supervise__ is also "
+                         "synchronous (a sync actor's thread has no event loop)")
+    return kind or "sync"
 
 
 class ActorSlot:
@@ -104,6 +118,8 @@ class ActorSlot:
         self.events: collections.deque[MeshFailure] = collections.deque()
         self.failed: SupervisionError | None = None
         self.stopping = False
+        #: Why it stopped, when it stopped itself (``Instance.stop``): the Stopped status's reason.
+        self.stop_reason: str | None = None
         self.constructing = True  # in __init__: a stop cannot be waited for
         #: Meshes this actor made (anything with ``stop() -> Future``): stopped with it.
         self.children: list[Any] = []
@@ -266,7 +282,7 @@ class ActorSlot:
             actor_telemetry.status(self, "Stopping")
             self._stop_children()
             self._cleanup_sync(None)
-            actor_telemetry.status(self, "Stopped")
+            actor_telemetry.status(self, "Stopped", self.stop_reason)
             self.agent.send_reply(item.reply, True, rank=item.rank)
             return True
         return False
@@ -327,7 +343,7 @@ class ActorSlot:
                     log.exception("__cleanup__ failed")
                 finally:
                     CURRENT.reset(token)
-            actor_telemetry.status(self, "Stopped")
+            actor_telemetry.status(self, "Stopped", self.stop_reason)
             self.agent.send_reply(item.reply, True, rank=item.rank)
             return True
         return False
@@ -460,6 +476,13 @@ class ActorSlot:
             log.debug("%s: failure not sent to its owner: %s", self.display_name, e)
 
     # -- stopping -------------------------------------------------------------------
+
+    def stop_self(self, reason: str | None = None) -> None:
+        """``Instance.stop(reason)``: this actor stops once the messages already queued are handled
+        (it runs ``__cleanup__(None)`` and stops the meshes it made); later calls raise
+        SupervisionError.  A normal stop, not a failure: its owner is not told of a fault."""
+        self.stop_reason = reason or "stopped by itself"
+        self.agent.on_stop_actor(m.StopActor(self.msg.actor_id, m.PortRef("", 0), self.info.rank if self.info else 0))
 
     def begin_stop(self) -> None:
         """A stop is on its way: supervision events from now on are dropped, as in Monarch."""
@@ -659,6 +682,8 @@ class ProcAgent:
             self.stopped.set()
 
     def send_reply(self, port: m.PortRef, value: Any, ok: bool = True, rank: int = 0) -> None:
+        if port is None or not port.addr:
+            return  # nobody waits (an actor that stopped itself)
         try:
             self.rt.send(port.addr, m.Reply(port.port_id, rank, ok, value))
         except Exception as e:

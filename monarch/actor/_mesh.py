@@ -624,6 +624,13 @@ class ActorInstance:
 
     proc_mesh = proc
 
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor once the messages already queued for it are handled (``__cleanup__`` runs,
+        the meshes it made stop); later calls raise SupervisionError.  Not a failure."""
+        if self._info is None or self._info.slot is None:
+            raise RuntimeError("stop() is for actors; the client stops with shutdown_context()")
+        self._info.slot.stop_self(reason)
+
     def abort(self, reason: str | None = None) -> None:
         """Fail this actor: its owner gets a supervision event, later calls raise SupervisionError."""
         if self._info is None or self._info.slot is None:

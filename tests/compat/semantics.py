@@ -60,6 +60,32 @@ class Holder(Actor):
             return str(e).split(" (")[0]
 
 
+class Batch(Actor):
+    """Stops itself when its work is done (Monarch's Instance.stop)."""
+
+    def __init__(self):
+        self.done = 0
+
+    @endpoint
+    async def step(self) -> int:
+        self.done += 1
+        if self.done == 2:
+            context().actor_instance.stop("batch complete")
+        return self.done
+
+    async def __cleanup__(self, exc) -> None:
+        self.done = -1  # (what it prints would race the client's own lines)
+
+
+class MismatchedCleanup(Actor):
+    @endpoint
+    async def step(self) -> None:
+        pass
+
+    def __cleanup__(self, exc) -> None:
+        pass
+
+
 class Shadowing(Actor):
     @endpoint
     def stop(self) -> int:
@@ -116,5 +142,13 @@ fragile = procs.spawn("fragile", Fragile)
 print("BaseException:", first_lines(fragile.interrupt.call_one(), 1))
 doomed = this_host().spawn_procs(per_host={"gpus": 1})
 print("SIGSEGV:", first_lines(doomed.spawn("doomed", Fragile).segfault.call_one(), 2))
+try:
+    procs.spawn("mismatched", MismatchedCleanup)
+except ValueError as e:
+    print("hook kinds:", str(e).split(". Make sure")[0].replace("__main__.", ""))
+batch = this_host().spawn_procs(per_host={"gpus": 1}).spawn("batch", Batch)
+steps = [batch.step.call_one() for _ in range(2)]
+print("batch steps:", [f.get() for f in steps])
+print("after its stop:", first_lines(batch.step.call_one(), 0))
 procs.stop().get()
 print("done")

@@ -58,6 +58,9 @@ host mesh sent to an actor: cannot shut down `HostMesh` that is a reference inst
 unpickled host mesh: cannot shut down `HostMesh` that is a reference instead of owned
 BaseException: ['SupervisionError', "Endpoint call fragile.interrupt() failed, The actor <root>.<__main__.Fragile fragile{'gpus': 0/1}> and all its descendants have failed:"]
 SIGSEGV: ['SupervisionError', "Endpoint call doomed.segfault() failed, The actor <root>.<__main__.Fragile doomed{'gpus': 0/1}> and all its descendants have failed:", '  the process this actor was running on failed: Killed(sig=11)']
+hook kinds: <class 'MismatchedCleanup'> has async endpoints, but a synchronous __cleanup__
+batch steps: [1, 2]
+after its stop: ['SupervisionError']
 done
 """
 
