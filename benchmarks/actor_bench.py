@@ -328,7 +328,10 @@ def m_cold_start(api: Api, cfg: Config) -> dict:
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
             if "--shared-socket" in cmd and cmd[cmd.index("--shared-socket") + 1].startswith(rt_dir):
-                p.terminate()
+                try:
+                    p.terminate()  # the agent stops its zygote (a fork of it, with the same command line)
+                except psutil.Error:
+                    pass
         shutil.rmtree(rt_dir, ignore_errors=True)
 
 

@@ -90,12 +90,13 @@ def _tree_cpu(pid: int) -> float:
 def _agent_pids(rt_dir: str) -> list[int]:
     import psutil
 
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    found = {}
+    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
         cmd = p.info["cmdline"] or []
         if "--shared-socket" in cmd and cmd[cmd.index("--shared-socket") + 1].startswith(rt_dir):
-            out.append(p.pid)
-    return out
+            found[p.pid] = p.info["ppid"]
+    # The agents, not their zygotes (forks of them, with the same command line).
+    return [pid for pid, ppid in found.items() if ppid not in found]
 
 
 def run_once(python: str, env: dict, cwd: str, agent_of: str | None = None) -> dict:

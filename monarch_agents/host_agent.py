@@ -398,6 +398,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
                    help="stand in on this port for a client that reaches hosts only through port-forwards")
     p.add_argument("--shared-socket", default="", help="serve owners on this Unix socket (monarch_agents.local_agent)")
     p.add_argument("--idle-exit", type=float, default=0.0, help="with --shared-socket: exit after this long unowned")
+    p.add_argument("--fork-zygote", action="store_true",
+                   help="import --preload here and fork the zygote from this process (one interpreter, not two)")
     p.add_argument("--info-fd", type=int, default=-1, help="write the address JSON to this fd, then close it")
     p.add_argument("--fork-hosts", default="", metavar="FILE",
                    help="start one agent per entry of this JSON file ({args, log}), each a fork of this process")
@@ -429,10 +431,18 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
         sys.exit(f"host agent on {host}: no route from this host to the client host {args.client_host} "
                  f"({e.strerror or e}); give an address it can reach (`monarch serve --client-host ADDR`)")
     log_dir = args.log_dir or os.path.join(os.path.expanduser("~"), ".monarch", "logs", host)
+    fork_zygote = forked
+    if args.fork_zygote and not forked:
+        # A script's own agent: its zygote is a fork of it, so the machine starts one interpreter
+        # and imports the runtime once, instead of twice (about a third of a first run's CPU).
+        from monarch_agents.zygote import _preload
+
+        _preload([x for x in args.preload.split(",") if x])
+        fork_zygote = True
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
                       ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],
                       inherit_stdio=args.inherit_stdio, services=services, port=args.port,
-                      relay_port=args.relay_port, fork_zygote=forked)
+                      relay_port=args.relay_port, fork_zygote=fork_zygote)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()

@@ -227,7 +227,8 @@ def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str
         pass
     idle = os.environ.get(IDLE_ENV, str(DEFAULT_IDLE_S))
     cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--shared-socket", path, "--idle-exit", idle,
-           "--hostname", hostname, "--bind", bind, "--preload", ",".join(preload), "--log-dir", log_dir]
+           "--fork-zygote", "--hostname", hostname, "--bind", bind, "--preload", ",".join(preload),
+           "--log-dir", log_dir]
     log_fd = os.open(path[:-len(".sock")] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         # Its own session, stdio and cwd: nothing ties it to the script that happened to start it.

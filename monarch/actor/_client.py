@@ -108,7 +108,7 @@ def local_host() -> HostRef:
                     print(f"monarch: not using the shared host agent ({e}); starting one for this script",
                           file=sys.stderr)
         rt = ensure_runtime()
-        cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio",
+        cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--fork-zygote",
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
                "--log-dir", log_dir]
         global _env_baseline
