@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from monarch_agents.files import write_atomic
 from monarch_agents.keys import JobKeys
 from monarch.errors import AgentError, SchedulerError, StateError, UsageError
 from monarch._workbench.state import (
@@ -243,12 +244,73 @@ def load_live(name: str | None = None, *, paths: StatePaths | None = None, wait:
 
 
 def release(record: JobRecord, path: str | None) -> None:
-    """Release the hosts and remove the state. Safe to repeat."""
+    """Release the hosts and remove the state. Safe to repeat.
+
+    A copy of the state stays in the job folder (``stopped_state.pkl``): its runs' logs stay
+    there too, and `monarch logs`, `why` and `query` read them after the stop (:func:`load_for_reading`).
+    """
     try:
         scheduler_for(record).release(record.job_id, job_dir=record.job_dir)
     finally:
         if path:
+            _keep_stopped_copy(path, record)
             remove_state(path)
+
+
+#: The state of a stopped reservation, kept in its job folder for reading its runs.
+STOPPED_STATE = "stopped_state.pkl"
+
+
+def _keep_stopped_copy(path: str, record: JobRecord) -> None:
+    try:
+        if not os.path.isdir(record.job_dir):
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        write_atomic(os.path.join(record.job_dir, STOPPED_STATE), data, durable=False)
+    except OSError:
+        pass  # only a convenience for reading old runs: the stop itself must not fail for it
+
+
+@dataclass
+class ReadableReservation:
+    """A reservation whose runs can be read: live, or stopped (then ``stopped_at`` says when)."""
+
+    record: JobRecord
+    path: str
+    stopped_at: float | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
+
+    def note(self) -> str:
+        """The line that says the answer comes from a stopped reservation's folder."""
+        import time as _time
+
+        when = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(self.stopped_at or 0))
+        return (f"reservation {self.record.name!r} ({self.record.job_id}) was stopped at {when}: "
+                "read-only, from its job folder")
+
+
+def load_for_reading(name: str | None = None, *, paths: StatePaths | None = None) -> ReadableReservation:
+    """The live reservation, else the one stopped under that name whose folder is still here."""
+    paths = paths or StatePaths()
+    path = paths.resolve(name)
+    try:
+        record, path = load_live(name, paths=paths, path=path)
+        return ReadableReservation(record, path)
+    except StateError:
+        if os.path.exists(path):
+            raise  # a state file that is there but unusable: its own error says why
+        if os.environ.get("MONARCH_JOB"):
+            raise
+        from monarch._workbench.state import context_of
+
+        copy = os.path.join(paths.job_dir(context_of(path)), STOPPED_STATE)
+        if not os.path.exists(copy):
+            raise
+        return ReadableReservation(load_state(copy), copy, os.stat(copy).st_mtime)
 
 
 def _remove_job_dir(job_dir: str) -> None:

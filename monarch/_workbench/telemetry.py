@@ -180,6 +180,77 @@ def save(record: JobRecord, directory: str, *, timeout_s: float = 60.0) -> tuple
     return files, errors
 
 
+def query_stopped(record: JobRecord, sql: str, *, row_limit: int | None = None,
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
+    """Run ``sql`` over what a stopped reservation left in its job folder: ``run_ranks`` and
+    ``logs`` of its commands and actor programs (the agents' other tables went with them)."""
+    from monarch_telemetry import engine
+
+    p = _plan(sql, row_limit)
+    tables = stopped_tables(record, list(p.scans))
+    deadline = time.monotonic() + timeout_s
+    parts = {name: [_scan(engine, name, tables[name], sql_, deadline)] if name in tables else []
+             for name, sql_ in p.scans.items()}
+    table, limited = _finish(p, parts, timeout_s)
+    return QueryResult(table, [], limited, row_limit)
+
+
+def stopped_tables(record: JobRecord, names: list[str]) -> dict[str, "pa.Table"]:
+    """``run_ranks`` and ``logs`` rows of every run a stopped reservation kept on disk."""
+    import pyarrow as pa
+
+    from monarch._workbench.logs import LogReader, local_fetch
+    from monarch._workbench.run import run_history
+    from monarch_agents.services.runs import RankExit
+    from monarch_telemetry.schema import TABLES
+
+    import os
+
+    wanted = [n for n in names if n in _PROGRAM_TABLES]
+    out = program_tables(record, wanted)
+    ranks, lines = [], []
+    by_rank = {h.host_rank: h.host for h in record.hosts}
+    for r in run_history(record):
+        if r.get("kind") == "program":
+            continue
+        for i, hr in enumerate(r.get("hosts") or []):
+            run_dir = os.path.join(record.job_dir, "logs", f"host{hr}", "runs", os.path.basename(r["run_id"]))
+            if not os.path.isdir(run_dir):
+                continue  # on a node whose logs this machine does not see
+            try:
+                with open(os.path.join(run_dir, f"{i}.exit"), "rb") as f:
+                    ex = RankExit.parse(f.read())
+            except OSError:
+                ex = None
+            host = by_rank.get(hr, f"host{hr}")
+            started = int(r["started"] * 1e6)
+            code = ex.code if ex is not None else None
+            ranks.append({"run_id": r["run_id"], "rank": i, "host": host, "argv": shlex.join(map(str, r["argv"])),
+                          "cwd": None, "pid": 0, "started": started,
+                          "ended": int(ex.ended * 1e6) if ex is not None else None, "exit_code": code,
+                          "signal": -code if code is not None and code < 0 else None,
+                          "reason": ex.reason if ex is not None else "no exit recorded (stopped while running?)"})
+            if "logs" not in wanted:
+                continue
+            mine: list[tuple[str, bytes]] = []
+            partial = {"stdout": b"", "stderr": b""}
+            for chunk in LogReader(local_fetch(run_dir), [i]).poll():
+                *done, partial[chunk.stream] = (partial[chunk.stream] + chunk.data).split(b"\n")
+                mine.extend((chunk.stream, line) for line in done)
+            mine.extend((st, rest) for st, rest in partial.items() if rest)
+            for j, (stream, line) in enumerate(mine[-_PROGRAM_LOG_LINES:]):
+                lines.append({"time": started + j, "host": host, "run_id": r["run_id"], "rank": i, "proc": None,
+                              "stream": stream, "line": line.decode(errors="replace")})
+    extra = {"run_ranks": ranks, "logs": lines}
+    for n in wanted:
+        more = pa.Table.from_pylist(extra[n], schema=TABLES[n].schema)
+        out[n] = pa.concat_tables([out[n], more]) if n in out else more
+    for n in names:
+        if n in TABLES and n not in out:
+            out[n] = TABLES[n].schema.empty_table()
+    return out
+
+
 #: The ``host`` of an actor program's rows: it runs on the machine `monarch run` was typed on.
 PROGRAM_HOST = "client"
 _PROGRAM_TABLES = ("run_ranks", "logs")

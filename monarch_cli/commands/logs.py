@@ -10,7 +10,7 @@ import click
 
 from monarch.errors import UsageError
 from monarch_cli.commands._common import handled, name_option, opts
-from monarch_cli.output import print_json
+from monarch_cli.output import err, escape, print_json
 
 _POLL_S = 0.25
 _READ_TIMEOUT_S = 10.0
@@ -36,7 +36,7 @@ _START_GRACE_S = 5.0
 def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | None, host: str | None, follow: bool,
          only_stdout: bool, only_stderr: bool, prefix: bool | None, list_runs: bool, scheduler_logs: bool) -> None:
     """Print a run's output: stdout and stderr as they came, every byte; -f follows it live."""
-    from monarch._workbench.reserve import load_live, scheduler_for
+    from monarch._workbench.reserve import scheduler_for
     from monarch._workbench.run import run_history
     from monarch._workbench.state import StatePaths, load_state
     o = opts(ctx)
@@ -47,7 +47,13 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
             record = load_state(StatePaths().resolve(name))
             sys.stdout.write(scheduler_for(record).logs(record.job_id, job_dir=record.job_dir) + "\n")
             return
-        record, _ = load_live(name)
+        from monarch._workbench.reserve import load_for_reading
+
+        readable = load_for_reading(name)
+        record = readable.record
+        if readable.stopped:
+            err.print(f"[yellow]note:[/] {escape(readable.note())}")
+            follow = False  # nothing runs any more
         history = run_history(record)
         if list_runs:
             _list(record, history, o.json)
@@ -67,7 +73,7 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
         from monarch._workbench.logs import STREAMS, LogReader
 
         streams = ("stdout",) if only_stdout else ("stderr",) if only_stderr else STREAMS
-        fetch = _fetcher(record, entry)
+        fetch = _stopped_fetcher(record, entry) if readable.stopped else _fetcher(record, entry)
         _wait_started(record, entry, targets, fetch, follow)
         reader = LogReader(fetch, sorted(targets), streams)
         show_prefix = len(targets) > 1 if prefix is None else prefix
@@ -122,6 +128,23 @@ def _targets(record, entry: dict) -> dict[int, str]:
         return {0: "program"}
     by_rank = {h.host_rank: h for h in record.hosts}
     return {i: by_rank[hr].host for i, hr in enumerate(entry["hosts"]) if hr in by_rank}
+
+
+def _stopped_fetcher(record, entry: dict):
+    """A stopped reservation's run, read from the hosts' log folders left in its job folder."""
+    from monarch._workbench.logs import local_fetch, program_run_dir
+
+    if entry.get("kind") == "program":
+        return local_fetch(program_run_dir(record, entry["run_id"]))
+    run = os.path.basename(entry["run_id"])
+    per_rank = {i: local_fetch(os.path.join(record.job_dir, "logs", f"host{hr}", "runs", run))
+                for i, hr in enumerate(entry["hosts"])}
+
+    def fetch(rank: int, kind: str, offset: int) -> tuple[bytes, bool]:
+        data, done = per_rank[rank](rank, kind, offset)
+        return data, True  # nothing more will come: the agents are gone
+
+    return fetch
 
 
 def _fetcher(record, entry: dict):

@@ -59,11 +59,17 @@ def query(ctx: click.Context, json_here: bool, sql: str | None, name: str | None
 
             result = query_saved(from_dir, sql, row_limit=row_limit, timeout_s=timeout)
         else:
-            from monarch._workbench.reserve import load_live
+            from monarch._workbench.reserve import load_for_reading
             from monarch._workbench.telemetry import query as run_query
+            from monarch._workbench.telemetry import query_stopped
 
-            record, _ = load_live(name)
-            result = run_query(record, sql, row_limit=row_limit, timeout_s=timeout, strict=strict)
+            readable = load_for_reading(name)
+            if readable.stopped:
+                err.print(f"[yellow]note:[/] {escape(readable.note())}: the run_ranks and logs of its runs "
+                          "(the rest went with its agents; `monarch stop --save DIR` keeps it all)")
+                result = query_stopped(readable.record, sql, row_limit=row_limit, timeout_s=timeout)
+            else:
+                result = run_query(readable.record, sql, row_limit=row_limit, timeout_s=timeout, strict=strict)
         for host in result.missing_hosts:
             err.print(f"[yellow]warning:[/] host {escape(host)} did not answer ({escape(result.errors.get(host, ''))}); "
                       "the answer covers the other hosts (--strict makes this an error)")

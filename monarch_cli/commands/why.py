@@ -29,15 +29,22 @@ def why(ctx: click.Context, json_here: bool, name: str | None, from_dir: str | N
             def q(sql: str):
                 return query_saved(from_dir, sql, row_limit=None, timeout_s=timeout).table
         else:
-            from monarch._workbench.reserve import load_live
-            from monarch._workbench.telemetry import query
+            from monarch._workbench.reserve import load_for_reading
+            from monarch._workbench.telemetry import query, query_stopped
 
-            record, _ = load_live(name)
+            readable = load_for_reading(name)
+            record = readable.record
+            if readable.stopped:
+                err.print(f"[yellow]note:[/] {escape(readable.note())} (its runs' exits and output; "
+                          "actor failures went with its agents unless saved with `monarch stop --save DIR`)")
 
-            def q(sql: str):
-                r = query(record, sql, row_limit=None, timeout_s=timeout)
-                missing.update(r.missing_hosts)
-                return r.table
+                def q(sql: str):
+                    return query_stopped(record, sql, row_limit=None, timeout_s=timeout).table
+            else:
+                def q(sql: str):
+                    r = query(record, sql, row_limit=None, timeout_s=timeout)
+                    missing.update(r.missing_hosts)
+                    return r.table
 
         answer = explain(q)
         if json_out:

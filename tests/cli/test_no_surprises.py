@@ -197,3 +197,35 @@ def test_serve_name_says_it_became_current(tmp_path):
     finally:
         for name in ("big", "first"):
             monarch("stop", "--name", name, cwd=tmp_path, timeout=60)
+
+
+def test_a_stopped_reservations_runs_stay_readable(tmp_path):
+    try:
+        monarch("serve", "--hosts", "2", cwd=tmp_path, check=True)
+        (tmp_path / "prog.py").write_text('print("from the program")\n')
+        assert monarch("run", "prog.py", cwd=tmp_path).returncode == 0
+        r = monarch("run", "--", "sh", "-c", 'echo "line of $MONARCH_HOST_RANK"; sleep 0.5; '
+                    'test $MONARCH_HOST_RANK = 1 && { echo "ValueError: broke on 1" >&2; exit 3; }; exit 0',
+                    cwd=tmp_path)
+        assert r.returncode == 3, r.stderr
+    finally:
+        monarch("stop", cwd=tmp_path, check=True)
+    note = "reservation 'default'"
+    r = monarch("--json", "logs", "--list", cwd=tmp_path, check=True)
+    runs = json.loads(r.stdout)
+    assert [x["kind"] for x in runs] == ["program", "command"] and runs[1]["exit_code"] == 3
+    assert note in r.stderr and "was stopped at" in r.stderr and "read-only" in r.stderr
+    r = monarch("logs", cwd=tmp_path, check=True)
+    assert "[host0] line of 0" in r.stdout and "[host1] line of 1" in r.stdout and "ValueError: broke on 1" in r.stdout
+    r = monarch("logs", "--run", runs[0]["run_id"], cwd=tmp_path, check=True)
+    assert r.stdout == "from the program\n"
+    r = monarch("--json", "why", cwd=tmp_path, check=True)
+    why = json.loads(r.stdout)
+    assert why["run_id"] == runs[1]["run_id"] and why["root"]["rank"] == 1 and why["root"]["exit_code"] == 3
+    assert why["root"]["exception"] == "ValueError: broke on 1"
+    r = monarch("query", "--json", "SELECT hosts, status FROM runs ORDER BY started", cwd=tmp_path, check=True)
+    assert json.loads(r.stdout)["rows"] == [{"hosts": "client", "status": "succeeded"},
+                                           {"hosts": "host0,host1", "status": "failed"}]
+    # Read-only: nothing runs on it.
+    r = monarch("run", "--", "true", cwd=tmp_path)
+    assert r.returncode == 3 and "run `monarch serve` first" in r.stderr
