@@ -26,7 +26,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from monarch_agents import messages as m
 from monarch_agents.files import private_dir
@@ -484,6 +484,75 @@ def time_limit_warning(record: JobRecord, left_s: float) -> str:
         return f"the reservation ({job}) is past its time limit: the scheduler is about to end it, and this run with it"
     return (f"the reservation ({job}) reaches its time limit in {format_duration(left_s)}: "
             "this run is stopped then; `monarch serve` a longer --time for more")
+
+
+def run_program(record: JobRecord, state_path: str, argv: list[str], extra: dict[str, str], *,
+                stdout: BinaryIO, stderr: BinaryIO) -> tuple[str, int]:
+    """Run a single-controller actor program here, recorded for ``monarch logs`` like any run:
+    (its run id, its status by :func:`exit_status`, 130 when interrupted).
+
+    Its output goes to ``stdout``/``stderr`` as it comes and into the job folder.  A Ctrl-C
+    reaches the program itself (same process group): it ends with 130, no traceback; a SIGTERM
+    to us is passed on to it.
+    """
+    import selectors
+    import subprocess
+
+    from monarch._workbench.logs import ProgramLog
+
+    run_id = new_run_id()
+    # MONARCH_JOB: `job_load()` in the program loads this reservation; MONARCH_RUN_JOB: the
+    # program talks with its keys.
+    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path, "MONARCH_JOB": state_path,
+           "MONARCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    record_run(record, run_id, argv, [], False, kind="program")
+    log = ProgramLog(record, run_id)
+    interrupted = []
+
+    def on_signal(signum, frame):
+        interrupted.append(signum)
+        if signum == signal.SIGTERM:  # Ctrl-C reaches the program from the terminal; SIGTERM does not
+            proc.send_signal(signal.SIGTERM)
+
+    proc = subprocess.Popen([sys.executable, "-m", "monarch._workbench.program", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    sinks = {"stdout": stdout, "stderr": stderr}
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    try:
+        while sel.get_map():
+            for key, _ in sel.select():
+                data = os.read(key.fileobj.fileno(), 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                log.write(key.data, data)
+                sinks[key.data].write(data)
+                sinks[key.data].flush()
+        rc = proc.wait()
+    finally:
+        sel.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    code = exit_status(rc)
+    if interrupted or code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        code = ExitCode.INTERRUPTED
+    log.close(code, "interrupted" if code == ExitCode.INTERRUPTED else f"exited with code {code}")
+    record_run_end(record, run_id, int(code))
+    return run_id, int(code)
+
+
+def program_failure(run_id: str, code: int) -> RunFailed | None:
+    """How an actor program's run failed, in words; None when it succeeded."""
+    if code == ExitCode.OK:
+        return None
+    if code == ExitCode.INTERRUPTED:
+        return RunFailed("interrupted", f"`monarch logs --run {run_id}` has its output", exit_code=code,
+                         run_id=run_id, interrupted=True)
+    return RunFailed(f"the program exited with code {code}", f"`monarch logs --run {run_id}` has its output",
+                     exit_code=code, run_id=run_id)
 
 
 def run_failure(record: JobRecord, outcome: RunOutcome) -> RunFailed | None:

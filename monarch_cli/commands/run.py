@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 
 import click
@@ -113,68 +111,20 @@ def _say_debug_waiting(session: dict) -> None:
 
 
 def _run_program(record, state_path: str, argv: list[str], extra: dict, as_json: bool) -> int:
-    """Run a single-controller actor program here, recorded for `monarch logs` like any run.
+    """An actor program here (the engine's ``run_program``); with --json, its output goes to stderr."""
+    from monarch._workbench.run import program_failure, run_program
 
-    Its output goes to this terminal (stderr only, with --json) and into the job folder.  A Ctrl-C
-    reaches the program itself (same process group): it ends with 130, no traceback.
-    """
-    import selectors
-
-    from monarch.errors import ExitCode
-    from monarch._workbench.exit_status import exit_status
-    from monarch._workbench.logs import ProgramLog
-    from monarch._workbench.run import new_run_id, record_run, record_run_end
-
-    run_id = new_run_id()
-    # MONARCH_JOB: `job_load()` in the program loads this reservation; MONARCH_RUN_JOB: the
-    # program talks with its keys.
-    env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path, "MONARCH_JOB": state_path,
-           "MONARCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
-    record_run(record, run_id, argv, [], False, kind="program")
-    log = ProgramLog(record, run_id)
-    interrupted = []
-
-    def on_signal(signum, frame):
-        interrupted.append(signum)
-        if signum == signal.SIGTERM:  # Ctrl-C reaches the program from the terminal; SIGTERM does not
-            proc.send_signal(signal.SIGTERM)
-
-    proc = subprocess.Popen([sys.executable, "-m", "monarch._workbench.program", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    sinks = {"stdout": sys.stderr.buffer if as_json else sys.stdout.buffer, "stderr": sys.stderr.buffer}
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
-    try:
-        while sel.get_map():
-            for key, _ in sel.select():
-                data = os.read(key.fileobj.fileno(), 65536)
-                if not data:
-                    sel.unregister(key.fileobj)
-                    continue
-                log.write(key.data, data)
-                sinks[key.data].write(data)
-                sinks[key.data].flush()
-        rc = proc.wait()
-    finally:
-        sel.close()
-        for s, h in old.items():
-            signal.signal(s, h)
-    code = exit_status(rc)
-    if interrupted or code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        code = ExitCode.INTERRUPTED
-    log.close(code, "interrupted" if code == ExitCode.INTERRUPTED else f"exited with code {code}")
-    record_run_end(record, run_id, int(code))
+    run_id, code = run_program(record, state_path, argv, extra,
+                               stdout=sys.stderr.buffer if as_json else sys.stdout.buffer, stderr=sys.stderr.buffer)
+    failure = program_failure(run_id, code)
     if as_json:
-        doc = {"run_id": run_id, "kind": "program", "exit_code": int(code)}
-        if code:
-            doc.update(error="interrupted" if code == ExitCode.INTERRUPTED else f"the program exited with code {code}",
-                       hint=f"`monarch logs --run {run_id}` has its output")
+        doc = {"run_id": run_id, "kind": "program", "exit_code": code}
+        if failure is not None:
+            doc.update(error=failure.message, hint=failure.hint)
         print_json(doc)
-    if code == ExitCode.INTERRUPTED:
-        err.print("[yellow]interrupted[/]")
-    return int(code)
+    if failure is not None and failure.interrupted:
+        err.print(f"[yellow]{escape(failure.message)}[/]")
+    return code
 
 
 def _check_script_exists(first: str, workdir: str | None) -> None:
