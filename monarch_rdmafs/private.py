@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 
 class UnsafeFolder(PermissionError):
@@ -146,6 +145,8 @@ def runtime_dir(make: bool = True) -> str:
                 return private_dir(path) if make else path
         except OSError:
             pass  # set but gone (a closed login session): fall back to the temp dir
+    import tempfile  # here: every command imports this module, few get this far (tempfile costs ~2 ms)
+
     path = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
     if not make:
         return path

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -316,6 +315,8 @@ def load_for_reading(name: str | None = None, *, paths: StatePaths | None = None
 def _remove_job_dir(job_dir: str) -> None:
     """Remove a job folder, and the ``jobs/`` and ``.monarch/`` above it if this left them empty
     (a first `serve` that failed leaves the directory as it found it)."""
+    import shutil  # here: `monarch run` imports this module on every call, and shutil costs ~2 ms
+
     shutil.rmtree(job_dir, ignore_errors=True)
     jobs = os.path.dirname(os.path.abspath(job_dir))
     for d in (jobs, os.path.dirname(jobs)):
