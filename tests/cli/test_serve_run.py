@@ -216,8 +216,19 @@ def _start_run(workdir, *cmd):
 
 def _rank_procs(marker):
     """This test session's rank processes (sh or sleep) whose command line contains ``marker``
-    (other sessions on the machine may run the same commands)."""
-    return [pid for pid, cmd in session_pids().items() if cmd.split(" ", 1)[0] in ("sh", "sleep") and marker in cmd]
+    (other sessions on the machine may run the same commands).
+
+    A child that a rank's shell forked and has not yet exec'd (the `sleep 0.2` of a loop) shows
+    its parent's command line for a moment: only the outermost match is a rank."""
+    found = [pid for pid, cmd in session_pids().items() if cmd.split(" ", 1)[0] in ("sh", "sleep") and marker in cmd]
+    ranks = []
+    for pid in found:
+        try:
+            if psutil.Process(pid).ppid() not in found:
+                ranks.append(pid)
+        except psutil.NoSuchProcess:
+            continue  # such a child, already exec'd and gone
+    return ranks
 
 
 def test_stop_while_a_run_is_going(workdir):
