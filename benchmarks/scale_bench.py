@@ -208,13 +208,16 @@ def bench_size(n: int, repeat: int, idle_s: float, netns: bool, procs: bool, ver
         res["query_first"] = b.cli("query", QUERY)
         res["query"] = statistics.median(b.cli("query", QUERY) for _ in range(repeat))
         res["load"]["query"] = _load()
-        b.cli("sync", "--workspace", ws)
-        edits = []
-        for i in range(repeat):
-            with open(os.path.join(ws, "f0.py"), "a") as f:
-                f.write(f"y = {i}\n")
-            edits.append(b.cli("sync"))
-        res["sync"] = statistics.median(edits)
+        try:
+            res["sync_first"] = b.cli("sync", "--workspace", ws)
+            edits = []
+            for i in range(repeat):
+                with open(os.path.join(ws, "f0.py"), "a") as f:
+                    f.write(f"y = {i}\n")
+                edits.append(b.cli("sync"))
+            res["sync"] = statistics.median(edits)
+        except RuntimeError as e:  # a figure that could not be taken is reported; the others still are
+            res.setdefault("errors", {})["sync"] = str(e)[-500:]
         res["load"]["sync"] = _load()
         res["footprint_used"] = footprint(_agents(workdir), idle_s)
         if procs:
@@ -246,6 +249,9 @@ def table(results: list[dict]) -> str:
         idle = r.get("footprint_idle") or {}
         mem = f"{idle.get('pss', 0):.0f}/{fp.get('pss', 0):.0f} pss {fp.get('rss', 0):.0f} rss"
         lines.append(f"{r['hosts']:>6} " + " ".join(cells) + f" {mem:>22} {idle.get('idle_cpu_pct_per_host', 0):8.2f}%")
+    for r in results:
+        for what, why in (r.get("errors") or {}).items():
+            lines.append(f"{r['hosts']} hosts: no {what} figure: {why}")
     lines.append("cells: seconds, ratio to the first size, 1-min load average then. agent MiB: PSS per host (agent +"
                  " zygote) idle after serve / after the commands, and RSS after. idle CPU: % of one core per host.")
     last = results[-1]
@@ -279,6 +285,8 @@ def main() -> None:
         print(f"{n} hosts (load {_load()}) …", file=sys.stderr, flush=True)
         results.append(bench_size(n, a.repeat, a.idle_s, a.netns, procs=(i == 0 and not a.no_procs),
                                   verbose=a.verbose))
+        # Each size as it ends: a run cut short keeps what it measured.
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     if a.json:
         print(json.dumps({"sizes": results, "netns": a.netns}, indent=1))
     else:
