@@ -18,7 +18,9 @@ own: this script runs itself with ``--child`` under each and reads its JSON back
 * ``reduce_64MiB_ms``: ``reduce(t, "gpus", "sum")`` of a 64 MiB float32 tensor over the 4 procs
   until a fetch of one element of the result is back, best of 3;
 * ``rdma_read_1MiB_MBps`` / ``rdma_read_256MiB_MBps``: ``RDMABuffer.read_into`` by an actor
-  of one proc from an actor of another proc of this host, best of N, MB/s = bytes / 1e6 / s.
+  of one proc from an actor of another proc of this host, best of N, MB/s = bytes / 1e6 / s;
+* with ``--netns`` (root; ours only: it serves ``monarch serve --hosts 2 --netns``), the same reads
+  between procs of two hosts in network namespaces of their own (TCP + CURVE, as between machines).
 
 A measurement that fails in one implementation is reported as its error (torchmonarch 0.7.0
 cannot reduce on CPU: its workers need NCCL communicators) and the run goes on; a
@@ -50,6 +52,8 @@ METRICS = [
     ("reduce_64MiB_ms", "reduce 64 MiB over 4 procs (sum)", "ms", "time"),
     ("rdma_read_1MiB_MBps", "RDMABuffer.read_into 1 MiB, same host", "MB/s", "rate"),
     ("rdma_read_256MiB_MBps", "RDMABuffer.read_into 256 MiB, same host", "MB/s", "rate"),
+    ("rdma_read_1MiB_netns_MBps", "RDMABuffer.read_into 1 MiB, across --netns hosts", "MB/s", "rate"),
+    ("rdma_read_256MiB_netns_MBps", "RDMABuffer.read_into 256 MiB, across --netns hosts", "MB/s", "rate"),
 ]
 
 
@@ -91,23 +95,33 @@ def _actors() -> tuple[type, type]:
     return Owner, Reader
 
 
-def _with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
-    box: dict = {}
+class _Watchdog:
+    """Ends the child if one measurement hangs, after reporting what is known (the mesh may be wedged:
+    torchmonarch's client blocks when its workers fail).  Measurements run in the main thread, where
+    both implementations expect their client to be used."""
 
-    def run() -> None:
+    def __init__(self, seconds: float, on_timeout: Callable[[], None]):
+        self.seconds = seconds
+        self.on_timeout = on_timeout
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        timer = threading.Timer(self.seconds, self._fire)
+        timer.daemon = True
+        timer.start()
         try:
-            box["value"] = fn()
-        except BaseException as e:  # reported as this measurement's error
-            box["error"] = e
+            return fn()
+        finally:
+            timer.cancel()
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        raise TimeoutError(f"no result within {seconds:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    def _fire(self) -> None:
+        try:
+            self.on_timeout()
+        finally:
+            os._exit(0)
+
+
+class _Skip(Exception):
+    pass
 
 
 def child(args: argparse.Namespace) -> int:
@@ -125,16 +139,33 @@ def child(args: argparse.Namespace) -> int:
     errors: dict[str, str] = {}
     # torchmonarch's default hook exits the client on a failure it is told of (its CPU reduce is one).
     monarch.actor.unhandled_fault_hook = lambda failure: log(f"{args.impl}: told of a failure: {failure}")
-    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    if args.job_state:
+        from monarch.job import job_load
+
+        procs = job_load(args.job_state).state().hosts.spawn_procs(per_host={"gpus": 1})
+        owner_of, reader_of, suffix = procs.slice(hosts=0), procs.slice(hosts=1), "_netns"
+    else:
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+        owner_of, reader_of, suffix = procs.slice(gpus=0), procs.slice(gpus=1), ""
 
     def report() -> None:
         # After every measurement: what is known so far survives a client that dies on the next one.
         print(json.dumps({"impl": args.impl, "results": results, "errors": errors, "load": os.getloadavg()}),
               flush=True)
 
+    current = [""]
+
+    def hung() -> None:
+        errors[current[0]] = f"TimeoutError: no result within {args.step_timeout:.0f} s"
+        log(f"{args.impl}: {current[0]} hung; ending")
+        report()
+
+    watchdog = _Watchdog(args.step_timeout, hung)
+
     def measure(key: str, fn: Callable[[], float]) -> None:
+        current[0] = key
         try:
-            results[key] = _with_timeout(fn, args.step_timeout)
+            results[key] = watchdog.run(fn)
             log(f"{args.impl}: {key} = {results[key]:.1f}")
         except Exception as e:
             errors[key] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
@@ -142,10 +173,8 @@ def child(args: argparse.Namespace) -> int:
         report()
 
     n_ops = 500 if quick else 5000
-    state: dict[str, Any] = {}
+    tensors = not args.job_state
 
-    # Each measurement runs in a thread of its own (to be cut off if it hangs), and a mesh is
-    # active in the thread that activates it: so each activates the mesh itself.
     def ops() -> tuple[float, float]:
         with procs.activate():
             x = torch.zeros(4)
@@ -156,14 +185,18 @@ def child(args: argparse.Namespace) -> int:
             t1 = time.perf_counter()
             v = inspect(x)
             t2 = time.perf_counter()
-            assert float(v[0]) == n_ops, v
-            state["x"] = x
-            return n_ops / (t1 - t0), n_ops / (t2 - t0)
+        assert float(v[0]) == n_ops, v  # outside the block: torchmonarch refuses local ops inside it
+        return n_ops / (t1 - t0), n_ops / (t2 - t0)
 
+    current[0] = "issue_ops_s"
     try:
-        issue, e2e = _with_timeout(ops, args.step_timeout)
+        if not tensors:
+            raise _Skip()
+        issue, e2e = watchdog.run(ops)
         results["issue_ops_s"], results["e2e_ops_s"] = issue, e2e
         log(f"{args.impl}: issue {issue:.0f} ops/s, end to end {e2e:.0f} ops/s")
+    except _Skip:
+        pass
     except Exception as e:
         errors["issue_ops_s"] = errors["e2e_ops_s"] = f"{type(e).__name__}: {e}"[:300]
     report()
@@ -179,7 +212,8 @@ def child(args: argparse.Namespace) -> int:
                 times.append(time.perf_counter() - t0)
             return statistics.median(times) * 1e6
 
-    measure("fetch_p50_us", fetch)
+    if tensors:
+        measure("fetch_p50_us", fetch)
 
     owner_cls, reader_cls = _actors()
     for name, n, reps in (("1MiB", MiB, 5 if quick else 50), ("256MiB", 256 * MiB, 1 if quick else 5)):
@@ -187,34 +221,34 @@ def child(args: argparse.Namespace) -> int:
             n = 16 * MiB  # the smoke run keeps the key, with a smaller buffer
 
         def rdma(n: int = n, reps: int = reps) -> float:
-            owner = procs.slice(gpus=0).spawn(f"owner{n}", owner_cls, n)
-            reader = procs.slice(gpus=1).spawn(f"reader{n}", reader_cls)
+            owner = owner_of.spawn(f"owner{n}", owner_cls, n)
+            reader = reader_of.spawn(f"reader{n}", reader_cls)
             buf = owner.handle.call_one().get()
             times = reader.read.call_one(buf, n, reps).get()
             return n / 1e6 / min(times)
 
-        measure(f"rdma_read_{name}_MBps", rdma)
+        measure(f"rdma_read_{name}{suffix}_MBps", rdma)
 
     # Last: torchmonarch's reduce fails its workers on CPU, and the mesh is unusable after.
     def reduce_64() -> float:
+        best = float("inf")
         with procs.activate():
             big = torch.ones((4 if quick else 64) * MiB // 4)
             inspect(big[:1])
-            best = float("inf")
             for _ in range(1 if quick else 3):
                 t0 = time.perf_counter()
                 r = reduce(big, "gpus", reduction="sum")
                 v = inspect(r[:1])
                 best = min(best, time.perf_counter() - t0)
-                assert float(v[0]) == 4.0, v
-            return best * 1000
+        assert float(v[0]) == 4.0, v
+        return best * 1000
 
-    measure("reduce_64MiB_ms", reduce_64)
+    if tensors:
+        measure("reduce_64MiB_ms", reduce_64)
     report()
-    if errors.get("reduce_64MiB_ms", "").startswith("TimeoutError"):
-        os._exit(0)  # a hung mesh does not stop cleanly
+    current[0] = "stop"
     try:
-        _with_timeout(lambda: procs.stop().get(), 30)
+        _Watchdog(30, lambda: None).run(lambda: procs.stop().get())
     except Exception:
         os._exit(0)
     return 0
@@ -223,8 +257,10 @@ def child(args: argparse.Namespace) -> int:
 # --- the parent: run children, print ----------------------------------------------------------------
 
 
-def run_child(impl: str, python: str, args: argparse.Namespace) -> dict:
+def run_child(impl: str, python: str, args: argparse.Namespace, job_state: str | None = None) -> dict:
     cmd = [python, os.path.abspath(__file__), "--child", "--impl", impl, "--step-timeout", str(args.step_timeout)]
+    if job_state:
+        cmd += ["--job-state", job_state]
     if args.quick:
         cmd.append("--quick")
     env = dict(os.environ)
@@ -243,6 +279,22 @@ def run_child(impl: str, python: str, args: argparse.Namespace) -> dict:
                 out["errors"]["exit"] = f"the {impl} client exited {p.returncode} after these: {p.stderr[-300:]}"
             return out
     return {"impl": impl, "results": {}, "errors": {"run": f"exit {p.returncode}: {p.stderr[-1500:]}"}}
+
+
+def _netns_run(args: argparse.Namespace) -> dict:
+    """Our RDMA reads between two hosts of a ``monarch serve --hosts 2 --netns`` reservation."""
+    import tempfile
+
+    cli = [sys.executable, "-m", "monarch_cli.main"]
+    with tempfile.TemporaryDirectory(prefix="tensor_bench_netns_") as d:
+        r = subprocess.run([*cli, "serve", "--hosts", "2", "--netns"], cwd=d, capture_output=True, text=True,
+                           timeout=180)
+        if r.returncode != 0:
+            return {"results": {}, "errors": {"netns": f"could not serve --netns hosts: {r.stderr.strip()[-300:]}"}}
+        try:
+            return run_child("monarch", sys.executable, args, os.path.join(d, ".monarch", "job_state.pkl"))
+        finally:
+            subprocess.run([*cli, "stop"], cwd=d, capture_output=True, timeout=120)
 
 
 def _fmt(v: Any) -> str:
@@ -285,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="few iterations, small sizes (the smoke test)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ap.add_argument("--step-timeout", type=float, default=120.0, help="seconds one measurement may take")
+    ap.add_argument("--netns", action="store_true",
+                    help="also read RDMABuffers across two --netns hosts (root; ours only)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--job-state", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
@@ -297,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     ours = theirs = None
     if args.impl == "monarch" or args.compare:
         ours = run_child("monarch", sys.executable, args)
+        if args.netns:
+            cross = _netns_run(args)
+            ours["results"].update(cross["results"])
+            ours["errors"].update(cross["errors"])
     if args.impl == "torchmonarch" or args.compare:
         theirs = run_child("torchmonarch", args.torchmonarch_python, args)
     if args.json:

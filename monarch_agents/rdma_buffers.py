@@ -78,6 +78,8 @@ class BufferHandle:
 class RdmaRead(Message):
     buf_id: int
     generation: int
+    offset: int
+    length: int
     reply: PortRef
 
 
@@ -85,6 +87,7 @@ class RdmaRead(Message):
 class RdmaWrite(Message):
     buf_id: int
     generation: int
+    offset: int
     data: Any  # a PickleBuffer on the way, a memoryview on arrival
     reply: PortRef
 
@@ -195,7 +198,11 @@ def _serve(rt: Any) -> None:
             if e is None:
                 answer(msg.reply, False, RDMAError("the RDMABuffer was dropped by its owner; it cannot be read"))
                 return
-            view = (ctypes.c_char * e.size).from_address(e.addr)
+            if msg.offset < 0 or msg.length < 0 or msg.offset + msg.length > e.size:
+                answer(msg.reply, False, RDMAError(f"bytes {msg.offset}..{msg.offset + msg.length} are outside an "
+                                                   f"RDMABuffer of {e.size}"))
+                return
+            view = (ctypes.c_char * msg.length).from_address(e.addr + msg.offset)
             answer(msg.reply, True, pickle.PickleBuffer(memoryview(view).cast("B")))
 
         def on_write(msg: RdmaWrite) -> None:
@@ -204,10 +211,11 @@ def _serve(rt: Any) -> None:
                 answer(msg.reply, False, RDMAError("the RDMABuffer was dropped by its owner; it cannot be written"))
                 return
             src = memoryview(msg.data).cast("B")
-            if src.nbytes > e.size:
-                answer(msg.reply, False, RDMAError(f"{src.nbytes} bytes do not fit an RDMABuffer of {e.size}"))
+            if msg.offset < 0 or msg.offset + src.nbytes > e.size:
+                answer(msg.reply, False, RDMAError(f"{src.nbytes} bytes at {msg.offset} do not fit an RDMABuffer "
+                                                   f"of {e.size}"))
                 return
-            memoryview((ctypes.c_char * e.size).from_address(e.addr)).cast("B")[: src.nbytes] = src
+            memoryview((ctypes.c_char * e.size).from_address(e.addr)).cast("B")[msg.offset: msg.offset + src.nbytes] = src
             answer(msg.reply, True, None)
 
         def on_drop(msg: RdmaDrop) -> None:
@@ -273,6 +281,9 @@ def memory_range(obj: Any, *, writable: bool) -> tuple[int, int, Any]:
     return ctypes.addressof(ctypes.c_char.from_buffer(byte_view)), mv.nbytes, mv
 
 
+#: Between hosts, transfers go in pieces of this size: one message the wire is busy with for seconds
+#: would hold up the connection's heartbeats (and be taken for a dead peer), and memory stays bounded.
+_CHUNK = 8 << 20
 #: Set once the kernel refuses a cross-memory read here: later reads ask the owner at once.
 _cma_refused = False
 
@@ -310,8 +321,11 @@ def read_into(handle: BufferHandle, dst: Any) -> Future:
             f: Future = Future()
             f.set_exception(e)
             return f
-    return _ask(handle, lambda port: RdmaRead(handle.buf_id, handle.generation, port),
-                lambda data: _copy_in(handle, data, addr, keep))
+    chunk = handle.size if same_host else _CHUNK
+    return _all([_ask(handle, lambda port, o=o, n=min(chunk, handle.size - o):
+                      RdmaRead(handle.buf_id, handle.generation, o, n, port),
+                      lambda data, o=o: _copy_in(handle, data, addr + o, keep))
+                 for o in range(0, handle.size, chunk)])
 
 
 def _refuse_cma() -> None:
@@ -344,10 +358,32 @@ def _cma_read(handle: BufferHandle, addr: int) -> None:
 
 def _copy_in(handle: BufferHandle, data: Any, addr: int, keep: Any) -> None:
     src = memoryview(data).cast("B")
-    if src.nbytes != handle.size:
-        raise RDMAError(f"the owner sent {src.nbytes} bytes for a {handle.size}-byte RDMABuffer")
-    memoryview((ctypes.c_char * handle.size).from_address(addr)).cast("B")[:] = src
+    memoryview((ctypes.c_char * src.nbytes).from_address(addr)).cast("B")[:] = src
     return None
+
+
+def _all(futures: list[Future]) -> Future:
+    """One future for several: None once all are done, the first error otherwise."""
+    if len(futures) == 1:
+        return futures[0]
+    out: Future = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one(f: Future) -> None:
+        e = f.exception()
+        if e is not None:
+            out.set_exception(e)
+            return
+        with lock:
+            left[0] -= 1
+            done = left[0] == 0
+        if done:
+            out.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one)
+    return out
 
 
 def write_from(handle: BufferHandle, src: Any) -> Future:
@@ -360,8 +396,11 @@ def write_from(handle: BufferHandle, src: Any) -> Future:
         cma.local_copy(handle.addr, addr, n)
         return Future.completed(None)
     view = memoryview((ctypes.c_char * n).from_address(addr)).cast("B") if n else memoryview(b"")
-    return _ask(handle, lambda port: RdmaWrite(handle.buf_id, handle.generation, pickle.PickleBuffer(view), port),
-                lambda _: (keep, None)[1])
+    chunk = max(n, 1) if handle.host == cma.host_key() else _CHUNK
+    return _all([_ask(handle, lambda port, o=o: RdmaWrite(handle.buf_id, handle.generation, o,
+                                                          pickle.PickleBuffer(view[o: o + chunk]), port),
+                      lambda _: (keep, None)[1])
+                 for o in range(0, max(n, 1), chunk)])
 
 
 def drop(handle: BufferHandle) -> Future:

@@ -112,3 +112,23 @@ def test_buffer_owned_by_the_client():
     buf.drop().get(timeout=T)
     with pytest.raises(RDMAError, match="dropped"):
         buf.read_into(out.view(torch.uint8).flatten()).get(timeout=T)
+
+
+def test_between_hosts_transfers_go_in_pieces(monkeypatch):
+    """As from another host (the owner's host key differs): reads and writes through the owner, in
+    pieces, reassembled in order (here pieces of 1000 bytes of a buffer that is not a multiple)."""
+    from monarch_agents import rdma_buffers
+
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = pm.spawn("owner", Owner, 10_500)
+        buf = owner.handle.call_one().get(timeout=T)
+        monkeypatch.setattr(rdma_buffers, "_CHUNK", 1000)
+        monkeypatch.setattr(rdma_buffers.cma, "host_key", lambda: "another host")
+        dst = torch.zeros(10_500, dtype=torch.uint8)
+        buf.read_into(dst).get(timeout=T)
+        assert torch.equal(dst, (torch.arange(10_500, dtype=torch.int64) % 251).to(torch.uint8))
+        buf.write_from(torch.full((4_321,), 3, dtype=torch.uint8)).get(timeout=T)
+        assert owner.checksum.call_one().get(timeout=T) == 3 * 4_321 + int(dst[4_321:].to(torch.int64).sum())
+    finally:
+        pm.stop().get(timeout=T)

@@ -120,6 +120,16 @@ def test_actors_receive_their_procs_shard(procs):
     assert sorted(got.values()) == [(0, 4.0), (1, 8.0)]
 
 
+def test_autograd_runs_here_and_its_ops_there(procs):
+    with procs.activate():
+        w = torch.rand(3, requires_grad=True)
+        loss = ((w * 2) ** 2).sum()
+        loss.backward()
+        g = w.grad
+    for gpus in range(2):
+        assert torch.allclose(inspect(g, gpus=gpus), inspect(w, gpus=gpus).detach() * 8)
+
+
 def test_random_values_differ_between_procs(procs):
     with procs.activate():
         t = torch.rand(8)
