@@ -303,6 +303,12 @@ def _fmt(v: Any) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:,.2f}"
 
 
+def _cell(run: dict | None, key: str, v: Any) -> str:
+    if run is None or (v is None and key not in run.get("errors", {})):
+        return "-"  # not measured there
+    return _fmt(v) if v is not None else "failed"
+
+
 def render(ours: dict, theirs: dict | None) -> str:
     rows = [("measurement", "unit", "monarch", "torchmonarch", "ours vs theirs")]
     for key, label, unit, kind in METRICS:
@@ -314,8 +320,7 @@ def render(ours: dict, theirs: dict | None) -> str:
                                                                         "slower")
         elif theirs is not None and b is None:
             ratio = "theirs failed" if key in theirs.get("errors", {}) else ""
-        rows.append((label, unit, _fmt(a) if a is not None else "failed",
-                     ("-" if theirs is None else (_fmt(b) if b is not None else "failed")), ratio))
+        rows.append((label, unit, _cell(ours, key, a), _cell(theirs, key, b), ratio))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
