@@ -507,6 +507,10 @@ def run_program(record: JobRecord, state_path: str, argv: list[str], extra: dict
            "MONARCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     record_run(record, run_id, argv, [], False, kind="program")
     log = ProgramLog(record, run_id)
+    # Its writable place, as a command's ranks have theirs (`monarch logs --output DIR` fetches it).
+    if "MONARCH_OUTPUT_DIR" not in extra:  # -e MONARCH_OUTPUT_DIR=... wins, a stray one in this shell not
+        env["MONARCH_OUTPUT_DIR"] = os.path.join(log.dir, "output")
+    os.makedirs(env["MONARCH_OUTPUT_DIR"], mode=0o700, exist_ok=True)
     interrupted = []
 
     def on_signal(signum, frame):
@@ -579,7 +583,30 @@ def run_failure(record: JobRecord, outcome: RunOutcome) -> RunFailed | None:
         message = f"rank {f.rank} on {f.host} {f.reason}"
         if not f.started and "working directory" in f.reason:
             hint = "-w must name a folder that exists on every host (default: this one)"
+        elif record.workspace and _wrote_into_read_only(record, outcome.run_id, f):
+            hint = read_only_hint(outcome.run_id)
     return RunFailed(message, hint, exit_code=code, run_id=outcome.run_id)
+
+
+def read_only_hint(run_id: str | None = None) -> str:
+    """What a rank that wrote into the (read-only) workspace should do instead."""
+    fetch = f"`monarch logs --run {run_id} --output DIR`" if run_id else "`monarch logs --output DIR`"
+    return ("the workspace is read-only on the hosts: write checkpoints and results to $MONARCH_OUTPUT_DIR "
+            f"(one folder per run and host; {fetch} copies them here)")
+
+
+def _wrote_into_read_only(record: JobRecord, run_id: str, f: RankResult) -> bool:
+    """Whether the failed rank's stderr says it hit the read-only workspace (EROFS)."""
+    from monarch._workbench.hosts import read_log
+
+    host = next((h for h in record.hosts if h.host == f.host), None)
+    if host is None:
+        return False
+    try:
+        got = read_log(record, host, run_id, "stderr", 0, timeout=2.0)
+    except Exception:
+        return False  # only a hint: a host that does not answer now goes without it
+    return any(b"Read-only file system" in data for data, _ in got.values())
 
 
 def _agent_lost_words(record: JobRecord, f: RankResult) -> tuple[str, str]:

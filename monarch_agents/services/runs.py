@@ -38,6 +38,10 @@ _READ_LOG_MAX = 4 << 20
 ORDER_RECORD = struct.Struct("<cI")
 
 
+#: The folder of a run's folder that its ranks write to (``$MONARCH_OUTPUT_DIR``).
+OUTPUT_DIR = "output"
+
+
 @dataclass
 class RankExit:
     """How a rank ended: the content of its ``<rank>.exit`` file."""
@@ -203,6 +207,11 @@ class RunsService(Service):
         with open_private(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
             json.dump({"argv": msg.argv, "rank": msg.rank, "host": agent.host, "started": run.started}, f)
         cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
+        # A writable place of the rank's own, per run and host (the workspace is read-only): kept
+        # beside its logs, listed by `monarch logs --list`, fetched by `monarch logs --output DIR`.
+        output_dir = os.path.join(run_dir, OUTPUT_DIR)
+        private_dir(output_dir, top=agent.log_dir)
+        env.setdefault("MONARCH_OUTPUT_DIR", output_dir)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         with self.lock:

@@ -32,9 +32,12 @@ _START_GRACE_S = 5.0
                    "the bytes are exactly the rank's).")
 @click.option("--list", "list_runs", is_flag=True, help="List past runs with their exit codes and durations.")
 @click.option("--scheduler", "scheduler_logs", is_flag=True, help="Show the scheduler/agent start-up logs.")
+@click.option("--output", "output_to", metavar="DIR",
+              help="Copy what the run's ranks wrote to $MONARCH_OUTPUT_DIR into DIR/<host>/ (the last run, or --run).")
 @click.pass_context
 def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | None, host: str | None, follow: bool,
-         only_stdout: bool, only_stderr: bool, prefix: bool | None, list_runs: bool, scheduler_logs: bool) -> None:
+         only_stdout: bool, only_stderr: bool, prefix: bool | None, list_runs: bool, scheduler_logs: bool,
+         output_to: str | None) -> None:
     """Print a run's output: stdout and stderr as they came, every byte; -f follows it live."""
     from monarch._workbench.reserve import scheduler_for
     from monarch._workbench.run import run_history
@@ -56,13 +59,16 @@ def logs(ctx: click.Context, name: str | None, run_id: str | None, rank: int | N
             follow = False  # nothing runs any more
         history = run_history(record)
         if list_runs:
-            _list(record, history, o.json)
+            _list(record, history, o.json, ask_agents=not readable.stopped)
             return
         if not history:
             raise UsageError("no runs yet on this reservation", "`monarch run -- CMD` starts one")
         entry = history[-1] if run_id is None else next((r for r in history if r["run_id"] == run_id), None)
         if entry is None:
             raise UsageError(f"no run {run_id!r}", "`monarch logs --list` shows the runs")
+        if output_to:
+            _fetch_output(record, entry, output_to, o.json)
+            return
         targets = _targets(record, entry)
         if rank is not None:
             targets = {i: h for i, h in targets.items() if i == rank}
@@ -198,17 +204,62 @@ class _Printer:
         self.out.flush()
 
 
-def _list(record, history: list[dict], as_json: bool) -> None:
+def output_dirs(record, entry: dict) -> dict[str, str]:
+    """host -> the folder its rank(s) of the run wrote as $MONARCH_OUTPUT_DIR, as this machine sees it
+    (the job folder: the hosts' log folders are there for local and Slurm hosts alike)."""
+    from monarch._workbench.logs import program_run_dir
+
+    if entry.get("kind") == "program":
+        return {"client": os.path.join(program_run_dir(record, entry["run_id"]), "output")}
+    by_rank = {h.host_rank: h.host for h in record.hosts}
+    run = os.path.basename(entry["run_id"])
+    return {by_rank.get(hr, f"host{hr}"): os.path.join(record.job_dir, "logs", f"host{hr}", "runs", run, "output")
+            for hr in entry.get("hosts") or []}
+
+
+def _files_under(path: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def _fetch_output(record, entry: dict, dest: str, as_json: bool) -> None:
+    import shutil
+
+    from monarch.errors import RunError
+
+    copied, unseen = {}, []
+    for host, src in output_dirs(record, entry).items():
+        if not os.path.isdir(src):
+            unseen.append(host)
+            continue
+        target = os.path.join(dest, host)
+        shutil.copytree(src, target, dirs_exist_ok=True, symlinks=True)
+        copied[host] = len(_files_under(src))
+    if not copied:
+        raise RunError(f"no output of run {entry['run_id']} is visible from this machine "
+                       f"(hosts: {', '.join(unseen)})", "its ranks write to $MONARCH_OUTPUT_DIR on their hosts")
+    if as_json:
+        print_json({"run_id": entry["run_id"], "dest": os.path.abspath(dest), "files": copied, "not_visible": unseen})
+        return
+    for host, n in copied.items():
+        err.print(f"{host}: {n} file{'s' if n != 1 else ''} -> {os.path.join(dest, host)}")
+    for host in unseen:
+        err.print(f"[yellow]warning:[/] {host}: its output folder is not visible from this machine")
+
+
+def _list(record, history: list[dict], as_json: bool, ask_agents: bool = True) -> None:
     rows = []
     for r in history:
-        if "exit_code" not in r:
+        if "exit_code" not in r and ask_agents:
             _ask_agents_how_it_ended(record, r)
         ended = r.get("ended")
         unknown = r.get("exit_unknown")
         rows.append({"run_id": r["run_id"], "kind": r.get("kind", "command"), "argv": r["argv"],
                      "started": r["started"], "ended": ended, "exit_code": r.get("exit_code"),
                      "duration_s": round(ended - r["started"], 3) if ended else None,
-                     "running": ended is None and not unknown,
+                     "running": ended is None and not unknown and ask_agents,
+                     # $MONARCH_OUTPUT_DIR of each host, and how many files its ranks left there
+                     "output": {h: {"dir": d, "files": len(_files_under(d))} for h, d in output_dirs(record, r).items()
+                                if os.path.isdir(d)},
                      **({"exit_unknown": unknown} if unknown else {})})
     if as_json:
         print_json(rows)
@@ -218,7 +269,9 @@ def _list(record, history: list[dict], as_json: bool) -> None:
         took = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
         when = time.strftime("%H:%M:%S", time.localtime(r["started"]))
         why = f"  ({r['exit_unknown']})" if r.get("exit_unknown") else ""
-        sys.stdout.write(f"{r['run_id']}  {when}  {code:>8}  {took:>8}  {' '.join(r['argv'])}{why}\n")
+        files = sum(o["files"] for o in r["output"].values())
+        kept = f"  [{files} output file{'s' if files != 1 else ''}: --run {r['run_id']} --output DIR]" if files else ""
+        sys.stdout.write(f"{r['run_id']}  {when}  {code:>8}  {took:>8}  {' '.join(r['argv'])}{why}{kept}\n")
 
 
 def _ask_agents_how_it_ended(record, run: dict) -> None:

@@ -65,6 +65,10 @@ def why(ctx: click.Context, json_here: bool, name: str | None, from_dir: str | N
         out.print(f"[bold red]root failure:[/] {_describe(r)}")
         if r.exception:
             out.print(f"  exception: [red]{escape(r.exception)}[/]")
+            if "Read-only file system" in r.exception:
+                from monarch._workbench.run import read_only_hint
+
+                out.print(f"  [dim]hint:[/] {escape(read_only_hint(answer.run_id))}")
         if r.log_tail:
             out.print("  last lines:")
             for line in r.log_tail:

@@ -229,3 +229,32 @@ def test_a_stopped_reservations_runs_stay_readable(tmp_path):
     # Read-only: nothing runs on it.
     r = monarch("run", "--", "true", cwd=tmp_path)
     assert r.returncode == 3 and "run `monarch serve` first" in r.stderr
+
+
+def test_ranks_have_a_writable_output_dir_listed_fetched_and_named_by_the_read_only_hint(tmp_path):
+    (tmp_path / "train.py").write_text('open("ckpt.pt", "w").write("x")\n')
+    (tmp_path / "save.py").write_text('import os\nopen(os.path.join(os.environ["MONARCH_OUTPUT_DIR"], "result.txt"), '
+                                      '"w").write("42")\n')
+    try:
+        monarch("serve", "--hosts", "2", "--workspace", ".", cwd=tmp_path, check=True)
+        # Into the read-only workspace: the error's hint says where to write instead.
+        r = monarch("run", "--", "python", "train.py", cwd=tmp_path)
+        assert r.returncode == 1 and "Read-only file system" in r.stderr
+        assert "hint: the workspace is read-only on the hosts: write checkpoints and results to $MONARCH_OUTPUT_DIR" \
+            in r.stderr, r.stderr
+        assert "$MONARCH_OUTPUT_DIR" in monarch("why", cwd=tmp_path, check=True).stdout
+        r = monarch("run", "--", "sh", "-c", 'echo "ckpt of $MONARCH_HOST_RANK" > "$MONARCH_OUTPUT_DIR/model.pt"',
+                    cwd=tmp_path, check=True)
+        assert monarch("run", "save.py", cwd=tmp_path).returncode == 0
+        runs = json.loads(monarch("--json", "logs", "--list", cwd=tmp_path, check=True).stdout)
+        command, program = runs[-2], runs[-1]
+        assert {h: o["files"] for h, o in command["output"].items()} == {"host0": 1, "host1": 1}
+        assert program["output"]["client"]["files"] == 1
+        assert f"--run {command['run_id']} --output DIR" in monarch("logs", "--list", cwd=tmp_path, check=True).stdout
+        r = monarch("logs", "--run", command["run_id"], "--output", str(tmp_path / "back"), cwd=tmp_path, check=True)
+        assert (tmp_path / "back" / "host1" / "model.pt").read_text() == "ckpt of 1\n"
+        assert (tmp_path / "back" / "host0" / "model.pt").read_text() == "ckpt of 0\n"
+        monarch("logs", "--output", str(tmp_path / "prog"), cwd=tmp_path, check=True)
+        assert (tmp_path / "prog" / "client" / "result.txt").read_text() == "42"
+    finally:
+        monarch("stop", cwd=tmp_path, timeout=60)
