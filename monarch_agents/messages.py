@@ -183,6 +183,9 @@ class KillProc(Message):
     signum: int
     reply: PortRef | None
 
+    def __post_init__(self) -> None:
+        self.signum = int(self.signum)  # see SignalRun
+
 
 @message
 class Ping(Message):
@@ -252,6 +255,11 @@ class RunExited(Streamed):
 class SignalRun(Message):
     run_id: str
     signum: int
+
+    def __post_init__(self) -> None:
+        # A plain int on the wire: Debian's Python 3.11.2 pickles ``signal.SIGTERM`` as the global
+        # ``signal.SIGTERM``, which the envelope refuses, so every signal to a run was dropped.
+        self.signum = int(self.signum)
 
 
 @message
