@@ -249,6 +249,18 @@ class RunExited(Streamed):
     rank: int
     exit_code: int
     reason: str
+    #: Why the rank's log on its host is incomplete (the disk filled, say); '' when it is whole.
+    log_error: str = ""
+
+
+@message
+class RunAck(Message):
+    """The client has consumed ``consumed`` bytes of rank ``rank``'s output in all: its host agent sends
+    at most ``monarch_agents.services.runs.WINDOW`` bytes more before it waits for the next."""
+
+    run_id: str
+    rank: int
+    consumed: int
 
 
 @message

@@ -32,6 +32,8 @@ _HISTORY = 5000
 _PARTIAL_MAX = 65536
 #: Lines this agent buffers before they become Arrow (and count against the table's bounds).
 _SEAL_ROWS = 8192
+#: ... or once their text is this long: 8,192 rows of 64 KiB lines were 512 MiB held outside the bounds.
+_SEAL_BYTES = 4 << 20
 
 
 @dataclass
@@ -76,6 +78,7 @@ class HostTelemetry:
         self.ranks: OrderedDict[tuple[str, int], _RankRow] = OrderedDict()
         self.procs: OrderedDict[int, _ProcRow] = OrderedDict()
         self._partial: dict[tuple[str, int, str], bytes] = {}
+        self._unsealed_bytes = 0  # text of the log lines buffered since the last flush
         self._pool = ThreadPoolExecutor(_SCAN_WORKERS, thread_name_prefix="telemetry-scan")
         #: The ``debug_sessions`` rows now (set by the host agent's debug service).
         self.debug_rows: Callable[[], list[dict]] = lambda: []
@@ -125,7 +128,9 @@ class HostTelemetry:
         log = self.recorder.log_line
         for line in lines:
             log(stream, line.decode(errors="replace").rstrip("\r"), run_id=run_id, rank=rank)
-        if self.recorder.buffers["logs"].rows >= _SEAL_ROWS:
+            self._unsealed_bytes += len(line)
+        if self.recorder.buffers["logs"].rows >= _SEAL_ROWS or self._unsealed_bytes >= _SEAL_BYTES:
+            self._unsealed_bytes = 0
             # Into the store, whose row and byte bounds hold (the buffer's list of lines has none).
             self.flush()
 

@@ -38,12 +38,17 @@ from monarch._workbench.state import HostRecord, JobRecord
 
 log = logging.getLogger("monarch.run")
 _STOP_GRACE_S = 1.5
+#: How long a stopped run waits, after SIGKILL, for its ranks' ends before it ends without them.
+_STOP_REPORT_S = 5.0
 #: How often a run re-reads its reservation's time left (an admin may change the limit).
 _TIME_RECHECK_S = 60.0
 #: How long a failed run waits for a job that is COMPLETING to show why it ended.
 _ENDING_WAIT_S = 3.0
 #: How long a run that lost a host agent watches it before calling it frozen rather than dead.
 _DYING_WAIT_S = 1.0
+#: The client acknowledges a rank's output (RunAck) each time it consumed this much more: its host
+#: agent sends at most monarch_agents.services.runs.WINDOW bytes ahead, so a slow client slows the rank.
+_ACK_EVERY = 1 << 20
 
 
 #: How a host agent's reason begins when a rank never started (no fork, a missing working directory).
@@ -58,6 +63,8 @@ class RankResult:
     reason: str = ""
     #: The rank's host agent stopped answering (died, froze, or its host is unreachable).
     agent_lost: bool = False
+    #: Why the rank's log on its host is incomplete (a full disk, say); '' when it is whole.
+    log_error: str = ""
 
     @property
     def started(self) -> bool:
@@ -214,11 +221,16 @@ def record_run_end(record: JobRecord, run_id: str, exit_code: int, ended: float 
 
 def _append_history(record: JobRecord, entry: dict) -> None:
     # One short line per write, opened O_APPEND: lines of runs ending together do not mix.
-    fd = os.open(os.path.join(record.job_dir, "runs.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    path = os.path.join(record.job_dir, "runs.jsonl")
     try:
-        os.write(fd, (json.dumps(entry) + "\n").encode())
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps(entry) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        # A full disk must not fail (or hang) the run itself: `monarch logs --list` then asks the agents.
+        sys.stderr.write(f"warning: could not note the run in {path}: {e.strerror or e}\n")
 
 
 def run_history(record: JobRecord) -> list[dict]:
@@ -279,6 +291,9 @@ class RemoteRun:
         self.done = threading.Event()
         self.lock = threading.Lock()
         self._stream: StreamPort | None = None
+        self._consumed = [0] * len(hosts)  # bytes of output printed, per rank
+        self._acked = [0] * len(hosts)
+        self._output_lost = False
 
     def start(self) -> None:
         rt = self.rt
@@ -309,11 +324,31 @@ class RemoteRun:
 
     def _on_stream(self, msg: m.RunOutput | m.RunExited) -> None:
         if type(msg) is m.RunOutput:
-            self.on_output(msg.rank, msg.stream, msg.data)
+            try:
+                self.on_output(msg.rank, msg.stream, msg.data)
+            except OSError:
+                # Our stdout is closed (`monarch run ... | head`): stop the ranks, as a pipe stops its writer.
+                if not self._output_lost:
+                    self._output_lost = True
+                    threading.Thread(target=self.stop, name="output-lost", daemon=True).start()
+            self._ack(msg.rank, len(msg.data))
         elif type(msg) is m.RunExited:
+            if 0 <= msg.rank < len(self.outcome.results):
+                self.outcome.results[msg.rank].log_error = msg.log_error
             self._finish(msg.rank, msg.exit_code, msg.reason)
         elif type(msg) is m.DebugWaiting:
             self.on_debug(msg.session)
+
+    def _ack(self, rank: int, n: int) -> None:
+        if not 0 <= rank < len(self._consumed):
+            return
+        self._consumed[rank] += n
+        if self._consumed[rank] - self._acked[rank] >= _ACK_EVERY:
+            self._acked[rank] = self._consumed[rank]
+            try:
+                self.rt.send(self.hosts[rank].addr, m.RunAck(self.run_id, rank, self._consumed[rank]))
+            except SupervisionError:
+                pass  # its loss is reported by _agent_lost
 
     def _agent_lost(self, addr: str, err: SupervisionError) -> None:
         for rank, h in enumerate(self.hosts):
@@ -353,7 +388,13 @@ class RemoteRun:
         self.signal(signal.SIGTERM)
         if not self.done.wait(_STOP_GRACE_S):
             self.signal(signal.SIGKILL)
-            self.done.wait(0.5)
+            if not self.done.wait(_STOP_REPORT_S):
+                self.give_up(f"did not report its end within {_STOP_GRACE_S + _STOP_REPORT_S:.0f} s of being stopped")
+
+    def give_up(self, why: str) -> None:
+        """End the run now: every rank not heard from ends with ``why`` (its host agent is not answering for it)."""
+        for rank, h in enumerate(self.hosts):
+            self._finish(rank, ExitCode.AGENT, f"rank {rank} on {h.host} {why}", agent_lost=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
@@ -411,6 +452,9 @@ def run_command(record: JobRecord, argv: list[str], *, hosts: list[HostRecord] |
         finally:
             printer.flush()
         record_run_end(record, rr.run_id, rr.outcome.exit_code)
+        for r in rr.outcome.results:
+            if r.log_error:
+                sys.stderr.write(f"warning: rank {r.rank} on {r.host}: {r.log_error}\n")
     if watch is not None:
         watch.join(_WATCH_JOIN_S)
     return rr.outcome
@@ -669,40 +713,75 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{mnt:02d}:{sec:02d}" if h else f"{mnt}:{sec:02d}"
 
 
+#: A line longer than this is printed in pieces of this size, each on a line of its own (a rank printing
+#: gigabytes without a newline must not make the client hold them all).
+MAX_LINE = 1 << 20
+
+
 class LinePrinter:
     """Writes a run's output to this process's stdout/stderr, each line prefixed by its host.
 
-    Partial lines are kept until they end, so ranks never interleave inside a line.
+    Partial lines are kept until they end (up to :data:`MAX_LINE`), so ranks never interleave inside a
+    line.  Linear in its input: a partial line is a list of pieces, joined once when it ends.
     """
 
     def __init__(self, hosts, color: bool, all_to_stderr: bool = False):
         """``all_to_stderr``: stdout lines too go to stderr (``--json`` keeps stdout for its document)."""
         self.names = {i: h.host for i, h in enumerate(hosts)}
-        self.partial: dict[tuple[int, str], bytes] = {}
+        self.partial: dict[tuple[int, str], tuple[list[bytes], int]] = {}
         self.lock = threading.Lock()
         self.color = color
         self.all_to_stderr = all_to_stderr
 
     def write(self, rank: int, stream: str, data: bytes) -> None:
+        key = (rank, stream)
+        out: list[str] = []
         with self.lock:
-            buf = self.partial.pop((rank, stream), b"") + data
-            *lines, rest = buf.split(b"\n")
-            if rest:
-                self.partial[(rank, stream)] = rest
-            for line in lines:
-                self._emit(rank, stream, line)
+            start = 0
+            while True:
+                nl = data.find(b"\n", start)
+                if nl < 0:
+                    break
+                line = data[start:nl]
+                if key in self.partial:
+                    pieces, _ = self.partial.pop(key)
+                    pieces.append(line)
+                    line = b"".join(pieces)
+                self._format(out, rank, line)
+                start = nl + 1
+            if start < len(data):
+                pieces, size = self.partial.get(key, ([], 0))
+                rest = data[start:]
+                pieces.append(rest)
+                size += len(rest)
+                if size >= MAX_LINE:
+                    joined = b"".join(pieces)
+                    cut = len(joined) - len(joined) % MAX_LINE
+                    for i in range(0, cut, MAX_LINE):
+                        self._format(out, rank, joined[i:i + MAX_LINE])
+                    pieces, size = ([joined[cut:]], len(joined) - cut) if cut < len(joined) else ([], 0)
+                if size:
+                    self.partial[key] = (pieces, size)
+                else:
+                    self.partial.pop(key, None)
+            if out:
+                self._write(stream, "".join(out))
 
-    def _emit(self, rank: int, stream: str, line: bytes) -> None:
-        text = line.decode(errors="replace")
+    def _format(self, out: list[str], rank: int, line: bytes) -> None:
         prefix = f"[{self.names.get(rank, rank)}] "
         if self.color:
             prefix = f"\x1b[{36 + rank % 2}m{prefix}\x1b[0m"
+        out.append(prefix + line.decode(errors="replace") + "\n")
+
+    def _write(self, stream: str, text: str) -> None:
         target = sys.stderr if stream == "stderr" or self.all_to_stderr else sys.stdout
-        target.write(prefix + text + "\n")
+        target.write(text)
         target.flush()
 
     def flush(self) -> None:
         with self.lock:
-            for (rank, stream), rest in list(self.partial.items()):
-                self._emit(rank, stream, rest)
+            for (rank, stream), (pieces, _) in list(self.partial.items()):
+                out: list[str] = []
+                self._format(out, rank, b"".join(pieces))
+                self._write(stream, "".join(out))
             self.partial.clear()

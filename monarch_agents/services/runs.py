@@ -7,6 +7,13 @@ run's reply port as ``RunOutput`` and into ``<log_dir>/runs/<run id>/<rank>.stdo
 complete.  ``<rank>.order`` says in which order the two streams' bytes came: one record per
 chunk, the stream (``o`` or ``e``) and the chunk's length (``<cI``), so a reader can interleave
 them as a terminal showed them.
+
+Faults end runs, never hang them.  A log that cannot be written (the disk is full, the folder was
+removed) stops being written, but the rank runs on, its output still streams to the client, and its
+``RunExited`` says why its log is incomplete.  Output waits for a slow client only up to
+:data:`WINDOW` bytes a rank (the client acknowledges what it consumed with ``RunAck``): then the
+agent stops reading the rank's pipes and the rank blocks on its writes, as it would on a terminal,
+so a stopped client costs the agent a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ _EXIT_DRAIN_S = 1.0
 _KILL_GRACE_S = 1.0
 #: The most bytes one ReadLog answers with.
 _READ_LOG_MAX = 4 << 20
+#: How many bytes of a rank's output may be sent and not yet acknowledged by the client (RunAck).
+WINDOW = 16 << 20
+#: How often the pump looks again while it waits for the client (its rank exiting wakes it at once).
+_WINDOW_POLL_S = 1.0
+#: How many ended ranks' exits the agent remembers for ``monarch logs`` when their exit files could not be written.
+_KEEP_EXITS = 1024
 #: One record of ``<rank>.order``: b"o" (stdout) or b"e" (stderr), then the chunk's length.
 ORDER_RECORD = struct.Struct("<cI")
 
@@ -79,6 +92,12 @@ class CommandChild(Child):
         self.pumping = True
         self.sent_exit = False
         self.lock = threading.Lock()
+        #: Woken when the client acknowledges output or the command exits (the pump may wait on it).
+        self.progress = threading.Condition(self.lock)
+        self.sent_bytes = 0
+        self.acked_bytes = 0
+        #: Why this rank's log is incomplete ('' while it is whole).
+        self.log_error = ""
         #: Signals that came before the zygote said the command started (a rank that fails at once
         #: makes the client stop the others while theirs may still be starting).
         self.early_signals: list[int] = []
@@ -102,6 +121,7 @@ class CommandChild(Child):
         with self.lock:
             self.exit = (127, f"could not start: {error}")
             self.pumping = False
+            self.progress.notify_all()
         self.finish()
 
     def on_exited(self, code: int | None, reason: str) -> None:
@@ -110,7 +130,22 @@ class CommandChild(Child):
             reason += " (its host agent is shutting down: the reservation was released)"
         with self.lock:
             self.exit = (code if code is not None else 1, reason)
+            self.progress.notify_all()
         self.finish()
+
+    def acked(self, consumed: int) -> None:
+        """The client has consumed ``consumed`` bytes of this rank's output in all."""
+        with self.lock:
+            if consumed > self.acked_bytes:
+                self.acked_bytes = consumed
+                self.progress.notify_all()
+
+    def wait_for_client(self) -> None:
+        """Until the client is less than :data:`WINDOW` behind, or the command exited (what is left in
+        its pipes is then bounded: read it all, so the run can end)."""
+        with self.lock:
+            while self.sent_bytes - self.acked_bytes >= WINDOW and self.exit is None and self.reply.addr:
+                self.progress.wait(_WINDOW_POLL_S)
 
     def pumped(self) -> None:
         """Its output was read to the end."""
@@ -124,9 +159,13 @@ class CommandChild(Child):
                 return
             self.sent_exit = True
         code, reason = self.exit
-        self.ended(code, reason)
+        try:
+            self.ended(code, reason)
+        except Exception:  # the client must hear of the end whatever happened here
+            log.exception("run %s rank %d: ending", self.run_id, self.rank)
         if self.reply.addr:
-            self.service.agent.send(self.reply.addr, m.RunExited(self.reply.port_id, self.run_id, self.rank, code, reason))
+            self.service.agent.send(self.reply.addr, m.RunExited(self.reply.port_id, self.run_id, self.rank, code,
+                                                                 reason, self.log_error))
         self.service.finished(self)
 
     def ended(self, code: int, reason: str) -> None:
@@ -149,12 +188,14 @@ class _Run(CommandChild):
         tel = self.service.agent.telemetry
         if tel is not None:
             tel.rank_ended(self.run_id, self.rank, code, reason)
+        record = RankExit(code, reason, time.time())
+        self.service.remember_exit(self.run_id, self.rank, record)
         try:
             # Whole or not at all: `monarch logs --list` may read it at any moment.  No fsync: it is
             # on the path of every run's end, and a reader does without it (the run shows "exit ?").
-            write_atomic(os.path.join(self.run_dir, f"{self.rank}.exit"),
-                         RankExit(code, reason, time.time()).to_bytes(), durable=False)
+            write_atomic(os.path.join(self.run_dir, f"{self.rank}.exit"), record.to_bytes(), durable=False)
         except OSError as e:
+            # The agent still answers ReadLog with it (remember_exit), so `logs --list` shows the end.
             log.warning("could not write the exit file of run %s rank %d: %s", self.run_id, self.rank, e)
 
 
@@ -168,9 +209,11 @@ class RunsService(Service):
         self.lock = threading.Lock()
         self.done = threading.Condition(self.lock)
         self.runs: dict[str, _Run] = {}  # run id -> its rank here, until it finished
+        self.exits: dict[tuple[str, int], RankExit] = {}  # (run id, rank) -> how it ended, the latest ones
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
-        return {m.RunCommand: self.on_run, m.SignalRun: self.on_signal_run, m.ReadLog: self.on_read_log}
+        return {m.RunCommand: self.on_run, m.SignalRun: self.on_signal_run, m.ReadLog: self.on_read_log,
+                m.RunAck: self.on_ack}
 
     def info(self) -> dict:
         with self.lock:
@@ -190,7 +233,17 @@ class RunsService(Service):
         with self.done:
             if self.runs.get(run.run_id) is run:
                 del self.runs[run.run_id]
+            idle = not self.runs
             self.done.notify_all()
+        if idle:
+            release_memory()
+
+    def remember_exit(self, run_id: str, rank: int, record: RankExit) -> None:
+        """Keep how a rank ended, for ReadLog, in case its exit file cannot be written (a full disk)."""
+        with self.lock:
+            self.exits[(run_id, rank)] = record
+            while len(self.exits) > _KEEP_EXITS:
+                del self.exits[next(iter(self.exits))]
 
     # -- messages ------------------------------------------------------------
 
@@ -202,24 +255,43 @@ class RunsService(Service):
         if msg.owner:
             agent.track_owner(msg.owner)
         run_dir = os.path.join(agent.log_dir, "runs", path_component(msg.run_id))
-        private_dir(run_dir, top=agent.log_dir)
         run = _Run(self, msg, run_dir)
-        with open_private(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
-            json.dump({"argv": msg.argv, "rank": msg.rank, "host": agent.host, "started": run.started}, f)
-        cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
-        # A writable place of the rank's own, per run and host (the workspace is read-only): kept
-        # beside its logs, listed by `monarch logs --list`, fetched by `monarch logs --output DIR`.
-        output_dir = os.path.join(run_dir, OUTPUT_DIR)
-        private_dir(output_dir, top=agent.log_dir)
-        env.setdefault("MONARCH_OUTPUT_DIR", output_dir)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        try:
+            # A folder that is not safely ours (UnsafeFolder) or cannot be made: the run goes on with
+            # nothing written there, and its end says why.
+            private_dir(run_dir, top=agent.log_dir)
+            with open_private(os.path.join(run_dir, f"{msg.rank}.json"), "w") as f:
+                json.dump({"argv": msg.argv, "rank": msg.rank, "host": agent.host, "started": run.started}, f)
+        except OSError as e:
+            # The run goes on without its log: its output still streams, and its end says why.
+            run.log_error = _log_error(run_dir, e)
+            log.warning("run %s rank %d: %s", msg.run_id, msg.rank, run.log_error)
         with self.lock:
             self.runs[msg.run_id] = run
+        try:
+            cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
+            # A writable place of the rank's own, per run and host (the workspace is read-only): kept
+            # beside its logs, listed by `monarch logs --list`, fetched by `monarch logs --output DIR`.
+            output_dir = os.path.join(run_dir, OUTPUT_DIR)
+            try:
+                private_dir(output_dir, top=agent.log_dir)
+                env.setdefault("MONARCH_OUTPUT_DIR", output_dir)
+            except OSError as e:  # a full disk: the rank runs without one (and says so if it needs it)
+                log.warning("run %s rank %d: no output folder: %s", msg.run_id, msg.rank, e)
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+        except Exception as e:  # out of fds, say: the client hears it instead of waiting forever
+            run.on_failed(f"{type(e).__name__}: {e}")
+            return
         if agent.telemetry is not None:
             agent.telemetry.rank_started(msg.run_id, msg.rank, msg.argv, msg.cwd)
         try:
             agent.start_child({"kind": "exec", "argv": list(msg.argv), "env": env, "cwd": cwd}, [out_w, err_w], run)
+        except Exception as e:
+            os.close(out_r)
+            os.close(err_r)
+            run.on_failed(f"{type(e).__name__}: {e}")
+            return
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -227,16 +299,19 @@ class RunsService(Service):
                          name=f"pump-{msg.run_id}", daemon=True).start()
 
     def _pump(self, run: _Run, fds: dict[int, str]) -> None:
+        """Read the rank's pipes to the end: into its log (while that can be written) and to the client
+        (never more than WINDOW ahead of it).  Whatever fails, the rank's end is reported."""
         sel = selectors.DefaultSelector()
-        files = {s: open_private(run.log_paths[s]) for s in ("stdout", "stderr", "order")}
-        for fd, stream in fds.items():
-            sel.register(fd, selectors.EVENT_READ, stream)
+        logs = _RankLog(run)
         open_fds = set(fds)
         tel = self.agent.telemetry
         try:
+            for fd, stream in fds.items():
+                sel.register(fd, selectors.EVENT_READ, stream)
             while open_fds:
+                run.wait_for_client()
                 exit_seen = run.exit is not None
-                events = sel.select(timeout=_EXIT_DRAIN_S if exit_seen else None)
+                events = sel.select(timeout=_EXIT_DRAIN_S if exit_seen else _WINDOW_POLL_S)
                 if not events and exit_seen:
                     break  # the command exited but something it started keeps the pipe open
                 for key, _ in events:
@@ -246,27 +321,41 @@ class RunsService(Service):
                         os.close(key.fd)
                         open_fds.discard(key.fd)
                         continue
-                    files[key.data].write(data)
-                    files[key.data].flush()
+                    logs.write(key.data, data)
                     if tel is not None:
-                        tel.rank_output(run.run_id, run.rank, key.data, data)
-                    files["order"].write(ORDER_RECORD.pack(b"o" if key.data == "stdout" else b"e", len(data)))
-                    files["order"].flush()
+                        try:
+                            tel.rank_output(run.run_id, run.rank, key.data, data)
+                        except Exception:
+                            log.exception("run %s rank %d: telemetry", run.run_id, run.rank)
+                            tel = None
                     if run.reply.addr:
+                        with run.lock:
+                            run.sent_bytes += len(data)
                         self.agent.send(run.reply.addr, m.RunOutput(run.reply.port_id, run.run_id, run.rank, key.data, data))
+        except Exception:
+            log.exception("run %s rank %d: reading its output", run.run_id, run.rank)
         finally:
             for fd in open_fds:
                 os.close(fd)
-            for f in files.values():
-                f.close()
+            logs.close()
             sel.close()
-        run.pumped()
+            run.pumped()
 
     def on_signal_run(self, msg: m.SignalRun) -> None:
         with self.lock:
             run = self.runs.get(msg.run_id)
         if run is not None:
             run.signal(msg.signum)
+
+    def on_ack(self, msg: m.RunAck) -> None:
+        with self.lock:
+            run = self.runs.get(msg.run_id)
+        if run is not None and run.rank == msg.rank and type(msg.consumed) is int:
+            run.acked(msg.consumed)
+
+    def _ended(self, run_id: str, rank: int) -> bool:
+        with self.lock:
+            return (run_id, rank) in self.exits
 
     def on_read_log(self, msg: m.ReadLog) -> None:
         run_dir = os.path.join(self.agent.log_dir, "runs", path_component(msg.run_id))
@@ -278,11 +367,85 @@ class RunsService(Service):
                     continue
                 # Done is looked at before reading: the exit file is written after the last byte,
                 # so "done" with the bytes read means nothing is left beyond them.
-                done = os.path.exists(os.path.join(run_dir, f"{rank_s}.exit"))
+                done = os.path.exists(os.path.join(run_dir, f"{rank_s}.exit")) or self._ended(msg.run_id, int(rank_s))
                 with open(os.path.join(run_dir, name), "rb") as f:
                     f.seek(msg.offset)
                     data = f.read(_READ_LOG_MAX)
                 result[int(rank_s)] = (data, done)
         except FileNotFoundError:
             pass
+        except OSError as e:
+            log.warning("ReadLog of run %s: %s", msg.run_id, e)
+        if msg.stream == "exit":
+            # Exits whose file could not be written (the disk was full) are still known here.
+            with self.lock:
+                known = [(rank, ex) for (run_id, rank), ex in self.exits.items() if run_id == msg.run_id]
+            for rank, ex in known:
+                if rank not in result or not result[rank][0]:
+                    data = ex.to_bytes()[msg.offset:]
+                    result[rank] = (data, True)
         self.agent.reply(msg.reply, result)
+
+
+def _log_error(path: str, e: OSError) -> str:
+    return f"its log is incomplete: {e.strerror or e} ({path})"
+
+
+class _RankLog:
+    """A rank's log files, written while they can be: the first write that fails (ENOSPC, EIO, a
+    removed folder) stops all of them and notes why in ``run.log_error``; it never raises."""
+
+    def __init__(self, run: _Run):
+        self.run = run
+        self.fds: dict[str, int] = {}
+        if run.log_error:
+            return
+        try:
+            for s in ("stdout", "stderr", "order"):
+                self.fds[s] = os.open(run.log_paths[s], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as e:
+            self.fail(e, run.log_paths["stdout"])
+
+    def write(self, stream: str, data: bytes) -> None:
+        if not self.fds:
+            return
+        try:
+            _write_all(self.fds[stream], data)
+            _write_all(self.fds["order"], ORDER_RECORD.pack(b"o" if stream == "stdout" else b"e", len(data)))
+        except OSError as e:
+            self.fail(e, self.run.log_paths[stream])
+
+    def fail(self, e: OSError, path: str) -> None:
+        self.run.log_error = _log_error(path, e)
+        log.warning("run %s rank %d: %s", self.run.run_id, self.run.rank, self.run.log_error)
+        self.close()
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def release_memory() -> None:
+    """Give the memory freed by the last run back to the system.  A run streaming fast leaves the
+    heap fragmented by its 64 KiB chunks, which glibc keeps (the agent stayed ~100 MB above its
+    resting size after a client stopped mid-run went); malloc_trim returns the free pages."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
