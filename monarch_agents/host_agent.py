@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from monarch_agents import messages as m
 from monarch_agents.files import private_dir
@@ -403,6 +403,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     p.add_argument("--info-fd", type=int, default=-1, help="write the address JSON to this fd, then close it")
     p.add_argument("--fork-hosts", default="", metavar="FILE",
                    help="start one agent per entry of this JSON file ({args, log}), each a fork of this process")
+    p.add_argument("--lifeline-fd", type=int, default=-1,
+                   help="stop when this pipe closes (its writer, the client that started us, is gone); 0: stdin")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     # Before any key is read: code of the same uid (a rank) may not read this process's memory
@@ -461,6 +463,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
             f.write(json.dumps(info) + "\n")
     else:
         print(json.dumps(info), flush=True)
+    if args.lifeline_fd >= 0:
+        watch_lifeline(args.lifeline_fd, agent.request_stop)
     try:
         agent.run_until_stopped()
     finally:
@@ -543,6 +547,24 @@ def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]], ke
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def watch_lifeline(fd: int, stop: Callable[[], None]) -> threading.Thread:
+    """Call ``stop`` once the pipe ``fd`` reads end-of-file: its writer (the client script that started
+    this private agent) is gone, whatever ended it (SIGKILL included), even before it ever pinged us
+    (the owner watch starts with the first Ping: a client killed before it left the agent behind)."""
+    def watch() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError as e:
+            log.warning("lifeline fd %d: %s", fd, e)
+        log.info("the client that started this agent is gone; stopping")
+        stop()
+
+    t = threading.Thread(target=watch, name="lifeline", daemon=True)
+    t.start()
+    return t
 
 
 if __name__ == "__main__":

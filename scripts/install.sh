@@ -2,10 +2,13 @@
 # Install monarch and torch (the CPU wheel, for the torchrun examples) into ./.venv (idempotent).
 # With --test, also what the test suite needs (TorchX, pytest, and a real Slurm via
 # scripts/slurm_cluster.sh install).
+# PYTHON picks the interpreter (default python3), VENV the folder (default .venv): CI also builds
+# .venv-debian from Debian's /usr/bin/python3, the Python a fresh Debian 12 machine runs this with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # editable_mode=compat: a plain .pth path entry; the default mode installs an import hook
 # (pathlib, re, fnmatch) that every Python start pays for (~20 ms of each `monarch run`).
 EDITABLE=()
@@ -21,15 +24,15 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s "${APT[@]}" 
 fi
 # torch for every install (the README's torchrun examples need it), first and pinned: 2.13.0 is the
 # local CPU wheel; anything looser pulls GBs of CUDA.
-.venv/bin/pip install -q torch==2.13.0
+"$VENV"/bin/pip install -q torch==2.13.0
 if [ "${1:-}" = "--test" ]; then
-  .venv/bin/pip install -q -e ".[test]" "${EDITABLE[@]}"
+  "$VENV"/bin/pip install -q -e ".[test]" "${EDITABLE[@]}"
   if [ "$(id -u)" = 0 ]; then scripts/slurm_cluster.sh install; fi
 elif pkg-config --exists fuse3 2>/dev/null; then
-  .venv/bin/pip install -q -e ".[fuse,torch]" "${EDITABLE[@]}"
+  "$VENV"/bin/pip install -q -e ".[fuse,torch]" "${EDITABLE[@]}"
 else
   echo "note: libfuse3 is not installed; hosts will serve the workspace as a copied directory, not a FUSE mount" >&2
-  .venv/bin/pip install -q -e ".[torch]" "${EDITABLE[@]}"
+  "$VENV"/bin/pip install -q -e ".[torch]" "${EDITABLE[@]}"
 fi
 # Byte-compile once: with PYTHONDONTWRITEBYTECODE set, every command would recompile our sources.
-.venv/bin/python -m compileall -q monarch_agents monarch monarch_cli monarch_schedulers monarch_telemetry monarch_rdmafs >/dev/null
+"$VENV"/bin/python -m compileall -q monarch_agents monarch monarch_cli monarch_schedulers monarch_telemetry monarch_rdmafs >/dev/null

@@ -109,13 +109,16 @@ def local_host() -> HostRef:
                           file=sys.stderr)
         rt = ensure_runtime()
         cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio", "--fork-zygote",
+               "--lifeline-fd", "0",
                "--hostname", hostname, "--bind", rt.mailbox.bind_host, "--preload", ",".join(preload),
                "--log-dir", log_dir]
         global _env_baseline
         _env_baseline = dict(os.environ)
         # Its address comes on a pipe of its own (--info-fd): its stdout is the user's terminal.
         proc = HelperProcess(cmd, env={**os.environ, "PYTHONPATH": _pythonpath()}, ready_fd_flag="--info-fd")
-        proc.start((json.dumps(rt.keys.as_dict()) + "\n").encode(), keep_stdin=False)
+        # Its stdin stays open for as long as we live: the agent stops when it closes (--lifeline-fd 0),
+        # however we end (kill -9 too), even before the Ping below makes it watch us as its owner.
+        proc.start((json.dumps(rt.keys.as_dict()) + "\n").encode(), keep_stdin=True)
         info = _read_info(proc)
         _local_proc = proc
         _local_host = HostRef(info["addr"], info["host"], 0)
