@@ -35,6 +35,9 @@ POST_MORTEM_ENV = "MONARCH_DEBUG_POST_MORTEM"
 HEAD = struct.Struct("!BI")
 #: A frame longer than this is a broken stream.
 MAX_FRAME = 64 << 20
+#: Output goes in frames of at most this much (pdb printing a 100 MB value was one frame over
+#: MAX_FRAME: the agent dropped the session, said "rank 0 exited", and the program went on).
+OUT_PIECE = 1 << 20
 
 # rank -> agent
 HELLO = 1       # json: who this session is
@@ -179,8 +182,14 @@ class _Link:
         return cls(sock, json.loads(got[1])["sid"], threading.current_thread())
 
     def send(self, kind: int, payload: bytes | dict) -> None:
-        if not self.closed.is_set():
-            self.out.put((kind, payload))
+        if self.closed.is_set():
+            return
+        if kind == OUT and len(payload) > OUT_PIECE:
+            view = memoryview(payload)  # type: ignore[arg-type]
+            for i in range(0, len(view), OUT_PIECE):
+                self.out.put((kind, bytes(view[i:i + OUT_PIECE])))
+            return
+        self.out.put((kind, payload))
 
     def _write_loop(self) -> None:
         while True:

@@ -248,6 +248,9 @@ class DebugService(Service):
                     del s.replay[:len(s.replay) - _REPLAY_MAX]
                 if s.holder:
                     s.unsent += body
+                big = len(s.unsent) >= proto.OUT_PIECE
+            if big:  # a long output goes to the holder in pieces, not held until pdb's next prompt
+                self._flush(s, False)
             return
         self._flush(s, kind == proto.READ)
         if kind == proto.READ:

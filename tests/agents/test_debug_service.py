@@ -168,3 +168,30 @@ def test_the_hook_without_an_agent_says_why_and_goes_on(tmp_path):
                        env=env, timeout=T)
     assert r.returncode == 0 and r.stdout == "went on\n"
     assert "breakpoint() ignored: no debug session" in r.stderr
+
+
+def test_printing_more_than_a_frame_in_pdb_keeps_the_session(client, agent):
+    """pdb printing 70 MB (more than the 64 MiB a debug frame may hold) reaches the holder in pieces
+    of at most 1 MiB, the session goes on (it ended, said the rank exited and let it run, before),
+    and `c` then lets the rank end with 0."""
+    inbox = StreamInbox(client)
+    _run(client, agent, inbox, [sys.executable, "-c", "x = 5\nbreakpoint()\nprint('after', x * 2)"])
+    sid = inbox.next(m.DebugWaiting).session["sid"]
+    r = client.request(agent.addr, lambda port: m.DebugAttach(sid, client.addr, "tester", port, inbox.port.ref)).get(timeout=T)
+    if not r["waiting"]:
+        _until_waiting(inbox)
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"p 'y' * 70_000_000\n"))
+    total, largest = 0, 0
+    while True:
+        msg = inbox.next(m.DebugOutput)
+        total += len(msg.data)
+        largest = max(largest, len(msg.data))
+        if msg.waiting:
+            break
+    assert total == len(b"''\n(Pdb) ") + 70_000_000 and largest <= 2 * proto.OUT_PIECE
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"p x * 7\n"))
+    assert _until_waiting(inbox) == b"35\n(Pdb) "
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"c\n"))
+    seen = _until_exited(inbox)
+    assert seen[m.DebugEnded].reason == "rank 0 continued"
+    assert seen[m.RunOutput] == b"after 10\n" and seen[m.RunExited].exit_code == 0
