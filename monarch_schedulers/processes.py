@@ -11,11 +11,13 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 _boot_time: float | None = None
+#: The kernel's flag (in /proc/PID/stat's flags) for a process that has begun to exit.
+_PF_EXITING = 0x4
 
 
 def _proc_stat(pid: int) -> tuple[float, str] | None:
     """(start time as psutil's ``create_time`` reads it, state letter) from /proc, a pid that is gone
-    reading as a zombie; None where there is no /proc to read (then ask psutil)."""
+    or exiting reading as a zombie; None where there is no /proc to read (then ask psutil)."""
     global _boot_time
     try:
         if _boot_time is None:
@@ -28,7 +30,13 @@ def _proc_stat(pid: int) -> tuple[float, str] | None:
     except (OSError, StopIteration, ValueError):
         return None
     fields = data[data.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
-    return _boot_time + int(fields[19]) / _CLOCK_TICKS, fields[0].decode()
+    state = fields[0].decode()
+    if int(fields[6]) & _PF_EXITING:
+        # Killed and tearing down: its sockets are already closed (a client sees the agent gone) while
+        # /proc still says R or D for a moment.  Taking it as alive made a SIGKILLed agent read as
+        # "stopped or hung" now and then.
+        state = "Z"
+    return _boot_time + int(fields[19]) / _CLOCK_TICKS, state
 
 
 @dataclass(frozen=True, slots=True)
