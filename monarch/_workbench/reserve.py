@@ -12,7 +12,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from monarch_agents.files import write_atomic
 from monarch_agents.keys import JobKeys
@@ -175,13 +175,21 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
 
 def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, timeout: float | None = None) -> JobRecord:
     """Block until every host agent has reported its address; updates the state file."""
+    from monarch import config
+
     sched = scheduler_for(record)
     deadline = None if timeout is None else time.monotonic() + timeout
     last_describe = 0.0
     describe_every = _DESCRIBE_EVERY_S
     d: Description | None = None
+    # Never wait without end for agents that do not come: while the job runs (a queue is the
+    # scheduler's to bound, or --timeout's), a stall this long with no new agent up is a failure.
+    stall_s = config.seconds("host_agent_start_max_idle")
+    seen, last_new = -1, time.monotonic()
     while True:
         hosts = _read_agents(record)
+        if len(hosts) != seen:
+            seen, last_new = len(hosts), time.monotonic()
         if len(hosts) == record.spec.hosts:
             record.hosts = hosts
             save_state(path, record)
@@ -203,10 +211,30 @@ def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, tim
                     f"see `monarch logs --scheduler{_name_flag(record.name)}`")
         phase = "pending" if d is not None and d.state is HostState.PENDING else "starting"
         progress(phase, len(hosts), record.spec.hosts, d)
+        if phase == "pending":
+            last_new = now
+        elif now - last_new > stall_s:
+            raise SchedulerError(_stalled(record, sched, hosts, now - last_new),
+                                 f"see `monarch logs --scheduler{_name_flag(record.name)}`; "
+                                 "MONARCH_SERVE_STALL_TIMEOUT waits longer")
         if deadline is not None and now > deadline:
             raise SchedulerError(f"hosts not ready after {timeout:.0f} s ({len(hosts)}/{record.spec.hosts} agents up)",
                                  f"`monarch status{_name_flag(record.name)}`, or `monarch stop` to give up")
         time.sleep(0.05)
+
+
+def _stalled(record: JobRecord, sched: Any, hosts: list[HostRecord], idle_s: float) -> str:
+    """Why serve gives up on agents that do not come: which hosts, and the scheduler's last log lines."""
+    up = {h.host_rank for h in hosts}
+    missing = [r for r in range(record.spec.hosts) if r not in up]
+    names = ", ".join(f"host{r}" for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    try:
+        logs = sched.logs(record.job_id, job_dir=record.job_dir).strip().splitlines()[-3:]
+    except Exception as e:  # the reason above is what matters; the log is a bonus
+        logs = [f"(no scheduler log: {e})"]
+    return (f"no new host agent came up in {idle_s:.0f} s while job {record.job_id} runs: "
+            f"{len(hosts)}/{record.spec.hosts} up, none yet on {names}"
+            + ("; last log lines: " + " | ".join(logs) if logs else ""))
 
 
 def _read_agents(record: JobRecord) -> list[HostRecord]:

@@ -243,3 +243,34 @@ def test_a_private_agent_stops_when_its_lifeline_closes_before_any_ping(tmp_path
         if agent.poll() is None:
             agent.kill()
             agent.wait(30)
+
+
+_STALL_SITECUSTOMIZE = """
+import os
+if os.environ.get("TEST_STALL_AGENT") and b"monarch_agents.host_agent" in open("/proc/self/cmdline", "rb").read():
+    import time
+    time.sleep(3600)  # an agent that is there but never comes up
+"""
+
+
+def test_serve_never_waits_without_end_for_agents_that_do_not_come(workdir, tmp_path):
+    """Agents alive but never up: serve says how the start goes (no terminal: plain lines), then
+    gives up with the reason (which hosts), releases what it started, and the next serve works."""
+    from monarch.errors import ExitCode
+    from tests.helpers import session_pids, wait_gone
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_STALL_SITECUSTOMIZE)
+    before = set(session_pids())
+    r = monarch("serve", "--hosts", "2", cwd=workdir, timeout=120,
+                env={"PYTHONPATH": f"{ROOT}:{site}", "TEST_STALL_AGENT": "1", "MONARCH_SERVE_STALL_TIMEOUT": "12"})
+    assert r.returncode == ExitCode.SCHEDULER, r.stderr
+    assert "host agents ready 0/2" in r.stderr  # progress, though not a terminal
+    assert "no new host agent came up in 12 s" in r.stderr and "0/2 up, none yet on host0, host1" in r.stderr, r.stderr
+    stalled = [p for p, cmd in session_pids().items() if p not in before and "host_agent" in cmd]
+    assert wait_gone(stalled, 30) == []
+    assert not (workdir / ".monarch" / "job_state.pkl").exists()
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True, timeout=120)
+    r = monarch("run", "--", "echo", "next", cwd=workdir, timeout=60)
+    assert r.returncode == 0 and r.stdout == "[host0] next\n", r.stderr
