@@ -181,7 +181,8 @@ class _Printer:
     def __init__(self, targets: dict[int, str], prefix: bool):
         self.names = targets
         self.prefix = prefix
-        self.partial: dict[tuple[int, str], bytes] = {}
+        #: A line not ended yet, as its pieces: joined once when it ends (linear in a long line).
+        self.partial: dict[tuple[int, str], list[bytes]] = {}
         self.out = sys.stdout.buffer
 
     def write(self, rank: int, stream: str, data: bytes) -> None:
@@ -189,17 +190,20 @@ class _Printer:
             self.out.write(data)
             self.out.flush()
             return
-        buf = self.partial.pop((rank, stream), b"") + data
-        *lines, rest = buf.split(b"\n")
+        key = (rank, stream)
+        *lines, rest = data.split(b"\n")
+        if lines and key in self.partial:
+            lines[0] = b"".join([*self.partial.pop(key), lines[0]])
+        prefix = f"[{self.names[rank]}] ".encode()
+        if lines:
+            self.out.write(b"".join(prefix + line + b"\n" for line in lines))
         if rest:
-            self.partial[(rank, stream)] = rest
-        for line in lines:
-            self.out.write(f"[{self.names[rank]}] ".encode() + line + b"\n")
+            self.partial.setdefault(key, []).append(rest)
         self.out.flush()
 
     def flush(self) -> None:
-        for (rank, _), rest in self.partial.items():
-            self.out.write(f"[{self.names[rank]}] ".encode() + rest + b"\n")
+        for (rank, _), pieces in self.partial.items():
+            self.out.write(f"[{self.names[rank]}] ".encode() + b"".join(pieces) + b"\n")
         self.partial.clear()
         self.out.flush()
 
