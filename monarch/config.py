@@ -22,7 +22,7 @@ setting                         what                                       envir
 ``stop_actor_timeout``          how long stopping a proc waits for it      -
 ``port_forward_connect_timeout`` how long a forwarded connection waits      -
                                 for its destination (monarch's own)
-``host_agent_start_max_idle``   how long ``monarch serve`` waits, its job  ``MONARCH_SERVE_STALL_TIMEOUT``
+``serve_agent_start_max_idle``   how long ``monarch serve`` waits, its job  ``MONARCH_SERVE_STALL_TIMEOUT``
                                 running, with no new host agent up          (s)
                                 (monarch's own)
 ==============================  =========================================  =============================
@@ -52,7 +52,7 @@ _SETTINGS: dict[str, _Setting] = {
                                          "how long spawn_procs waits for a host to start its procs"),
     "stop_actor_timeout": _Setting("5s", "", "how long stopping a proc mesh waits for each proc"),
     "port_forward_connect_timeout": _Setting("10s", "", "how long a forwarded connection waits for its destination"),
-    "host_agent_start_max_idle": _Setting("300s", "MONARCH_SERVE_STALL_TIMEOUT",
+    "serve_agent_start_max_idle": _Setting("300s", "MONARCH_SERVE_STALL_TIMEOUT",
                                           "how long serve waits, its job running, with no new host agent up"),
 }
 

@@ -184,7 +184,7 @@ def wait_ready(record: JobRecord, path: str, *, progress: Progress = _quiet, tim
     d: Description | None = None
     # Never wait without end for agents that do not come: while the job runs (a queue is the
     # scheduler's to bound, or --timeout's), a stall this long with no new agent up is a failure.
-    stall_s = config.seconds("host_agent_start_max_idle")
+    stall_s = config.seconds("serve_agent_start_max_idle")
     seen, last_new = -1, time.monotonic()
     while True:
         hosts = _read_agents(record)
