@@ -38,6 +38,9 @@ class LocalScheduler(Scheduler):
     """Hosts are processes on this machine."""
 
     name = "local"
+    #: The longest the warm launcher may take to fork every host agent (``monarch serve`` sets it from
+    #: its ``serve_agent_start_max_idle``): a launcher stuck in an import must not hang serve.
+    start_timeout_s: float = 300.0
 
     def __init__(self, bind: str = "127.0.0.1", netns: bool = False):
         self.bind = bind
@@ -126,8 +129,16 @@ class LocalScheduler(Scheduler):
         # The launcher reads the keys from its stdin (a pipe) and its forks inherit them in memory.
         keys = (json.dumps(self.keys.as_dict()) + "\n").encode() if self.keys is not None else b""
         with open_private(os.path.join(job_dir, "logs", "launcher.log"), "ab") as log:
-            p = subprocess.run(argv, input=keys, stdout=subprocess.PIPE, stderr=log, env=env,
-                               cwd=os.getcwd(), start_new_session=True)
+            try:
+                p = subprocess.run(argv, input=keys, stdout=subprocess.PIPE, stderr=log, env=env,
+                                   cwd=os.getcwd(), start_new_session=True, timeout=self.start_timeout_s)
+            except subprocess.TimeoutExpired:
+                # Killed; the agents it forked already (each in a session of its own) bear its command line.
+                _kill_by_argument(spec_file)
+                raise SchedulerError(f"the local host agents did not start within {self.start_timeout_s:.0f} s "
+                                     "(their launcher did not finish; it was stopped)",
+                                     f"see {os.path.join(job_dir, 'logs', 'launcher.log')}; "
+                                     "MONARCH_SERVE_STALL_TIMEOUT waits longer") from None
         try:
             pids = [int(x) for x in json.loads(p.stdout.decode().strip().splitlines()[-1])["pids"]]
         except (ValueError, KeyError, IndexError, TypeError):
@@ -270,3 +281,16 @@ def _job_dirs_for(job_id: str) -> list[str]:
 
 def create_scheduler(**opts) -> LocalScheduler:
     return LocalScheduler(**opts)
+
+
+def _kill_by_argument(arg: str) -> None:
+    """SIGKILL this user's processes whose command line holds ``arg`` (a file only this job has)."""
+    import psutil
+
+    me = os.getuid()
+    for p in psutil.process_iter(["pid", "uids", "cmdline"]):
+        try:
+            if p.info["uids"] and p.info["uids"].real == me and arg in (p.info["cmdline"] or []):
+                p.kill()
+        except psutil.Error:
+            continue

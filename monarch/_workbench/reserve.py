@@ -140,6 +140,10 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
     keys = JobKeys.generate()
     write_keys(job_dir, keys)
     sched = scheduler_for(spec)
+    if hasattr(sched, "start_timeout_s"):  # the local scheduler's launcher: bounded as the agents' start is
+        from monarch import config
+
+        sched.start_timeout_s = config.seconds("serve_agent_start_max_idle")
     # Before the submission: an agent that starts faster than the scheduler returns (local agents
     # forked from one launcher) must not be taken for one left over from an earlier reservation.
     submitted_at = time.time()

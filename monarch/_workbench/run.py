@@ -716,6 +716,8 @@ def format_duration(seconds: float) -> str:
 #: A line longer than this is printed in pieces of this size, each on a line of its own (a rank printing
 #: gigabytes without a newline must not make the client hold them all).
 MAX_LINE = 1 << 20
+#: How long the last partial lines wait for a printer busy writing (to a stdout nobody reads).
+_FLUSH_WAIT_S = 1.0
 
 
 class LinePrinter:
@@ -779,9 +781,15 @@ class LinePrinter:
         target.flush()
 
     def flush(self) -> None:
-        with self.lock:
+        # Bounded: a writer blocked on a stdout nobody reads (a paused terminal, a stopped pager)
+        # holds the lock, and an interrupted run must still end.
+        if not self.lock.acquire(timeout=_FLUSH_WAIT_S):
+            return
+        try:
             for (rank, stream), (pieces, _) in list(self.partial.items()):
                 out: list[str] = []
                 self._format(out, rank, b"".join(pieces))
                 self._write(stream, "".join(out))
             self.partial.clear()
+        finally:
+            self.lock.release()

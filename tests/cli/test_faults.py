@@ -249,13 +249,14 @@ _STALL_SITECUSTOMIZE = """
 import os
 if os.environ.get("TEST_STALL_AGENT") and b"monarch_agents.host_agent" in open("/proc/self/cmdline", "rb").read():
     import time
-    time.sleep(3600)  # an agent that is there but never comes up
+    time.sleep(3600)  # the hosts' launcher is there but never forks them (stuck in an import, say)
 """
 
 
 def test_serve_never_waits_without_end_for_agents_that_do_not_come(workdir, tmp_path):
-    """Agents alive but never up: serve says how the start goes (no terminal: plain lines), then
-    gives up with the reason (which hosts), releases what it started, and the next serve works."""
+    """Host agents that never come up: serve gives up after MONARCH_SERVE_STALL_TIMEOUT with the
+    reason, stops what it started, and the next serve works.  (A 64-host serve once printed nothing
+    for 300 s; the launcher of local hosts was waited for without a bound.)"""
     from monarch.errors import ExitCode
     from tests.helpers import session_pids, wait_gone
 
@@ -264,10 +265,9 @@ def test_serve_never_waits_without_end_for_agents_that_do_not_come(workdir, tmp_
     (site / "sitecustomize.py").write_text(_STALL_SITECUSTOMIZE)
     before = set(session_pids())
     r = monarch("serve", "--hosts", "2", cwd=workdir, timeout=120,
-                env={"PYTHONPATH": f"{ROOT}:{site}", "TEST_STALL_AGENT": "1", "MONARCH_SERVE_STALL_TIMEOUT": "12"})
+                env={"PYTHONPATH": f"{ROOT}:{site}", "TEST_STALL_AGENT": "1", "MONARCH_SERVE_STALL_TIMEOUT": "5"})
     assert r.returncode == ExitCode.SCHEDULER, r.stderr
-    assert "host agents ready 0/2" in r.stderr  # progress, though not a terminal
-    assert "no new host agent came up in 12 s" in r.stderr and "0/2 up, none yet on host0, host1" in r.stderr, r.stderr
+    assert "the local host agents did not start within 5 s" in r.stderr, r.stderr
     stalled = [p for p, cmd in session_pids().items() if p not in before and "host_agent" in cmd]
     assert wait_gone(stalled, 30) == []
     assert not (workdir / ".monarch" / "job_state.pkl").exists()
