@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from monarch_schedulers import netns
 from monarch_schedulers.agent_launch import agent_argv, agent_file, project_root
 from monarch_schedulers.base import AllocateRequest, Description, HostState, JobSpec, Scheduler
 from monarch_schedulers.processes import OwnedProcess
+
+log = logging.getLogger("monarch.scheduler.local")
 
 _STOP_GRACE_S = 2.0
 
@@ -224,7 +227,12 @@ class LocalScheduler(Scheduler):
         if found is not None and not found[1].get("released"):
             # Before any agent is signalled: a run whose ranks die of this asks `describe` why, and
             # must hear that the reservation was released, not that some host's agent exited.
-            _write_private(os.path.join(found[0], "local.json"), json.dumps({**found[1], "released": True}))
+            try:
+                _write_private(os.path.join(found[0], "local.json"), json.dumps({**found[1], "released": True}))
+            except OSError as e:
+                # A full disk must not keep the hosts: they are stopped all the same (a run they end
+                # then reads "agent exited" instead of "released").
+                log.warning("could not note the release in %s: %s", found[0], e)
         agents = [a for a in self._agents(job_id, job_dir) if a.alive()]
         for a in agents:
             a.signal(signal.SIGTERM)

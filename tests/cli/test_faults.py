@@ -72,6 +72,12 @@ def test_a_full_log_disk_ends_the_run_with_its_code_and_says_the_log_is_incomple
     listing = monarch("logs", "--list", cwd=small_disk, timeout=60, check=True).stdout
     assert "running" not in listing and "exit 3" in listing and "exit 0" in listing, listing
     assert _rss_mb(agent) < rest + 100
+    # And stop gives the hosts back on the full disk too (it failed writing its note, keeping them).
+    from tests.helpers import wait_gone
+
+    r3 = monarch("stop", cwd=small_disk, timeout=60)
+    assert r3.returncode == 0, r3.stderr
+    assert wait_gone([agent], 30) == []
 
 
 def test_a_stopped_client_makes_the_rank_wait_not_the_agent_grow(workdir):
