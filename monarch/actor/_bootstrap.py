@@ -323,8 +323,12 @@ def _serve_once(info_fd: int) -> None:
     listener, host = _listen("tcp://127.0.0.1:0")
     with os.fdopen(info_fd, "w") as f:
         f.write(f"tcp://127.0.0.1:{listener.getsockname()[1]}\n")
+    # Its client attaches at once; one that never does (it failed first) must not leave this waiting.
+    listener.settimeout(_ENROLL_TIMEOUT_S)
     try:
         _serve_one(listener, host)
+    except socket.timeout:
+        pass
     finally:
         listener.close()
 

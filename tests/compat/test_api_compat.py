@@ -128,3 +128,8 @@ def test_workers_started_by_hand_are_attached_used_and_shut_down(tmp_path, no_le
                        env=e, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == "{hosts: 2}\n['0/0 0', '0/1 0', '1/0 1', '1/1 1']\nworkers exited [0, 0]\n"
+
+
+def test_hosts_from_config_starts_workers_and_shutdown_ends_them(tmp_path, no_leaked_processes):
+    r = run_program("config_hosts.py", tmp_path)
+    assert r.stdout == "same function: True\n{hosts: 2} ['0', '1']\nshut down\n"

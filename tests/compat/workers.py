@@ -24,15 +24,21 @@ workers = [subprocess.Popen([sys.executable, "-c", "from monarch.actor import ru
                              f"run_worker_loop_until_shutdown(ca='trust_all_connections', address={a!r})"])
            for a in addresses]
 
-# A worker may still be binding its address: try until it answers (as Monarch's client waits).
-for _ in range(600):
-    try:
-        hosts = attach_to_workers(ca="trust_all_connections", workers=addresses)
-        break
-    except ConnectionRefusedError:
-        time.sleep(0.05)
-print(hosts.extent)
-procs = hosts.spawn_procs(per_host={"gpus": 2})
-print(sorted(procs.spawn("where", Where).where.call().get().values()))
-hosts.shutdown().get()
-print("workers exited", [w.wait(timeout=60) for w in workers])
+try:
+    # A worker may still be binding its address: try until it answers (as Monarch's client waits).
+    for _ in range(600):
+        try:
+            hosts = attach_to_workers(ca="trust_all_connections", workers=addresses)
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    print(hosts.extent)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    print(sorted(procs.spawn("where", Where).where.call().get().values()))
+    hosts.shutdown().get()
+    print("workers exited", [w.wait(timeout=60) for w in workers])
+finally:
+    for w in workers:  # a worker loop serves forever: never leave one behind
+        if w.poll() is None:
+            w.kill()
+            w.wait()
