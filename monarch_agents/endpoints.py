@@ -26,6 +26,7 @@ class EndpointProperty(Generic[R]):
         self.fn = fn
         self.explicit_response_port = explicit_response_port
         self.concurrent = concurrent
+        self.propagate = propagate  # what ``endpoint.rref`` results look like (the tensor engine's)
         self._signature: inspect.Signature | None = None
         self._positional: tuple[int, int] | None = None  # (required, accepted), when that settles it
         self.__doc__ = fn.__doc__

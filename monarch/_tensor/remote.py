@@ -199,3 +199,21 @@ def call_on_shard_and_fetch(fn: Any, *args: Any, shard: dict[str, int] | None = 
         raise ValueError("call_on_shard_and_fetch needs remote tensors, or an active mesh")
     sid = _stream.get_active_stream().id
     return mesh.client.fetch((mesh._process(shard),), sid, r.key, gargs, gkwargs, one=True, frames=issuing_frames())
+
+
+def endpoint_rref(actors: Any, method: str, propagate: Any, args: tuple, kwargs: dict) -> Any:
+    """``actors.method.rref(*args)``: each proc's worker calls its own actor, in stream order, with its
+    shards, and keeps the result as a remote tensor."""
+    if not callable(propagate):
+        raise ValueError(f"{method}.rref needs the endpoint's result shape: @endpoint(propagate=lambda ...: ...)")
+    inputs = _Inputs()
+    margs, gargs = inputs.convert(args)
+    mkwargs, gkwargs = inputs.convert(kwargs)
+    mesh, _ = _choose(inputs, method)
+    with _disable_current_modes():
+        meta_out = propagate(*margs, **mkwargs)
+    from monarch._tensor.worker import MyRank
+
+    procs = {i: actors._procs[i].addr for i in actors._shape.indices}
+    return call_remote(mesh, "monarch._tensor.worker.call_actor", (actors._actor_id, actors._name, procs, method,
+                                                                   gargs, gkwargs, MyRank()), {}, meta_out, inputs)

@@ -465,3 +465,22 @@ def local_shard(ref: int, made: int) -> Any:
     if type(v) is Failure:
         raise RuntimeError(f"the remote tensor sent here failed to compute:\n{v.text}")
     return v
+
+
+def call_actor(actor_id: str, name: str, procs: dict, method: str, args: tuple, kwargs: dict, rank: int) -> Any:
+    """``endpoint.rref`` on this proc: call this proc's actor of the mesh and wait for its answer."""
+    from monarch_agents import runtime
+    from monarch_agents.messages import Call, Pickled
+
+    from monarch_agents.future import Future
+    from monarch_agents.runtime import OneShot
+
+    rt = runtime.current()
+    addr = procs.get(rank)
+    if addr is None:
+        raise RuntimeError(f"actor mesh {name!r} has no actor on proc {rank}")
+    fut: Future = Future()
+    port = rt.open_port(OneShot(rt, fut), [addr])
+    rt.send(addr, Call(actor_id, method, Pickled.of((args, kwargs)), {}, {}, port, 0, rt.addr))
+    value = fut.get(timeout=_SHARD_WAIT_S)
+    return value.load() if isinstance(value, Pickled) else value

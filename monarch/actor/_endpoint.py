@@ -276,6 +276,13 @@ class Endpoint(Generic[R]):
         """Send to every actor without waiting for answers."""
         self._send(args, kwargs, None, self._mesh._shape)
 
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Under an active mesh of these actors' procs: each actor's result as a remote tensor
+        (shaped by the endpoint's ``propagate``), usable in further ops at once."""
+        from monarch._tensor.remote import endpoint_rref
+
+        return endpoint_rref(self._mesh, self._name, getattr(self._prop, "propagate", None), args, kwargs)
+
     def _send_to_port(self, args: tuple, kwargs: dict, port: Any, selection: str) -> None:
         shape = self._mesh._shape
         if selection == "choose":

@@ -44,3 +44,14 @@ class ShardTrainer(Actor):
     @endpoint
     def step(self, t: torch.Tensor) -> tuple[int, float]:
         return current_rank().rank, float(t.sum())
+
+
+class Linear(Actor):
+    """An actor whose endpoint makes remote tensors (``forward.rref``)."""
+
+    def __init__(self) -> None:
+        self.w = torch.ones(3, 3)
+
+    @endpoint(propagate=lambda x: x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w

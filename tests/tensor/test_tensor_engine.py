@@ -120,6 +120,18 @@ def test_actors_receive_their_procs_shard(procs):
     assert sorted(got.values()) == [(0, 4.0), (1, 8.0)]
 
 
+def test_endpoint_rref_makes_remote_tensors(procs):
+    from tests.tensor.funcs import Linear
+
+    linear = procs.spawn("linear", Linear)
+    with procs.activate():
+        t = torch.ones(2, 3) * (procs.rank_tensor("gpus") + 1)
+        o = torch.relu(linear.forward.rref(t)) * 2
+    assert o.shape == (2, 3)
+    for g in range(2):
+        assert torch.equal(inspect(o, gpus=g), torch.full((2, 3), (g + 1) * 6.0))
+
+
 def test_autograd_runs_here_and_its_ops_there(procs):
     with procs.activate():
         w = torch.rand(3, requires_grad=True)
