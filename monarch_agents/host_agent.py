@@ -77,11 +77,12 @@ class HostAgent:
     def __init__(self, keys: JobKeys, *, host: str, host_rank: int, bind_host: str, log_dir: str,
                  ephemeral: bool, preload: list[str], inherit_stdio: bool,
                  services: Iterable[type[Service]] = SERVICES, port: int = 0, relay_port: int = 0,
-                 fork_zygote: bool = False):
+                 fork_zygote: bool = False, zygote: ZygoteClient | None = None):
         """``fork_zygote``: the zygote is a fork of this process (its ``preload`` is imported already:
-        an agent forked by ``--fork-hosts``) instead of a new interpreter."""
+        an agent forked by ``--fork-hosts``) instead of a new interpreter.  ``zygote``: one started
+        already (:func:`main` starts it before it reads the keys)."""
         # The zygote first, while this process has one thread (the runtime's context starts more).
-        self.zygote = ZygoteClient.fork(preload) if fork_zygote else ZygoteClient.start(preload)
+        self.zygote = zygote or (ZygoteClient.fork(preload) if fork_zygote else ZygoteClient.start(preload))
         self.keys = keys
         #: Where the relay service stands in for a client outside the cluster (0: no relay).
         self.relay_port = relay_port
@@ -378,7 +379,7 @@ def _interpreter_first_on_path() -> None:
 
 
 def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERVICES, *,
-         forked: bool = False, keys: JobKeys | None = None) -> None:
+         forked: bool = False, keys_fd: int = -1) -> None:
     """Start a host agent with ``services`` and return once it has stopped.
 
     With ``--fork-hosts FILE``, start one agent per entry of FILE instead (see :func:`fork_hosts`)."""
@@ -407,19 +408,10 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
                    help="stop when this pipe closes (its writer, the client that started us, is gone); 0: stdin")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
-    # Before any key is read: code of the same uid (a rank) may not read this process's memory
-    # (a fork inherits it, and the keys the launcher read once).
-    hardened = not_dumpable()
-    if keys is None:
-        if args.keys_file:
-            with open(args.keys_file) as f:
-                keys = JobKeys(**json.load(f))
-        else:
-            keys = JobKeys(**json.loads(sys.stdin.readline()))
     if args.fork_hosts and not forked:
         at = argv.index("--fork-hosts") if "--fork-hosts" in argv else -1
         common = argv[:at] + argv[at + 2:] if at >= 0 else [a for a in argv if not a.startswith("--fork-hosts=")]
-        fork_hosts(args.fork_hosts, common, [x for x in args.preload.split(",") if x], services, keys)
+        fork_hosts(args.fork_hosts, common, [x for x in args.preload.split(",") if x], services, args.keys_file)
         return
 
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
@@ -433,18 +425,25 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
         sys.exit(f"host agent on {host}: no route from this host to the client host {args.client_host} "
                  f"({e.strerror or e}); give an address it can reach (`monarch serve --client-host ADDR`)")
     log_dir = args.log_dir or os.path.join(os.path.expanduser("~"), ".monarch", "logs", host)
+    preload = [x for x in args.preload.split(",") if x]
     fork_zygote = forked
     if args.fork_zygote and not forked:
         # A script's own agent: its zygote is a fork of it, so the machine starts one interpreter
         # and imports the runtime once, instead of twice (about a third of a first run's CPU).
         from monarch_agents.zygote import _preload
 
-        _preload([x for x in args.preload.split(",") if x])
+        _preload(preload)
         fork_zygote = True
+    # The zygote before any key is in this process: a forked zygote shares this process's memory, and
+    # every proc is a fork of it, so user code must find no key of ours there; and it stays dumpable
+    # (py-spy for `monarch stack`, same-host RDMA reads between procs).
+    zygote = ZygoteClient.fork(preload) if fork_zygote else ZygoteClient.start(preload)
+    # Before any key is read: code of the same uid (a rank) may not read this process's memory.
+    hardened = not_dumpable()
+    keys = _read_keys(args.keys_file, keys_fd)
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
-                      ephemeral=args.ephemeral, preload=[x for x in args.preload.split(",") if x],
-                      inherit_stdio=args.inherit_stdio, services=services, port=args.port,
-                      relay_port=args.relay_port, fork_zygote=fork_zygote)
+                      ephemeral=args.ephemeral, preload=preload, inherit_stdio=args.inherit_stdio,
+                      services=services, port=args.port, relay_port=args.relay_port, zygote=zygote)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()
@@ -472,6 +471,17 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
             listener.close()
 
 
+def _read_keys(keys_file: str, keys_fd: int = -1) -> JobKeys:
+    """The job's keys, read once: from ``keys_fd`` (a pipe from the launcher), else ``keys_file``, else stdin."""
+    if keys_fd >= 0:
+        with os.fdopen(keys_fd) as f:
+            return JobKeys(**json.loads(f.readline()))
+    if keys_file:
+        with open(keys_file) as f:
+            return JobKeys(**json.load(f))
+    return JobKeys(**json.loads(sys.stdin.readline()))
+
+
 #: What the launcher imports besides what the zygotes need: the Arrow tables a host's first query
 #: loads (pyarrow: ~0.15 CPU-s and ~20 MiB of private memory per agent when each imports it; shared
 #: pages when the launcher did).  pyarrow's allocator thread and Arrow's pools are fork-safe.
@@ -479,7 +489,7 @@ _LAUNCHER_PRELOAD = ("monarch_telemetry.table", "monarch_telemetry.raw")
 
 
 def fork_hosts(path: str, common: list[str], preload: list[str], services: Iterable[type[Service]],
-               keys: JobKeys) -> None:
+               keys_file: str = "") -> None:
     """Start many host agents on this machine (the local scheduler's hosts), each a fork of this process.
 
     ``path`` is a JSON list of ``{"args": [...], "log": FILE}``: each agent runs with ``common`` plus
@@ -501,27 +511,43 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
             print(f"monarch host agent: could not preload {mod}: {e}", file=sys.stderr)
     gc.freeze()
     pids: list[int] = []
+    pipes: list[int] = []
     try:
         for h in hosts:
-            pids.append(_fork_host(h, common, services, keys))
+            pid, w = _fork_host(h, common, services, pipes)
+            pids.append(pid)
+            pipes.append(w)
+        # The keys only now, after every fork: no agent's zygote (nor any proc) was forked with them
+        # in its memory.  Each agent reads them from its own pipe.
+        not_dumpable()
+        line = (json.dumps(_read_keys(keys_file).as_dict()) + "\n").encode()
+        for w in pipes:
+            os.write(w, line)
     except BaseException:
         for pid in pids:  # nobody would know of them: all or none
             killpg(pid, signal.SIGKILL)
         raise
+    finally:
+        for w in pipes:
+            os.close(w)
     print(json.dumps({"pids": pids}), flush=True)
 
 
-def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]], keys: JobKeys) -> int:
-    """Fork one agent of :func:`fork_hosts`; its pid."""
+def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]], siblings: list[int]) -> tuple[int, int]:
+    """Fork one agent of :func:`fork_hosts`; its pid, and the pipe its keys are to be written to
+    (``siblings``: the pipes of the agents forked before it, which it closes)."""
     log_fd = os.open(h["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    r, w = os.pipe()
     try:
         pid = os.fork()
     except BaseException:
-        os.close(log_fd)
+        for fd in (log_fd, r, w):
+            os.close(fd)
         raise
     if pid != 0:
         os.close(log_fd)
-        return pid
+        os.close(r)
+        return pid, w
     code = 0
     try:
         os.setsid()
@@ -531,7 +557,9 @@ def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]], ke
         os.dup2(log_fd, 2)
         os.close(null)
         os.close(log_fd)
-        main([*common, *h["args"]], services, forked=True, keys=keys)
+        for fd in (w, *siblings):
+            os.close(fd)
+        main([*common, *h["args"]], services, forked=True, keys_fd=r)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
         if not isinstance(e.code, int) and e.code is not None:

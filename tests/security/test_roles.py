@@ -165,3 +165,56 @@ def test_a_monarch_commands_runtime_hears_only_its_agents(client, monkeypatch, p
         agent.close()
         rt.close()
         agents_client._by_keys.pop(keys, None)
+
+
+
+#: An actor looking through its own process's memory (what any rank or actor can do) for a secret
+#: only the client and host agents should hold.
+PROBE = """
+import gc, sys
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
+
+class Probe(Actor):
+    @endpoint
+    def find(self, secrets: list) -> list:
+        found = set()
+        for o in gc.get_objects():
+            try:
+                if type(o).__name__ == "JobKeys" and (o.client_secret in secrets or o.host_secret in secrets):
+                    found.add("JobKeys")
+                elif type(o) is dict and any(type(v) is str and v in secrets for v in o.values()):
+                    found.add("dict")
+            except Exception:
+                pass
+        return sorted(found)
+
+    @endpoint
+    def dumpable(self) -> int:
+        import ctypes
+
+        return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 1})
+probes = procs.spawn("probe", Probe)
+print("found", sorted(set(sum(probes.find.call(sys.argv[1:]).get().values(), []))))
+print("dumpable", sorted(set(probes.dumpable.call().get().values())))
+"""
+
+
+def test_a_proc_forked_from_a_host_agent_finds_no_agent_secret_and_stays_dumpable(tmp_path):
+    """Local host agents are forks of one launcher, their zygotes forks of them, and each proc a fork
+    of its zygote: whatever an agent held when its zygote was forked would be in every proc."""
+    assert monarch("serve", "--hosts", "2", cwd=tmp_path).returncode == 0
+    try:
+        from monarch._workbench.state import load_state
+
+        keys = load_state(str(tmp_path / ".monarch" / "job_state.pkl")).keys
+        (tmp_path / "probe.py").write_text(PROBE)
+        r = monarch("run", "probe.py", keys.client_secret, keys.host_secret, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "found []" in r.stdout, r.stdout
+        # Procs stay dumpable (the agents are not): py-spy and same-host RDMA reads need that.
+        assert "dumpable [1]" in r.stdout, r.stdout
+    finally:
+        monarch("stop", "--force", cwd=tmp_path, timeout=60)
