@@ -129,7 +129,8 @@ class LocalScheduler(Scheduler):
         _write_private(spec_file, json.dumps(spec))
         argv = [*agent_argv(job_dir, preload=self.agent_preload, keys_on_stdin=self.keys is not None),
                 "--fork-hosts", spec_file]
-        # The launcher reads the keys from its stdin (a pipe) and its forks inherit them in memory.
+        # The launcher reads the keys from its stdin (a pipe) once it has forked every agent, and hands
+        # each agent its copy over a pipe of its own (host_agent.fork_hosts).
         keys = (json.dumps(self.keys.as_dict()) + "\n").encode() if self.keys is not None else b""
         with open_private(os.path.join(job_dir, "logs", "launcher.log"), "ab") as log:
             try:
