@@ -142,6 +142,28 @@ def test_autograd_runs_here_and_its_ops_there(procs):
         assert torch.allclose(inspect(g, gpus=gpus), inspect(w, gpus=gpus).detach() * 8)
 
 
+def test_data_parallel_step_with_a_comms_stream(procs):
+    """The shape of Monarch's distributed-tensors example: nn modules made on the mesh, backward here,
+    gradients summed over the mesh on a stream of their own (borrowed), then an update on main."""
+    comms = Stream("comms")
+    with procs.activate():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        x = torch.rand(3, 4)
+        loss = torch.nn.functional.cross_entropy(model(x), torch.full((3,), 1, dtype=torch.int64))
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                g, borrow = comms.borrow(p.grad, mutable=True)
+                with comms.activate():
+                    g.reduce_("gpus", "sum")
+                borrow.drop()
+                p -= 0.1 * p.grad
+    grads = [inspect(model[0].weight.grad, gpus=g) for g in range(2)]
+    weights = [inspect(model[0].weight, gpus=g) for g in range(2)]
+    assert torch.allclose(grads[0], grads[1]) and not torch.equal(grads[0], torch.zeros(4, 4))
+    assert weights[0].shape == (4, 4) and torch.isfinite(inspect(loss))
+
+
 def test_random_values_differ_between_procs(procs):
     with procs.activate():
         t = torch.rand(8)
