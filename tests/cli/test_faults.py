@@ -280,3 +280,28 @@ def test_serve_never_waits_without_end_for_agents_that_do_not_come(workdir, tmp_
     monarch("serve", "--hosts", "1", cwd=workdir, check=True, timeout=120)
     r = monarch("run", "--", "echo", "next", cwd=workdir, timeout=60)
     assert r.returncode == 0 and r.stdout == "[host0] next\n", r.stderr
+
+
+def test_sigterm_ends_a_run_whose_agent_no_longer_answers(workdir):
+    """The client stopped by SIGTERM while its host agent is frozen (SIGSTOP: its connection stays
+    open, nothing answers): it gives the ranks up within seconds instead of waiting for their ends
+    for good, and once the agent runs again the next run works."""
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    agent = _agent_pid(workdir)
+    client = subprocess.Popen([*MONARCH, "run", "--", "sh", "-c", "echo started; sleep 120"], cwd=workdir, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert client.stdout.readline() == b"[host0] started\n"
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            client.send_signal(signal.SIGTERM)
+            out, err = client.communicate(timeout=60)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(30)
+    assert client.returncode == 130, err
+    r = monarch("run", "--", "echo", "next", cwd=workdir, timeout=60)
+    assert r.returncode == 0 and r.stdout == "[host0] next\n", r.stderr
