@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --test
+# Lint and types first (pyproject's [tool.ruff] and [tool.mypy]): a finding fails the run before the suite.
+.venv/bin/ruff check .
+.venv/bin/mypy
 DEBIAN_PY=/usr/bin/python3
 # Every message type through the real wire; runs stopped by signals (first failure, Ctrl-C, SIGTERM,
 # kill, timeouts); the fault tests; actor programs (pickled calls, supervision) end to end.
