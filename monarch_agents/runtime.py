@@ -428,8 +428,9 @@ def current() -> Runtime | None:
 def claim(rt: Runtime, addrs: Any) -> None:
     """``rt`` is the runtime that talks to ``addrs``: what this process sends them goes through it.
 
-    Only a client of several jobs keeps this (a process with one runtime has nothing to choose)."""
-    if rt is _runtime and not _client_runtimes:
+    Only a client of several jobs keeps this (a process with one runtime has nothing to choose, and
+    what no runtime claimed goes through the current one)."""
+    if not _client_runtimes or rt is _runtime:
         return
     with _runtime_lock:
         for a in addrs:
