@@ -168,6 +168,9 @@ class _Label(str):
         label.names = names
         return label
 
+    def __reduce__(self) -> Any:
+        return str, (str(self),)  # it travels (inside an error) as the plain label
+
 
 def _call_failed(label: str, rank: int | None, error: SupervisionError, addr: str = "") -> SupervisionError:
     """Monarch's "Endpoint call m.f() failed, The actor ... have failed:", then why."""
@@ -182,8 +185,8 @@ def _call_failed(label: str, rank: int | None, error: SupervisionError, addr: st
             # Monarch's words for a proc killed by a signal, then ours (which proc, which signal).
             why = f"the process this actor was running on failed: Killed(sig={-error.exit_code})\n{why}"
         message = actor_failed_text(actor, why)
-    return SupervisionError(message, actor=label, rank=rank, host=error.host, exit_code=error.exit_code,
-                            endpoint=label)
+    return SupervisionError(message, actor=str(label), rank=rank, host=error.host, exit_code=error.exit_code,
+                            endpoint=str(label))
 
 
 class Endpoint(Generic[R]):

@@ -85,7 +85,7 @@ def test_a_job_cached_by_one_process_is_reloaded_by_job_load_in_another(cwd):
     assert "['hello from rank 0', 'hello from rank 1']" in first.stdout
     assert os.path.exists(cwd / ".monarch" / "job_state.pkl")
     st = monarch("status", cwd=cwd)  # the cached job is a live reservation `monarch status` shows
-    assert st.returncode == 0 and "2 hosts" in st.stderr
+    assert st.returncode == 0 and "2 hosts" in st.stdout + st.stderr
     second = run_program("reload_job.py", cwd)
     apply_ids = [line for line in (first.stdout + second.stdout).splitlines() if line.startswith("apply_id=")]
     assert len(apply_ids) == 2 and apply_ids[0] == apply_ids[1]   # the same allocation, not a new one
