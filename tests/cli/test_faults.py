@@ -305,3 +305,26 @@ def test_sigterm_ends_a_run_whose_agent_no_longer_answers(workdir):
     assert client.returncode == 130, err
     r = monarch("run", "--", "echo", "next", cwd=workdir, timeout=60)
     assert r.returncode == 0 and r.stdout == "[host0] next\n", r.stderr
+
+
+def test_serve_gives_up_on_started_agents_that_never_come_up(workdir, tmp_path):
+    """The other wait: the job runs and its agents' processes are there, but none ever says where it
+    listens.  serve gives up after MONARCH_SERVE_STALL_TIMEOUT naming the hosts, and releases them
+    (with --netns each host is a Python of its own, so the stall is in the agent, not a launcher)."""
+    from monarch.errors import ExitCode
+    from monarch_schedulers import netns
+    from tests.helpers import session_pids, wait_gone
+
+    if netns.unavailable():
+        pytest.skip(netns.unavailable())
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_STALL_SITECUSTOMIZE)
+    before = set(session_pids())
+    r = monarch("serve", "--hosts", "2", "--netns", cwd=workdir, timeout=120,
+                env={"PYTHONPATH": f"{ROOT}:{site}", "TEST_STALL_AGENT": "1", "MONARCH_SERVE_STALL_TIMEOUT": "5"})
+    assert r.returncode == ExitCode.SCHEDULER, r.stderr
+    assert "no new host agent came up in 5 s" in r.stderr and "0/2 up, none yet on host0, host1" in r.stderr, r.stderr
+    stalled = [p for p, cmd in session_pids().items() if p not in before and "host_agent" in cmd]
+    assert wait_gone(stalled, 30) == []
+    assert not (workdir / ".monarch" / "job_state.pkl").exists()
