@@ -4,7 +4,8 @@
 
 The same ``sys.argv``, ``sys.path[0]`` (the program's folder) and ``__main__``; the one difference
 is Ctrl-C: an uncaught KeyboardInterrupt ends the program with exit code 130 (its ``finally``
-blocks and atexit handlers run) instead of a traceback, as ``monarch run -- CMD`` ends.
+blocks and atexit handlers run) instead of a traceback, as ``monarch run -- CMD`` ends.  An
+uncaught exception's traceback starts in the program, as Python's own does.
 """
 
 from __future__ import annotations
@@ -24,6 +25,20 @@ def main() -> None:
         runpy.run_path(path, run_name="__main__")
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:
+        # As `python prog.py` shows it: the traceback starts in the program, not in runpy and here.
+        tb = _from_program(e.__traceback__, path)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        sys.exit(1)
+
+
+def _from_program(tb, path: str):
+    """``tb`` from the program's first frame on (all of it if the program has none)."""
+    want = os.path.abspath(path)
+    t = tb
+    while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != want:
+        t = t.tb_next
+    return t if t is not None else tb
 
 
 if __name__ == "__main__":

@@ -120,10 +120,15 @@ def test_why_after_a_failed_actor_program_blames_it_and_runs_list_it(served):
 
 def test_why_of_a_program_that_raised_here_shows_its_traceback(served):
     (served / "raises.py").write_text('print("working")\nraise RuntimeError("client side broke")\n')
-    assert monarch("run", "raises.py", cwd=served).returncode == 1
+    r = monarch("run", "raises.py", cwd=served)
+    assert r.returncode == 1
+    # As `python raises.py` shows it: from the program's frame, not monarch's runner or runpy.
+    assert r.stderr.splitlines()[:2] == ["Traceback (most recent call last):",
+                                         '  File "raises.py", line 2, in <module>'], r.stderr
     r = monarch("why", cwd=served, check=True)
     assert "(raises.py): failed" in r.stdout and "rank 0 on client exited with code 1" in r.stdout
     assert "exception: RuntimeError: client side broke" in r.stdout and "    working" in r.stdout
+    assert "runpy" not in r.stdout
     assert monarch("run", "--", "true", cwd=served).returncode == 0
     r = monarch("why", cwd=served, check=True)
     assert "(true) succeeded: nothing failed" in r.stdout  # not "is succeeded"
