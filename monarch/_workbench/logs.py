@@ -154,17 +154,45 @@ class ProgramLog:
 
     def __init__(self, record: JobRecord, run_id: str):
         self.dir = program_run_dir(record, run_id)
-        private_dir(self.dir, top=record.job_dir)
-        self.files = {k: open(os.path.join(self.dir, f"0.{k}"), "ab") for k in ("stdout", "stderr", "order")}
+        #: Why the log is incomplete ('' while it is whole): a full disk stops the log, never the program.
+        self.error = ""
+        self.files: dict = {}
+        try:
+            private_dir(self.dir, top=record.job_dir)
+            for k in ("stdout", "stderr", "order"):
+                self.files[k] = open(os.path.join(self.dir, f"0.{k}"), "ab")
+        except OSError as e:
+            self._fail(e)
 
     def write(self, stream: str, data: bytes) -> None:
-        self.files[stream].write(data)
-        self.files[stream].flush()
-        self.files["order"].write(ORDER_RECORD.pack(b"o" if stream == "stdout" else b"e", len(data)))
-        self.files["order"].flush()
+        if not self.files:
+            return
+        try:
+            self.files[stream].write(data)
+            self.files[stream].flush()
+            self.files["order"].write(ORDER_RECORD.pack(b"o" if stream == "stdout" else b"e", len(data)))
+            self.files["order"].flush()
+        except OSError as e:
+            self._fail(e)
+
+    def _fail(self, e: OSError) -> None:
+        self.error = self.error or f"its log is incomplete: {e.strerror or e} ({self.dir})"
+        files, self.files = self.files, {}
+        for f in files.values():
+            try:
+                f.close()
+            except OSError:
+                pass  # the same full disk, flushing what it could not write: already said
 
     def close(self, exit_code: int, reason: str) -> None:
-        for f in self.files.values():
-            f.close()
-        write_atomic(os.path.join(self.dir, "0.exit"), RankExit(exit_code, reason, time.time()).to_bytes(),
-                     durable=False)
+        files, self.files = self.files, {}
+        for f in files.values():
+            try:
+                f.close()
+            except OSError as e:
+                self._fail(e)
+        try:
+            write_atomic(os.path.join(self.dir, "0.exit"), RankExit(exit_code, reason, time.time()).to_bytes(),
+                         durable=False)
+        except OSError as e:
+            self._fail(e)

@@ -6,16 +6,44 @@ The same ``sys.argv``, ``sys.path[0]`` (the program's folder) and ``__main__``; 
 is Ctrl-C: an uncaught KeyboardInterrupt ends the program with exit code 130 (its ``finally``
 blocks and atexit handlers run) instead of a traceback, as ``monarch run -- CMD`` ends.  An
 uncaught exception's traceback starts in the program, as Python's own does.
+
+The program ends with the ``monarch run`` that started it, however that ended (``kill -9`` too):
+``MONARCH_PROGRAM_LIFELINE`` names a pipe whose other end only that client holds; at its end of
+file the program gets SIGTERM, then SIGKILL after a grace.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
+import threading
+import time
+
+LIFELINE_ENV = "MONARCH_PROGRAM_LIFELINE"
+#: How long a program whose client is gone has between SIGTERM and SIGKILL.
+_ORPHAN_GRACE_S = 2.0
+
+
+def _watch_lifeline(fd: int) -> None:
+    def watch() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:
+            pass  # read as end of file: the client is gone either way
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(_ORPHAN_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="monarch-run-lifeline", daemon=True).start()
 
 
 def main() -> None:
+    fd = os.environ.pop(LIFELINE_ENV, "")
+    if fd.isdigit():
+        _watch_lifeline(int(fd))
     if len(sys.argv) < 2:
         sys.exit("usage: python -m monarch._workbench.program PROGRAM.py [ARGS...]")
     path = sys.argv[1]

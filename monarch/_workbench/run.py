@@ -554,16 +554,31 @@ def run_program(record: JobRecord, state_path: str, argv: list[str], extra: dict
     # Its writable place, as a command's ranks have theirs (`monarch logs --output DIR` fetches it).
     if "MONARCH_OUTPUT_DIR" not in extra:  # -e MONARCH_OUTPUT_DIR=... wins, a stray one in this shell not
         env["MONARCH_OUTPUT_DIR"] = os.path.join(log.dir, "output")
-    os.makedirs(env["MONARCH_OUTPUT_DIR"], mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(env["MONARCH_OUTPUT_DIR"], mode=0o700, exist_ok=True)
+    except OSError as e:  # a full disk: the program runs without one
+        log.error = log.error or f"its output folder could not be made: {e.strerror or e}"
+        env.pop("MONARCH_OUTPUT_DIR")
     interrupted = []
 
     def on_signal(signum, frame):
         interrupted.append(signum)
-        if signum == signal.SIGTERM:  # Ctrl-C reaches the program from the terminal; SIGTERM does not
+        if len(interrupted) > 1:  # a second one: a program that did not end on the first is killed
+            proc.kill()
+        elif signum == signal.SIGTERM:  # Ctrl-C reaches the program from the terminal; SIGTERM does not
             proc.send_signal(signal.SIGTERM)
 
-    proc = subprocess.Popen([sys.executable, "-m", "monarch._workbench.program", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # The program ends with us however we end (kill -9 too): it watches this pipe (see program.py).
+    life_r, life_w = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "monarch._workbench.program", *argv],
+                                env={**env, "MONARCH_PROGRAM_LIFELINE": str(life_r)}, pass_fds=(life_r,),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except BaseException:
+        os.close(life_w)
+        raise
+    finally:
+        os.close(life_r)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     sinks = {"stdout": stdout, "stderr": stderr}
     sel = selectors.DefaultSelector()
@@ -582,6 +597,7 @@ def run_program(record: JobRecord, state_path: str, argv: list[str], extra: dict
         rc = proc.wait()
     finally:
         sel.close()
+        os.close(life_w)
         for s, h in old.items():
             signal.signal(s, h)
     code = exit_status(rc)
@@ -589,6 +605,9 @@ def run_program(record: JobRecord, state_path: str, argv: list[str], extra: dict
         code = ExitCode.INTERRUPTED
     log.close(code, "interrupted" if code == ExitCode.INTERRUPTED else f"exited with code {code}")
     record_run_end(record, run_id, int(code))
+    if log.error:
+        stderr.write(f"warning: the program's {log.error}\n".encode())
+        stderr.flush()
     return run_id, int(code)
 
 

@@ -328,3 +328,80 @@ def test_serve_gives_up_on_started_agents_that_never_come_up(workdir, tmp_path):
     stalled = [p for p, cmd in session_pids().items() if p not in before and "host_agent" in cmd]
     assert wait_gone(stalled, 30) == []
     assert not (workdir / ".monarch" / "job_state.pkl").exists()
+
+
+_PROGRAM = """
+import signal, sys, time
+if "--ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hung, and deaf to the first SIGTERM
+    print("up", flush=True)
+    time.sleep(600)
+sys.stdout.write("p" * 1_000_000 + "\\n")
+print("done")
+"""
+
+
+@root_only
+def test_an_actor_program_on_a_full_disk_runs_to_its_end(small_disk):
+    """`monarch run prog.py` keeps the program's output in the job folder: a full disk ends that
+    log (saying so), not the program, whose output still reaches the terminal."""
+    monarch("serve", "--hosts", "1", cwd=small_disk, check=True)
+    prog = small_disk / "prog.py"
+    prog.write_text(_PROGRAM)
+    with open(small_disk / "filler", "wb") as f:  # the disk full before the program starts
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    r = monarch("run", str(prog), cwd=small_disk, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("p") == 1_000_000 and r.stdout.endswith("done\n")
+    assert "warning: the program's" in r.stderr and "No space left on device" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_second_sigterm_kills_a_program_deaf_to_the_first(workdir):
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    prog = workdir / "prog.py"
+    prog.write_text(_PROGRAM)
+    client = subprocess.Popen([*MONARCH, "run", str(prog), "--ignore-term"], cwd=workdir, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert client.stdout.readline() == b"up\n"
+        client.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert client.poll() is None  # the program ignored it; so does the run, waiting for it
+        client.send_signal(signal.SIGTERM)
+        out, err = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(30)
+    assert client.returncode == 130, err
+
+
+def test_a_killed_monarch_run_takes_its_program_with_it(workdir):
+    """`monarch run prog.py` killed with -9 (a test's timeout, an OOM kill): the program it started,
+    hung and deaf to SIGTERM, goes too (it watches a pipe only that client holds)."""
+    from tests.helpers import wait_gone
+
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    prog = workdir / "prog.py"
+    prog.write_text(_PROGRAM)
+    client = subprocess.Popen([*MONARCH, "run", str(prog), "--ignore-term"], cwd=workdir, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert client.stdout.readline() == b"up\n"
+        program = _descendants(client.pid)
+        assert program, "no program process"
+        client.kill()
+        client.wait(30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(30)
+    assert wait_gone(program, 30) == []
+    r = monarch("run", "--", "echo", "next", cwd=workdir, timeout=60)
+    assert r.returncode == 0 and r.stdout == "[host0] next\n", r.stderr
