@@ -8,13 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # editable_mode=compat: a plain .pth path entry; the default mode installs an import hook
 # (pathlib, re, fnmatch) that every Python start pays for (~20 ms of each `monarch run`).
 EDITABLE=()
 # Workspace mounts are FUSE (pyfuse3 compiles against libfuse3); rsync is the sync benchmark's baseline;
 # the tests check the RDMA choice with Debian's pyverbs (there is no RDMA device here).
-APT=(fuse3 libfuse3-dev pkg-config rsync)
+# python3-venv: Debian's python3 makes no venv without it (a fresh Debian 12 machine lacks it).
+APT=(fuse3 libfuse3-dev pkg-config rsync python3-venv)
 # The tests put hosts in network namespaces (`monarch serve --netns`): ip (iproute2), nsenter/unshare (util-linux);
 # the dashboard's are checked in a real terminal (tmux) and its --web in a real headless browser (chromium).
 [ "${1:-}" = "--test" ] && APT+=(python3-pyverbs iproute2 util-linux tmux chromium)
@@ -22,6 +22,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s "${APT[@]}" 
   (apt-get update -qq || true) >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT[@]}" >/dev/null
 fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # torch for every install (the README's torchrun examples need it), first and pinned: 2.13.0 is the
 # local CPU wheel; anything looser pulls GBs of CUDA.
 "$VENV"/bin/pip install -q torch==2.13.0
