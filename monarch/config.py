@@ -8,18 +8,27 @@
     get_global_config()["mesh_proc_spawn_max_idle"]   # '5m'
 
 Layers, lowest first: defaults, environment variables, then what ``configure`` set (the
-"runtime" layer).  Durations take humantime strings ("30s", "5m", "1h 30m", "250ms") or seconds,
-in ``configure`` and in the environment alike.  What a setting governs reads it through
+"runtime" layer).  Durations take humantime strings ("30s", "5m", "1h 30m", "250ms", "2 weeks") or
+seconds, in ``configure`` and in the environment alike.  What a setting governs reads it through
 :func:`seconds` when it needs it: the one path, so a setting changed later applies to what comes
 after, and nothing here writes into other modules.
 
-The settings are the ones monarch has, under Monarch's name where one means the same thing:
+Every key of Monarch's ``configure`` is known here and takes Monarch's value form (a duration
+string, a bool, an int, ...); a key Monarch does not know raises ``ValueError``, a value of the
+wrong form raises :class:`ConfigValueError` (a ``TypeError``, as Monarch's, and a ``ValueError``),
+and either changes nothing.  These settings govern something here:
 
 ==============================  =========================================  =============================
 setting                         what                                       environment
 ==============================  =========================================  =============================
-``mesh_proc_spawn_max_idle``    how long ``spawn_procs`` waits for a host  ``MONARCH_SPAWN_TIMEOUT`` (s)
-``stop_actor_timeout``          how long stopping a proc waits for it      -
+``mesh_proc_spawn_max_idle``    how long ``spawn_procs`` waits for a host  ``MONARCH_SPAWN_TIMEOUT`` (s),
+                                                                           ``HYPERACTOR_MESH_PROC_SPAWN_MAX_IDLE``
+``host_spawn_ready_timeout``    how long this client waits for its own     ``HYPERACTOR_HOST_SPAWN_READY_TIMEOUT``
+                                host agent to come up and answer
+``stop_actor_timeout``          how long stopping a proc mesh waits for    ``HYPERACTOR_STOP_ACTOR_TIMEOUT``
+                                each proc to stop its actors
+``proc_stop_max_idle``          how long stopping a proc mesh waits for    ``HYPERACTOR_MESH_PROC_STOP_MAX_IDLE``
+                                each host to end the mesh's procs
 ``port_forward_connect_timeout`` how long a forwarded connection waits      -
                                 for its destination (monarch's own)
 ``serve_agent_start_max_idle``   how long ``monarch serve`` waits, its job  ``MONARCH_SERVE_STALL_TIMEOUT``
@@ -27,12 +36,16 @@ setting                         what                                       envir
                                 (monarch's own)
 ==============================  =========================================  =============================
 
-Another of Monarch's settings raises ``ValueError`` naming the ones there are.
+Monarch's other keys (``message_delivery_timeout``, ``mesh_orphan_timeout``,
+``mesh_attach_config_timeout``, the RDMA, logging and channel tuning, ...) are accepted, checked
+and shown by ``get_global_config`` with Monarch's defaults, and govern nothing here
+(:func:`is_applied` says which); the README's compatibility table says why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 import threading
@@ -42,24 +55,130 @@ from typing import Any, Iterator
 
 @dataclass(frozen=True)
 class _Setting:
-    default: str
-    env: str
+    default: Any
+    env: tuple[str, ...]
     doc: str
+    kind: str = "duration"
+    applied: bool = True
+
+
+class ConfigValueError(TypeError, ValueError):
+    """A value of the wrong form for its key: a ``TypeError`` as Monarch raises, and a ``ValueError``."""
 
 
 _SETTINGS: dict[str, _Setting] = {
-    "mesh_proc_spawn_max_idle": _Setting("120s", "MONARCH_SPAWN_TIMEOUT",
+    "mesh_proc_spawn_max_idle": _Setting("120s", ("MONARCH_SPAWN_TIMEOUT", "HYPERACTOR_MESH_PROC_SPAWN_MAX_IDLE"),
                                          "how long spawn_procs waits for a host to start its procs"),
-    "stop_actor_timeout": _Setting("5s", "", "how long stopping a proc mesh waits for each proc"),
-    "port_forward_connect_timeout": _Setting("10s", "", "how long a forwarded connection waits for its destination"),
-    "serve_agent_start_max_idle": _Setting("300s", "MONARCH_SERVE_STALL_TIMEOUT",
+    "host_spawn_ready_timeout": _Setting("60s", ("HYPERACTOR_HOST_SPAWN_READY_TIMEOUT",),
+                                         "how long the client waits for its own host agent to answer"),
+    "stop_actor_timeout": _Setting("5s", ("HYPERACTOR_STOP_ACTOR_TIMEOUT",),
+                                   "how long stopping a proc mesh waits for each proc"),
+    "proc_stop_max_idle": _Setting("5s", ("HYPERACTOR_MESH_PROC_STOP_MAX_IDLE",),
+                                   "how long stopping a proc mesh waits for each host to end its procs"),
+    "port_forward_connect_timeout": _Setting("10s", (), "how long a forwarded connection waits for its destination"),
+    "serve_agent_start_max_idle": _Setting("300s", ("MONARCH_SERVE_STALL_TIMEOUT",),
                                           "how long serve waits, its job running, with no new host agent up"),
 }
 
-_runtime: dict[str, str] = {}
+# Monarch's other keys: (value form, Monarch's default).  Accepted and checked so a program written
+# for Monarch runs unchanged, and a typo still raises; nothing here reads them.
+_ACCEPTED: dict[str, tuple[str, Any]] = {
+    "actor_spawn_max_idle": ("duration", "30s"),
+    "channel_net_rx_buffer_full_check_interval": ("duration", "5s"),
+    "channel_reconnect_timeout": ("duration", "1m"),
+    "channel_tcp_congestion": ("str", ""),
+    "channel_tcp_keepalive_idle": ("duration", "1m"),
+    "cleanup_timeout": ("duration", "3s"),
+    "codec_max_frame_length": ("int", 10737418240),
+    "default_encoding": ("encoding", "multipart"),
+    "default_transport": ("transport", "unix"),
+    "enable_dest_actor_reordering_buffer": ("bool", True),
+    "enable_file_capture": ("bool", False),
+    "enable_log_forwarding": ("bool", False),
+    "enable_otel_metrics": ("bool", True),
+    "enable_otel_tracing": ("bool", True),
+    "enable_recorder_tracing": ("bool", True),
+    "enable_sqlite_tracing": ("bool", False),
+    "enable_unawaited_python_task_traceback": ("bool", False),
+    "file_log_level": ("str", ""),
+    "force_file_log": ("bool", False),
+    "forwarder_flush_timeout": ("duration", "5s"),
+    "get_actor_state_max_idle": ("duration", "30s"),
+    "get_proc_state_max_idle": ("duration", "1m"),
+    "max_cast_dimension_size": ("int", 16),
+    "max_cast_fanout": ("int", 16),
+    "mesh_admin_addr": ("str", "[::]:1729"),
+    "mesh_admin_config_dump_bridge_timeout": ("duration", "5s"),
+    "mesh_admin_max_concurrent_resolves": ("int", 2),
+    "mesh_admin_pyspy_bridge_timeout": ("duration", "13s"),
+    "mesh_admin_pyspy_client_timeout": ("duration", "20s"),
+    "mesh_admin_pyspy_max_profile_duration": ("duration", "5m"),
+    "mesh_admin_pyspy_timeout": ("duration", "10s"),
+    "mesh_admin_query_child_timeout": ("duration", "100ms"),
+    "mesh_admin_resolve_actor_timeout": ("duration", "200ms"),
+    "mesh_admin_single_host_timeout": ("duration", "3s"),
+    "mesh_admin_tree_timeout": ("duration", "10s"),
+    "mesh_attach_config_timeout": ("duration", "1m"),
+    "mesh_bootstrap_enable_pdeathsig": ("bool", True),
+    "mesh_orphan_timeout": ("duration", "1m"),
+    "mesh_terminate_concurrency": ("int", 16),
+    "mesh_terminate_timeout": ("duration", "10s"),
+    "message_ack_every_n_messages": ("int", 1000),
+    "message_ack_time_interval": ("duration", "500ms"),
+    "message_delivery_timeout": ("duration", "30s"),
+    "message_latency_sampling_rate": ("float", 0.01),
+    "message_ttl_default": ("int", 64),
+    "monarch_log_suffix": ("str", ""),
+    "otel_metric_export_interval": ("duration", "1s"),
+    "pending_actor_delivery_timeout": ("duration", "30s"),
+    "prefix_with_rank": ("bool", True),
+    "proc_launcher_kind": ("str", ""),
+    "process_exit_timeout": ("duration", "10s"),
+    "process_memory_metric_interval": ("duration", "5m"),
+    "pyspy_bin": ("str", ""),
+    "rdma_allow_tcp_fallback": ("bool", True),
+    "rdma_cq_poller_per_device": ("bool", True),
+    "rdma_disable_ibverbs": ("bool", False),
+    "rdma_host_odp": ("bool", False),
+    "rdma_ibverbs_target": ("str", ""),
+    "rdma_max_chunk_size_mb": ("int", 64),
+    "rdma_max_nics_per_buffer": ("int?", None),
+    "rdma_min_stripe_size_kb": ("int", 512),
+    "rdma_peer_device_affinity": ("str", ""),
+    "rdma_qp_init_timeout": ("duration", "30s"),
+    "rdma_qps_per_cq": ("int", 64),
+    "rdma_qps_per_peer": ("int", 4),
+    "rdma_runtime_worker_threads": ("int", 4),
+    "rdma_tcp_fallback_parallelism": ("int", 1),
+    "read_log_buffer": ("int", 100),
+    "scuba_log_enter_exit": ("bool", False),
+    "sequencer_max_locked_keys": ("int", 128),
+    "server_heartbeat_interval": ("duration", "1s"),
+    "small_write_threshold": ("int", 256),
+    "split_max_buffer_age": ("duration", "50ms"),
+    "split_max_buffer_size": ("int", 5),
+    "stop_grace_period": ("duration", "10s"),
+    "supervision_watchdog_timeout": ("duration", "2m"),
+    "tail_log_lines": ("int", 0),
+    "terminated_snapshot_retention": ("int", 100),
+    "tokio_worker_threads": ("int?", None),
+    "use_direct_spawn": ("bool", False),
+}
+for _key, (_kind, _default) in _ACCEPTED.items():
+    _SETTINGS[_key] = _Setting(_default, (), "Monarch's; accepted, governs nothing here", _kind, applied=False)
+del _key, _kind, _default
+
+_runtime: dict[str, Any] = {}
 _lock = threading.RLock()
-_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
+_UNITS = {
+    "ns": 1e-9, "nsec": 1e-9, "us": 1e-6, "usec": 1e-6, "µs": 1e-6, "ms": 0.001, "msec": 0.001, "millis": 0.001,
+    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0, "w": 604800.0, "week": 604800.0, "weeks": 604800.0,
+}
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zµ]+)")
+_FORMS = "use e.g. '30s', '5m', '1h 30m' or '250ms'"
 
 
 def parse_duration(value: Any) -> float:
@@ -73,29 +192,64 @@ def parse_duration(value: Any) -> float:
         except ValueError:
             parts = _PART.findall(text)
             if not parts or _PART.sub("", text).strip() or any(u not in _UNITS for _, u in parts):
-                raise ValueError(f"bad duration {value!r}: use e.g. '30s', '5m', '1h 30m' or '250ms'") from None
+                raise ConfigValueError(f"bad duration {value!r}: {_FORMS}") from None
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
-        raise ValueError(f"bad duration {value!r}: use e.g. '30s', '5m', '1h 30m' or '250ms'")
-    if seconds < 0:
-        raise ValueError(f"a duration cannot be negative: {value!r}")
+        raise ConfigValueError(f"bad duration {value!r}: {_FORMS}")
+    if seconds < 0 or seconds != seconds:
+        raise ConfigValueError(f"a duration cannot be negative: {value!r}")
     return seconds
 
 
 def _check(key: str) -> _Setting:
     setting = _SETTINGS.get(key)
     if setting is None:
-        raise ValueError(f"monarch has no setting {key!r}; it has: {', '.join(sorted(_SETTINGS))}")
+        near = difflib.get_close_matches(key, _SETTINGS, n=3)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        raise ValueError(f"invalid configuration key: {key!r}{hint} (get_global_config() lists them)")
     return setting
 
 
-def _effective(key: str) -> str:
+def _normal(key: str, setting: _Setting, value: Any) -> Any:
+    """``value`` as stored for ``key``, or ConfigValueError naming the form it takes."""
+    kind = setting.kind
+    if kind == "duration":
+        parse_duration(value)
+        return value if isinstance(value, str) else f"{float(value):g}s"
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigValueError(f"{key} takes True or False, not {value!r}")
+    if kind in ("int", "int?"):
+        if value is None and kind == "int?":
+            return None
+        if isinstance(value, int):
+            return int(value)
+        raise ConfigValueError(f"{key} takes an integer{' or None' if kind == 'int?' else ''}, not {value!r}")
+    if kind == "float":
+        if isinstance(value, (int, float)):
+            return float(value)
+        raise ConfigValueError(f"{key} takes a number, not {value!r}")
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise ConfigValueError(f"{key} takes a string, not {value!r}")
+    if kind == "transport":
+        # Monarch's ChannelTransport enum, a bind spec or an explicit address string.
+        if isinstance(value, str) or type(value).__name__ in ("ChannelTransport", "BindSpec"):
+            return value
+        raise ConfigValueError(f"{key} takes a ChannelTransport or an address string, not {value!r}")
+    return value  # encoding: Monarch's Encoding enum, shown as given
+
+
+def _effective(key: str) -> Any:
     if key in _runtime:
         return _runtime[key]
     setting = _SETTINGS[key]
-    env = os.environ.get(setting.env) if setting.env else None
-    if env:
-        return env if not _is_number(env) else f"{env}s"
+    for name in setting.env:
+        env = os.environ.get(name)
+        if env:
+            return env if not _is_number(env) else f"{env}s"
     return setting.default
 
 
@@ -108,23 +262,26 @@ def _is_number(text: str) -> bool:
 
 
 def seconds(key: str) -> float:
-    """The setting ``key`` as it applies now, in seconds (what the code a setting governs reads).
+    """The duration setting ``key`` as it applies now, in seconds (what the code a setting governs reads).
 
     A bad value in the environment (``MONARCH_SPAWN_TIMEOUT=soon``) raises ``ValueError`` here, when
     it is used, naming the forms a duration takes; it never breaks an import."""
-    _check(key)
+    if _check(key).kind != "duration":
+        raise ValueError(f"{key} is not a duration")
     with _lock:
         return parse_duration(_effective(key))
 
 
+def is_applied(key: str) -> bool:
+    """Whether ``key`` governs something in monarch (False: accepted for Monarch's sake, read by nothing)."""
+    return _check(key).applied
+
+
 def configure(**kwargs: Any) -> None:
-    """Set runtime settings for this process (see the module docstring for the names)."""
+    """Set runtime settings for this process (see the module docstring for the names).  An unknown
+    key raises ``ValueError``, a value of the wrong form :class:`ConfigValueError`; either sets nothing."""
     with _lock:
-        checked = {}
-        for key, value in kwargs.items():
-            _check(key)
-            parse_duration(value)  # a bad value changes nothing
-            checked[key] = value if isinstance(value, str) else f"{float(value):g}s"
+        checked = {key: _normal(key, _check(key), value) for key, value in kwargs.items()}
         _runtime.update(checked)
 
 
@@ -161,5 +318,5 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
             configure(**previous)
 
 
-__all__ = ["clear_runtime_config", "configure", "configured", "get_global_config", "get_runtime_config",
-           "parse_duration", "seconds"]
+__all__ = ["ConfigValueError", "clear_runtime_config", "configure", "configured", "get_global_config",
+           "get_runtime_config", "is_applied", "parse_duration", "seconds"]

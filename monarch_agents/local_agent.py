@@ -161,8 +161,10 @@ class SharedAgent:
             self.sock.close()
 
 
-def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str) -> SharedAgent | None:
-    """The shared agent for ``preload``, started (detached) if none runs; None where there can be none."""
+def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str,
+            start_timeout: float = _START_TIMEOUT_S) -> SharedAgent | None:
+    """The shared agent for ``preload``, started (detached) if none runs; None where there can be none
+    (or where it did not come up and answer within ``start_timeout`` s)."""
     if not enabled():
         return None
     d = runtime_dir()
@@ -181,14 +183,14 @@ def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpa
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one starter; the others wait, then connect
                 sock = _try_connect(path)
                 if sock is None:
-                    _start(path, preload, bind, hostname, log_dir, pythonpath)
+                    _start(path, preload, bind, hostname, log_dir, pythonpath, start_timeout)
                     sock = _try_connect(path)
             finally:
                 os.close(lock_fd)
         if sock is None:
             return None
         try:
-            sock.settimeout(_START_TIMEOUT_S)
+            sock.settimeout(start_timeout)
             info, _ = _recv(sock)
             if info and info.get("version") != version:
                 # Older code (edited since it started): it stops taking owners and exits once idle.
@@ -217,7 +219,8 @@ def _try_connect(path: str) -> socket.socket | None:
     return s
 
 
-def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str) -> None:
+def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str, pythonpath: str,
+           start_timeout: float) -> None:
     from monarch_agents.keys import JobKeys
     from monarch_rdmafs.helper import HelperProcess
 
@@ -238,7 +241,7 @@ def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str
     finally:
         os.close(log_fd)
     try:
-        agent.wait_ready(_START_TIMEOUT_S)  # until it says where it listens, or exits
+        agent.wait_ready(start_timeout)  # until it says where it listens, or exits
     finally:
         agent.detach()  # it outlives us: the next script finds it by its socket
 

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Iterable, TypeVar
 
+from monarch import config as _config
 from monarch_agents import runtime as rt_mod
 from monarch_agents.messages import HostInfo, Ping, Shutdown
 from monarch_agents import client as _agents_client
@@ -67,7 +68,6 @@ ROOT_ENV = "MONARCH_ROOT"
 
 #: Modules worth importing once in the zygote when the client already uses them.
 _PRELOADABLE = ("torch", "numpy")
-_AGENT_START_TIMEOUT_S = 60.0
 
 
 class HostRef:
@@ -97,9 +97,11 @@ def local_host() -> HostRef:
         # This API for every proc; torch and numpy where this program already paid for them.
         preload = ["monarch.actor", *(m for m in _PRELOADABLE if m in sys.modules)]
         hostname = os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
+        ready_s = _config.seconds("host_spawn_ready_timeout")  # a bad value fails here, before any start
         log_dir = os.path.join(os.path.expanduser("~"), ".monarch", "logs", "local")
         if rt_mod.current() is None and not os.environ.get(RUN_JOB_ENV):
-            shared = _local_agent.connect(preload, _agents_client.bind_address(), hostname, log_dir, _pythonpath())
+            shared = _local_agent.connect(preload, _agents_client.bind_address(), hostname, log_dir, _pythonpath(),
+                                          start_timeout=ready_s)
             if shared is not None:
                 try:
                     return _use_shared(shared)
@@ -119,11 +121,11 @@ def local_host() -> HostRef:
         # Its stdin stays open for as long as we live: the agent stops when it closes (--lifeline-fd 0),
         # however we end (kill -9 too), even before the Ping below makes it watch us as its owner.
         proc.start((json.dumps(rt.keys.as_dict()) + "\n").encode(), keep_stdin=True)
-        info = _read_info(proc)
+        info = _read_info(proc, ready_s)
         _local_proc = proc
         _local_host = HostRef(info["addr"], info["host"], 0)
         # The agent learns its owner from this ping, and exits when we go away.
-        rt.request(info["addr"], lambda port: Ping(port)).get(timeout=_AGENT_START_TIMEOUT_S)
+        rt.request(info["addr"], lambda port: Ping(port)).get(timeout=ready_s)
         atexit.register(_stop_local_host)
         return _local_host
 
@@ -185,13 +187,14 @@ def _pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(parts))
 
 
-def _read_info(proc: HelperProcess) -> dict:
-    line = proc.wait_ready(_AGENT_START_TIMEOUT_S)
+def _read_info(proc: HelperProcess, ready_s: float) -> dict:
+    line = proc.wait_ready(ready_s)
     if not line:
         still_starting = not proc.eof
         code = proc.stop(time.monotonic() + (0.0 if still_starting else 5.0))  # an exiting one: its code
         if still_starting:
-            raise RuntimeError(f"the local host agent did not start within {_AGENT_START_TIMEOUT_S:.0f} s")
+            raise RuntimeError(f"the local host agent did not start within {ready_s:g} s "
+                               "(monarch.config host_spawn_ready_timeout)")
         raise RuntimeError(f"the local host agent exited during startup (exit code {code})")
     return json.loads(line)
 

@@ -191,7 +191,7 @@ class HostMesh(_MeshBase):
             try:
                 procs.extend(f.get(timeout=spawn_timeout))
             except TimeoutError:
-                raise SupervisionError(f"host {h.host} did not start {count} procs within {spawn_timeout:.0f} s") from None
+                raise SupervisionError(f"host {h.host} did not start {count} procs within {spawn_timeout:g} s") from None
         # These procs are this job's: what this client sends them goes through its runtime.
         rt_claim(rt, [p.addr for p in procs])
         shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
@@ -418,6 +418,7 @@ class ProcMesh(_MeshBase):
         rt = self._rt()
         procs = [self._procs[i] for i in self._shape.indices]
         stop_timeout = _config.seconds("stop_actor_timeout")
+        host_timeout = _config.seconds("proc_stop_max_idle")
         acks = [rt.request(p.addr, lambda port: m.StopProc(port)) for p in procs]
         for a in acks:
             try:
@@ -436,7 +437,7 @@ class ProcMesh(_MeshBase):
             for h in self._host_mesh._hosts:
                 if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
                     try:
-                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=stop_timeout)
+                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=host_timeout)
                     except Exception as e:
                         # The host agent is gone or busy: its procs were already asked to stop one by one.
                         log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)

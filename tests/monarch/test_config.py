@@ -38,22 +38,64 @@ def test_duration_in_the_environment_does_not_break_import():
     assert r.returncode == 0 and r.stdout.strip() == "300.0", r.stderr
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"enable_log_forwarding": True}, "monarch has no setting 'enable_log_forwarding'; it has: mesh_proc_spawn"),
-    ({"stop_actor_timeout": "soon"}, "bad duration 'soon'"),
-    ({"stop_actor_timeout": -1}, "cannot be negative"),
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({"mesh_orphan_timout": "1m"}, ValueError,
+     "invalid configuration key: 'mesh_orphan_timout'; did you mean mesh_orphan_timeout"),
+    ({"stop_actor_timeout": "soon"}, TypeError, "bad duration 'soon'"),
+    ({"stop_actor_timeout": -1}, TypeError, "cannot be negative"),
+    ({"enable_log_forwarding": "yes"}, TypeError, "enable_log_forwarding takes True or False"),
+    ({"tail_log_lines": "3"}, TypeError, "tail_log_lines takes an integer"),
+    ({"mesh_admin_addr": 1729}, TypeError, "mesh_admin_addr takes a string"),
 ])
-def test_bad_settings_change_nothing(kwargs, match):
+def test_bad_settings_change_nothing(kwargs, exc, match):
+    """A typo'd key raises ValueError and a value of the wrong form TypeError, as Monarch's configure
+    does (ours is also a ValueError, as before); neither sets the other keys given with it."""
     before = config.get_global_config()
-    with pytest.raises(ValueError, match=match):
-        config.configure(stop_actor_timeout="7s", **kwargs) if "stop_actor_timeout" not in kwargs else \
-            config.configure(**kwargs)
-    assert config.get_global_config() == before
+    with pytest.raises(exc, match=match) as info:
+        config.configure(**({"stop_actor_timeout": "7s"} if "stop_actor_timeout" not in kwargs else {}), **kwargs)
+    assert isinstance(info.value, ValueError)
+    assert config.get_global_config() == before and config.get_runtime_config() == {}
+
+
+def test_monarch_keys_and_value_forms_accepted():
+    """Monarch's keys take Monarch's value forms; the ones with no mechanism here are shown, not applied."""
+    with config.configured(message_delivery_timeout="1m 30s", mesh_orphan_timeout="2 weeks",
+                           mesh_attach_config_timeout="500ms", enable_log_forwarding=True, tail_log_lines=10,
+                           message_latency_sampling_rate=1, rdma_max_nics_per_buffer=None,
+                           mesh_admin_addr="[::]:8080", default_transport="tcp") as merged:
+        assert merged["message_delivery_timeout"] == "1m 30s" and merged["mesh_orphan_timeout"] == "2 weeks"
+        assert merged["enable_log_forwarding"] is True and merged["tail_log_lines"] == 10
+        assert merged["message_latency_sampling_rate"] == 1.0 and merged["rdma_max_nics_per_buffer"] is None
+        assert config.seconds("mesh_attach_config_timeout") == 0.5
+    assert config.get_global_config()["message_delivery_timeout"] == "30s"  # Monarch's default
+    applied = {k for k in config.get_global_config() if config.is_applied(k)}
+    assert applied == {"mesh_proc_spawn_max_idle", "host_spawn_ready_timeout", "stop_actor_timeout",
+                       "proc_stop_max_idle", "port_forward_connect_timeout", "serve_agent_start_max_idle"}
+    assert not config.is_applied("message_delivery_timeout") and not config.is_applied("mesh_orphan_timeout")
+
+
+def test_same_keys_as_torchmonarch():
+    """Every key torchmonarch 0.7.0's get_global_config shows is one of ours (where it is installed)."""
+    import json
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    py = os.environ.get("TORCHMONARCH_PYTHON") or os.path.join(root, ".tm-venv", "bin", "python")
+    if not os.path.exists(py):
+        pytest.skip("torchmonarch 0.7.0 is not installed here (TORCHMONARCH_PYTHON or a .tm-venv at the root)")
+    r = subprocess.run([py, "-c", "import json, monarch.config as c; print(json.dumps(sorted(c.get_global_config())))"],
+                       capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr
+    theirs = set(json.loads(r.stdout.splitlines()[-1]))
+    assert theirs - set(config.get_global_config()) == set()
 
 
 def test_durations():
     assert config.parse_duration("1h 30m") == 5400 and config.parse_duration("250ms") == 0.25
     assert config.parse_duration(3) == 3.0 and config.parse_duration("2") == 2.0
+    assert config.parse_duration("2 weeks") == 14 * 86400 and config.parse_duration("1hour 2mins 3secs") == 3723
+    assert config.parse_duration("4us") == pytest.approx(4e-6)
 
 
 def test_spawn_timeout_setting_reaches_spawn_procs():
