@@ -105,3 +105,105 @@ def test_spawn_timeout_setting_reaches_spawn_procs():
         assert config.seconds("mesh_proc_spawn_max_idle") == 180.0
         pm = this_host().spawn_procs()  # still spawns with the new limit
         pm.stop().get()
+
+
+def _stopped(pid: int):
+    """SIGSTOP ``pid`` for the block (it takes no message meanwhile), SIGCONT after, whatever happens."""
+    import contextlib
+    import os
+    import signal
+
+    @contextlib.contextmanager
+    def block():
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    return block()
+
+
+def test_stop_actor_timeout_bounds_the_wait_for_each_proc():
+    """A proc that takes no message (SIGSTOPped) holds a mesh's stop for stop_actor_timeout: under
+    "10m" the stop is still waiting after seconds, and ends once the proc runs again; under "250ms"
+    it ends while the proc is still stopped."""
+    from tests.monarch.actors import Worker
+
+    for limit in ("10m", "250ms"):
+        with config.configured(stop_actor_timeout=limit):
+            pm = this_host().spawn_procs(per_host={"gpus": 1})
+            pid = pm.spawn("w", Worker).pid.call_one().get()
+            with _stopped(pid):
+                stop = pm.stop()
+                if limit == "10m":
+                    with pytest.raises(TimeoutError):
+                        stop.get(timeout=3)  # the proc cannot answer: the stop waits for it
+                else:
+                    stop.get(timeout=120)  # gave up on the proc after 250ms (its host ends it)
+            stop.get(timeout=120)
+
+
+_SCRIPT = r"""
+import os, signal, sys
+from monarch import config
+from monarch.actor import this_host
+from monarch.actor import _client
+from tests.monarch.actors import Worker
+
+what, value = sys.argv[1], sys.argv[2]
+config.configure(**{what: value})
+if what == "proc_stop_max_idle":
+    config.configure(stop_actor_timeout="250ms")
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    pm.spawn("w", Worker).pid.call_one().get()
+    agent = _client._local_proc.proc.pid
+    os.kill(agent, signal.SIGSTOP)  # the host cannot answer StopProcs
+    try:
+        stop = pm.stop()
+        try:
+            stop.get(timeout=float(sys.argv[3]))
+            print("stopped while the host was stopped")
+        except TimeoutError:
+            print("still waiting for the host")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    stop.get(timeout=120)
+    print("stopped")
+else:
+    try:
+        this_host().spawn_procs(per_host={"gpus": 1}).stop().get()
+        print("spawned")
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}")
+"""
+
+
+def _run(*args: str, env: dict | None = None) -> str:
+    """``_SCRIPT`` with ``args`` in a fresh client with a private host agent (one it may stop)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", _SCRIPT, *args], capture_output=True, text=True, timeout=300,
+                       cwd=root, env={**os.environ, "MONARCH_SHARED_AGENT": "0", **(env or {})})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_proc_stop_max_idle_bounds_the_wait_for_each_host():
+    """A host agent that takes no message holds a mesh's stop for proc_stop_max_idle."""
+    assert _run("proc_stop_max_idle", "10m", "3").splitlines() == ["still waiting for the host", "stopped"]
+    assert _run("proc_stop_max_idle", "250ms", "120").splitlines() == ["stopped while the host was stopped", "stopped"]
+
+
+def test_spawn_and_host_ready_timeouts_reach_a_real_spawn():
+    """mesh_proc_spawn_max_idle and host_spawn_ready_timeout bound their waits: zero fails at once
+    with the setting's name, in configure and in Monarch's environment variable alike."""
+    out = _run("mesh_proc_spawn_max_idle", "0s")
+    assert out.startswith("SupervisionError: host ") and "did not start 1 procs within 0 s" in out
+    out = _run("host_spawn_ready_timeout", "0s")
+    assert "RuntimeError: the local host agent did not start within 0 s" in out and "host_spawn_ready_timeout" in out
+    out = _run("stop_actor_timeout", "5s", env={"HYPERACTOR_HOST_SPAWN_READY_TIMEOUT": "0s"})
+    assert "host_spawn_ready_timeout" in out
+    assert _run("host_spawn_ready_timeout", "2m").strip() == "spawned"
