@@ -40,17 +40,25 @@ Monarch's other keys (``message_delivery_timeout``, ``mesh_orphan_timeout``,
 ``mesh_attach_config_timeout``, the RDMA, logging and channel tuning, ...) are accepted, checked
 and shown by ``get_global_config`` with Monarch's defaults, and govern nothing here
 (:func:`is_applied` says which); the README's compatibility table says why.
+
+For tests, as in Monarch: ``@parametrize_config(key={v1, v2}, ...)`` runs a test under every
+combination of the values, ``@parametrize_config_pointwise(key=[v1, v2], ...)`` under the i-th
+value of each; a key or value they cannot take fails when the module loads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
+import functools
+import inspect
+import itertools
 import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,17 @@ class _Setting:
     doc: str
     kind: str = "duration"
     applied: bool = True
+
+
+class Encoding(enum.Enum):
+    """The message encodings Monarch's ``default_encoding`` names (accepted; monarch has one wire format)."""
+
+    Bincode = "bincode"
+    Json = "json"
+    Multipart = "multipart"
+
+    def __repr__(self) -> str:
+        return f"Encoding.{self.name}"
 
 
 class ConfigValueError(TypeError, ValueError):
@@ -90,7 +109,7 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
     "channel_tcp_keepalive_idle": ("duration", "1m"),
     "cleanup_timeout": ("duration", "3s"),
     "codec_max_frame_length": ("int", 10737418240),
-    "default_encoding": ("encoding", "multipart"),
+    "default_encoding": ("encoding", None),  # Encoding.Multipart, set below
     "default_transport": ("transport", "unix"),
     "enable_dest_actor_reordering_buffer": ("bool", True),
     "enable_file_capture": ("bool", False),
@@ -167,6 +186,8 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
 for _key, (_kind, _default) in _ACCEPTED.items():
     _SETTINGS[_key] = _Setting(_default, (), "Monarch's; accepted, governs nothing here", _kind, applied=False)
 del _key, _kind, _default
+_SETTINGS["default_encoding"] = _Setting(Encoding.Multipart, (), "Monarch's; accepted, governs nothing here",
+                                         "encoding", applied=False)
 
 _runtime: dict[str, Any] = {}
 _lock = threading.RLock()
@@ -239,7 +260,9 @@ def _normal(key: str, setting: _Setting, value: Any) -> Any:
         if isinstance(value, str) or type(value).__name__ in ("ChannelTransport", "BindSpec"):
             return value
         raise ConfigValueError(f"{key} takes a ChannelTransport or an address string, not {value!r}")
-    return value  # encoding: Monarch's Encoding enum, shown as given
+    if isinstance(value, Encoding):
+        return value
+    raise ConfigValueError(f"{key} takes a monarch.config.Encoding, not {value!r}")
 
 
 def _effective(key: str) -> Any:
@@ -318,5 +341,53 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
             configure(**previous)
 
 
-__all__ = ["ConfigValueError", "clear_runtime_config", "configure", "configured", "get_global_config",
+def parametrize_config(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A pytest decorator: run the test once for every combination of the values given per key
+    (``parametrize_config(stop_actor_timeout={"1s", "5s"}, enable_log_forwarding={True, False})``
+    runs it four times), each run inside ``configured(...)`` with that combination."""
+    keys = list(options)
+    return _parametrize(keys, list(itertools.product(*(list(options[k]) for k in keys))))
+
+
+def parametrize_config_pointwise(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Like :func:`parametrize_config`, but the i-th run takes the i-th value of every key (the
+    sequences are walked together, so they must be equally long)."""
+    keys = list(options)
+    lengths = {k: len(list(options[k])) for k in keys}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"parametrize_config_pointwise needs as many values for every key; got {lengths}")
+    return _parametrize(keys, list(zip(*(list(options[k]) for k in keys))))
+
+
+def _parametrize(keys: list[str], rows: list[tuple]) -> Callable[[Callable[..., Any]], Any]:
+    import pytest
+
+    if not keys:
+        raise ValueError("name at least one setting to parametrize over")
+    for row in rows:  # a typo'd key or a bad value fails when the test module loads, not in the run
+        for key, value in zip(keys, row):
+            _normal(key, _check(key), value)
+    runs = [dict(zip(keys, row)) for row in rows]
+    ids = ["-".join(f"{k}={v}" for k, v in run.items()) for run in runs]
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        sig = inspect.signature(fn)
+        # pytest passes each run's settings as one more argument, which the test itself never sees.
+        param = inspect.Parameter("_monarch_config", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def run(_monarch_config: dict, *args: Any, **kwargs: Any) -> Any:
+                with configured(**_monarch_config):
+                    return await fn(*args, **kwargs)
+        else:
+            @functools.wraps(fn)
+            def run(_monarch_config: dict, *args: Any, **kwargs: Any) -> Any:
+                with configured(**_monarch_config):
+                    return fn(*args, **kwargs)
+        run.__signature__ = sig.replace(parameters=[param, *sig.parameters.values()])  # type: ignore[attr-defined]
+        return pytest.mark.parametrize("_monarch_config", runs, ids=ids)(run)
+    return decorate
+
+
+__all__ = ["ConfigValueError", "Encoding", "parametrize_config", "parametrize_config_pointwise", "clear_runtime_config", "configure", "configured", "get_global_config",
            "get_runtime_config", "is_applied", "parse_duration", "seconds"]

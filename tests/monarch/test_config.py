@@ -84,11 +84,41 @@ def test_same_keys_as_torchmonarch():
     py = os.environ.get("TORCHMONARCH_PYTHON") or os.path.join(root, ".tm-venv", "bin", "python")
     if not os.path.exists(py):
         pytest.skip("torchmonarch 0.7.0 is not installed here (TORCHMONARCH_PYTHON or a .tm-venv at the root)")
-    r = subprocess.run([py, "-c", "import json, monarch.config as c; print(json.dumps(sorted(c.get_global_config())))"],
-                       capture_output=True, text=True, timeout=300, cwd="/")
+    code = "import json, monarch.config as c; print(json.dumps([sorted(c.get_global_config()), c.__all__]))"
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
     assert r.returncode == 0, r.stderr
-    theirs = set(json.loads(r.stdout.splitlines()[-1]))
-    assert theirs - set(config.get_global_config()) == set()
+    keys, names = json.loads(r.stdout.splitlines()[-1])
+    assert set(keys) - set(config.get_global_config()) == set()
+    assert set(names) - set(config.__all__) == set()
+
+
+@config.parametrize_config(stop_actor_timeout={"1s", "2s"}, enable_log_forwarding={True, False})
+def test_parametrize_config(request):
+    """Four runs, each under its own combination; the setting is back to its default afterwards."""
+    overrides = request.node.callspec.params["_monarch_config"]
+    assert config.get_runtime_config() == overrides
+    assert config.seconds("stop_actor_timeout") in (1.0, 2.0)
+
+
+@pytest.mark.asyncio
+@config.parametrize_config_pointwise(stop_actor_timeout=["1s", "2s"], tail_log_lines=[1, 2])
+async def test_parametrize_config_pointwise():
+    assert config.seconds("stop_actor_timeout") == config.get_global_config()["tail_log_lines"]
+
+
+def test_parametrize_checks_keys_and_lengths_at_once():
+    with pytest.raises(ValueError, match="invalid configuration key: 'stop_actor_timout'"):
+        config.parametrize_config(stop_actor_timout={"1s"})
+    with pytest.raises(ValueError, match="as many values for every key"):
+        config.parametrize_config_pointwise(stop_actor_timeout=["1s"], tail_log_lines=[1, 2])
+
+
+def test_encoding():
+    assert config.get_global_config()["default_encoding"] is config.Encoding.Multipart
+    with config.configured(default_encoding=config.Encoding.Json) as merged:
+        assert merged["default_encoding"] is config.Encoding.Json
+    with pytest.raises(TypeError, match="default_encoding takes a monarch.config.Encoding"):
+        config.configure(default_encoding="json")
 
 
 def test_durations():
