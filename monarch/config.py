@@ -41,6 +41,10 @@ Monarch's other keys (``message_delivery_timeout``, ``mesh_orphan_timeout``,
 and shown by ``get_global_config`` with Monarch's defaults, and govern nothing here
 (:func:`is_applied` says which); the README's compatibility table says why.
 
+As in Monarch, a proc starts with the settings of the process that spawned its mesh, as they were at
+``spawn_procs`` (carried in ``MONARCH_CLIENT_CONFIG``, below the proc's own ``configure``): an
+actor's nested ``spawn_procs`` or ``stop`` waits as its client said.
+
 For tests, as in Monarch: ``@parametrize_config(key={v1, v2}, ...)`` runs a test under every
 combination of the values, ``@parametrize_config_pointwise(key=[v1, v2], ...)`` under the i-th
 value of each; a key or value they cannot take fails when the module loads.
@@ -54,6 +58,7 @@ import enum
 import functools
 import inspect
 import itertools
+import json
 import os
 import re
 import threading
@@ -139,7 +144,7 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
     "mesh_admin_tree_timeout": ("duration", "10s"),
     "mesh_attach_config_timeout": ("duration", "1m"),
     "mesh_bootstrap_enable_pdeathsig": ("bool", True),
-    "mesh_orphan_timeout": ("duration", "1m"),
+    "mesh_orphan_timeout": ("duration?", "1m"),
     "mesh_terminate_concurrency": ("int", 16),
     "mesh_terminate_timeout": ("duration", "10s"),
     "message_ack_every_n_messages": ("int", 1000),
@@ -190,6 +195,12 @@ _SETTINGS["default_encoding"] = _Setting(Encoding.Multipart, (), "Monarch's; acc
                                          "encoding", applied=False)
 
 _runtime: dict[str, Any] = {}
+#: In a proc: the settings of the process that spawned it, as they were then (Monarch hands a
+#: client's configuration down to the procs it spawns).  Below this process's own ``configure``.
+_inherited: dict[str, Any] = {}
+#: The environment variable that carries them to a proc (a JSON object; not secret).
+INHERIT_ENV = "MONARCH_CLIENT_CONFIG"
+_inherited_from = ""
 _lock = threading.RLock()
 _UNITS = {
     "ns": 1e-9, "nsec": 1e-9, "us": 1e-6, "usec": 1e-6, "µs": 1e-6, "ms": 0.001, "msec": 0.001, "millis": 0.001,
@@ -234,7 +245,9 @@ def _check(key: str) -> _Setting:
 def _normal(key: str, setting: _Setting, value: Any) -> Any:
     """``value`` as stored for ``key``, or ConfigValueError naming the form it takes."""
     kind = setting.kind
-    if kind == "duration":
+    if kind == "duration?" and value is None:
+        return None  # Monarch's "no such limit"
+    if kind in ("duration", "duration?"):
         parse_duration(value)
         return value if isinstance(value, str) else f"{float(value):g}s"
     if kind == "bool":
@@ -268,6 +281,9 @@ def _normal(key: str, setting: _Setting, value: Any) -> Any:
 def _effective(key: str) -> Any:
     if key in _runtime:
         return _runtime[key]
+    inherited = _load_inherited()
+    if key in inherited:
+        return inherited[key]
     setting = _SETTINGS[key]
     for name in setting.env:
         env = os.environ.get(name)
@@ -306,6 +322,45 @@ def configure(**kwargs: Any) -> None:
     with _lock:
         checked = {key: _normal(key, _check(key), value) for key, value in kwargs.items()}
         _runtime.update(checked)
+
+
+def for_procs() -> str:
+    """What a proc this process spawns inherits (the value of :data:`INHERIT_ENV`): the settings
+    this process was given and those it set, so an actor sees its client's configuration."""
+    with _lock:
+        merged = {**_load_inherited(), **_runtime}
+    plain = (str, int, float, bool, type(None))
+    return json.dumps({k: v.name if isinstance(v, Encoding) else v if isinstance(v, plain) else str(v)
+                       for k, v in merged.items()})
+
+
+def _load_inherited() -> dict[str, Any]:
+    """The settings :data:`INHERIT_ENV` carries, read when it changes (a proc forked from a zygote
+    gets its environment after this module was imported).  What this version does not know or
+    cannot take is left out (a client of another version), never an error."""
+    global _inherited_from
+    text = os.environ.get(INHERIT_ENV) or ""
+    if text == _inherited_from:
+        return _inherited
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        data = {}
+    fresh: dict[str, Any] = {}
+    for key, value in (data.items() if isinstance(data, dict) else ()):
+        setting = _SETTINGS.get(key)
+        if setting is None:
+            continue
+        if setting.kind == "encoding" and isinstance(value, str) and value in Encoding.__members__:
+            value = Encoding[value]
+        try:
+            fresh[key] = _normal(key, setting, value)
+        except ValueError:
+            continue
+    _inherited.clear()
+    _inherited.update(fresh)
+    _inherited_from = text
+    return _inherited
 
 
 def get_global_config() -> dict[str, Any]:

@@ -180,6 +180,7 @@ class HostMesh(_MeshBase):
         env, unset = env_changes()
         env[SYS_PATH_ENV] = os.pathsep.join(user_sys_path())
         env[ROOT_ENV] = os.environ.get(ROOT_ENV) or rt.addr
+        env[_config.INHERIT_ENV] = _config.for_procs()  # as in Monarch, procs see our settings as they are now
         if unset:
             env[ENV_UNSET] = ",".join(unset)
         futures = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from monarch import config
-from monarch.actor import this_host
+from monarch.actor import Actor, endpoint, this_host
 
 
 def test_layers_and_configured_restores():
@@ -176,7 +176,7 @@ def test_stop_actor_timeout_bounds_the_wait_for_each_proc():
 _SCRIPT = r"""
 import os, signal, sys
 from monarch import config
-from monarch.actor import this_host
+from monarch.actor import Actor, endpoint, this_host
 from monarch.actor import _client
 from tests.monarch.actors import Worker
 
@@ -237,3 +237,34 @@ def test_spawn_and_host_ready_timeouts_reach_a_real_spawn():
     out = _run("stop_actor_timeout", "5s", env={"HYPERACTOR_HOST_SPAWN_READY_TIMEOUT": "0s"})
     assert "host_spawn_ready_timeout" in out
     assert _run("host_spawn_ready_timeout", "2m").strip() == "spawned"
+
+
+class _Settings(Actor):
+    @endpoint
+    def seen(self) -> tuple[dict, dict]:
+        from monarch import config as theirs
+
+        g = theirs.get_global_config()
+        return ({k: g[k] for k in ("stop_actor_timeout", "mesh_orphan_timeout", "default_encoding", "tail_log_lines")},
+                theirs.get_runtime_config())
+
+
+def test_procs_see_the_settings_of_their_client_at_spawn():
+    """As in Monarch, a proc starts with its client's settings as they were at spawn_procs; what the
+    client sets later reaches the procs it spawns later, not those already running."""
+    with config.configured(stop_actor_timeout="77s", mesh_orphan_timeout=None, default_encoding=config.Encoding.Json):
+        first = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            seen, runtime = first.spawn("s", _Settings).seen.call_one().get()
+            assert seen == {"stop_actor_timeout": "77s", "mesh_orphan_timeout": None,
+                            "default_encoding": config.Encoding.Json, "tail_log_lines": 0}
+            assert runtime == {}  # inherited, not set there
+            config.configure(stop_actor_timeout="78s", tail_log_lines=5)
+            second = this_host().spawn_procs(per_host={"gpus": 1})
+            try:
+                assert second.spawn("s", _Settings).seen.call_one().get()[0]["stop_actor_timeout"] == "78s"
+                assert first.spawn("t", _Settings).seen.call_one().get()[0]["stop_actor_timeout"] == "77s"
+            finally:
+                second.stop().get()
+        finally:
+            first.stop().get()
