@@ -139,10 +139,10 @@ class LocalScheduler(Scheduler):
             except subprocess.TimeoutExpired:
                 # Killed; the agents it forked already (each in a session of its own) bear its command line.
                 _kill_by_argument(spec_file)
-                raise SchedulerError(f"the local host agents did not start within {self.start_timeout_s:.0f} s "
-                                     "(their launcher did not finish; it was stopped)",
+                raise SchedulerError(f"hosts not ready after {self.start_timeout_s:g} s: the local host agents' "
+                                     "launcher did not finish (it was stopped)",
                                      f"see {os.path.join(job_dir, 'logs', 'launcher.log')}; "
-                                     "MONARCH_SERVE_STALL_TIMEOUT waits longer") from None
+                                     "serve --timeout or MONARCH_SERVE_STALL_TIMEOUT waits longer") from None
         try:
             pids = [int(x) for x in json.loads(p.stdout.decode().strip().splitlines()[-1])["pids"]]
         except (ValueError, KeyError, IndexError, TypeError):

@@ -144,6 +144,8 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
         from monarch import config
 
         sched.start_timeout_s = config.seconds("serve_agent_start_max_idle")
+        if wait and timeout is not None:  # serve --timeout bounds the whole start, the launcher's too
+            sched.start_timeout_s = min(sched.start_timeout_s, timeout)
     # Before the submission: an agent that starts faster than the scheduler returns (local agents
     # forked from one launcher) must not be taken for one left over from an earlier reservation.
     submitted_at = time.time()

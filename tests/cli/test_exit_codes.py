@@ -86,9 +86,23 @@ def test_state(tmp_path):
     assert "no reservation" in doc["error"] and "Traceback" not in r.stderr
 
 
-def test_scheduler_hosts_not_ready_in_time(workdir):
+#: Holds the local hosts' launcher (a host agent process) back for a minute, so that no agent can be
+#: ready within serve's --timeout however fast agents start (forked ones are up in milliseconds).
+_SLOW_AGENTS = """
+import os
+if os.environ.get("TEST_SLOW_AGENT") and b"monarch_agents.host_agent" in open("/proc/self/cmdline", "rb").read():
+    import time
+    time.sleep(60)
+"""
+
+
+def test_scheduler_hosts_not_ready_in_time(workdir, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_AGENTS)
     before = set(session_pids())
-    r = monarch("serve", "--json", "--hosts", "2", "--timeout", "0.001", cwd=workdir)
+    r = monarch("serve", "--json", "--hosts", "2", "--timeout", "1", cwd=workdir,
+                env={"PYTHONPATH": f"{ROOT}:{site}", "TEST_SLOW_AGENT": "1"})
     assert r.returncode == ExitCode.SCHEDULER
     assert "not ready after" in _doc(r)["error"]
     new_agents = [p for p, cmd in session_pids().items() if p not in before and "host_agent" in cmd]

@@ -126,7 +126,7 @@ def test_run_and_status_warn_near_the_time_limit(workdir):
         r = monarch("run", "--", "true", cwd=workdir, env={"MONARCH_WARN_BEFORE": "0"}, check=True)
         assert "warning" not in r.stderr
         r = monarch("status", cwd=workdir, check=True)
-        assert "(time limit soon)" in _flat(r.stderr)
+        assert "(time limit soon)" in _flat(r.stdout)  # on the job line, which is data (stdout)
         r = monarch("run", "--warn-before", "-1", "--", "true", cwd=workdir)
         assert r.returncode == 2 and "0 or more minutes" in _flat(r.stderr)
     finally:
