@@ -556,6 +556,10 @@ def _collect_stream(df: datafusion.DataFrame, deadline: float | None) -> pa.Tabl
             raise _over_memory("its result")
         if deadline is not None and time.monotonic() > deadline:
             raise QueryTimeout("the query did not finish in time and was cancelled")
+    # A selective filter can yield its only batch (or none) at the very end, past the deadline: the
+    # asker has given up by then, so a late answer is a timeout too, whatever the batches did.
+    if deadline is not None and time.monotonic() > deadline:
+        raise QueryTimeout("the query did not finish in time and was cancelled")
     return pa.Table.from_batches(batches, schema=schema)
 
 
