@@ -26,7 +26,8 @@ setting                         what                                       envir
 ``host_spawn_ready_timeout``    how long this client waits for its own     ``HYPERACTOR_HOST_SPAWN_READY_TIMEOUT``
                                 host agent to come up and answer
 ``stop_actor_timeout``          how long stopping a proc mesh waits for    ``HYPERACTOR_STOP_ACTOR_TIMEOUT``
-                                each proc to stop its actors
+                                each proc, and a proc for each actor (its
+                                ``__cleanup__``) and each mesh it made
 ``proc_stop_max_idle``          how long stopping a proc mesh waits for    ``HYPERACTOR_MESH_PROC_STOP_MAX_IDLE``
                                 each host to end the mesh's procs
 ``port_forward_connect_timeout`` how long a forwarded connection waits      -

@@ -52,8 +52,9 @@ log = logging.getLogger("monarch.proc_agent")
 
 _STOP = object()
 _WAKE = object()  # a supervision event waits in ``ActorSlot.events``
-#: How long stopping waits for each actor (and each mesh an actor made).
-_CHILD_STOP_S = 5.0
+#: How long stopping waits for each actor (and each mesh an actor made), in seconds, asked at each
+#: stop: the API layer (``monarch.actor``) points it at its ``stop_actor_timeout`` setting.
+child_stop_s: Callable[[], float] = lambda: 5.0
 #: How many stopped actors a proc remembers, to say "stopped" rather than "no such actor".
 _GONE_KEPT = 10_000
 #: Names of variables a spawner removed from its environment (comma-separated).
@@ -505,6 +506,7 @@ class ActorSlot:
         # Last made, first stopped: actors before the procs they run on.
         children, self.children = self.children, []
         futures = []
+        wait_s = child_stop_s()
         for child in reversed(children):
             try:
                 futures.append(child.stop())
@@ -512,7 +514,7 @@ class ActorSlot:
                 log.debug("could not stop %r: %s", child, e)
         for f in futures:
             try:
-                f.get(timeout=_CHILD_STOP_S)
+                f.get(timeout=wait_s)
             except Exception as e:
                 log.debug("stopping a child mesh: %s", e)
 
@@ -661,6 +663,7 @@ class ProcAgent:
             except Exception as e:
                 log.debug("ProcStopping not sent to %s (already gone): %s", owner, e)
         futs = []
+        wait_s = child_stop_s()
         for s in slots:
             s.begin_stop()
             f: Future = Future()
@@ -670,7 +673,7 @@ class ProcAgent:
                 futs.append(f)
         for f in futs:
             try:
-                f.get(timeout=_CHILD_STOP_S)
+                f.get(timeout=wait_s)
             except Exception as e:
                 # A child that fails or hangs in its stop must not keep this proc from stopping.
                 log.debug("an actor's stop: %s", e)

@@ -30,6 +30,7 @@ from monarch_agents.errors import MeshFailure, SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
 from monarch_agents.proc_agent import _qualname
+from monarch_agents import proc_agent as _proc_agent
 from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
@@ -43,6 +44,18 @@ from monarch.actor._shape import Extent, Point, Shape
 T = TypeVar("T")
 log = logging.getLogger("monarch.actor")
 _mesh_ids = itertools.count()
+
+
+def _stop_actor_wait_s() -> float:
+    # A proc stopping its actors waits as its client's stop_actor_timeout says (inherited at spawn).
+    try:
+        return _config.seconds("stop_actor_timeout")
+    except ValueError as e:  # a bad value in this proc's environment must not keep it from stopping
+        log.warning("%s; stopping waits 5 s for each actor", e)
+        return 5.0
+
+
+_proc_agent.child_stop_s = _stop_actor_wait_s
 
 
 class Actor:

@@ -268,3 +268,45 @@ def test_procs_see_the_settings_of_their_client_at_spawn():
                 second.stop().get()
         finally:
             first.stop().get()
+
+
+class _SlowCleanup(Actor):
+    """Its ``__cleanup__`` lasts until ``release`` exists (a stop can be held as long as a test likes)."""
+
+    def __init__(self, release: str):
+        self.release = release
+
+    @endpoint
+    def ready(self) -> bool:
+        return True
+
+    def __cleanup__(self, exc):
+        import os
+        import time
+
+        for _ in range(6000):  # ten minutes at most: never a proc left behind
+            if os.path.exists(self.release):
+                return
+            time.sleep(0.1)
+
+
+def test_a_proc_waits_for_its_actors_as_its_clients_stop_actor_timeout_said(tmp_path):
+    """stop_actor_timeout also bounds how long a proc waits for each of its actors to stop (the
+    proc's own limit, inherited at spawn): spawned under "250ms", a proc whose actor's cleanup
+    hangs ends its stop even though the client now waits "10m"; spawned under "10m" it waits."""
+    for at_spawn in ("10m", "250ms"):
+        release = tmp_path / f"release-{at_spawn}"
+        with config.configured(stop_actor_timeout=at_spawn):
+            pm = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            assert pm.spawn("c", _SlowCleanup, str(release)).ready.call_one().get()
+            with config.configured(stop_actor_timeout="10m"):
+                stop = pm.stop()
+                if at_spawn == "10m":
+                    with pytest.raises(TimeoutError):
+                        stop.get(timeout=8)  # the proc waits for the cleanup, past the 5 s default
+                else:
+                    stop.get(timeout=120)  # the proc gave up on it after 250ms
+        finally:
+            release.touch()
+        stop.get(timeout=120)
