@@ -64,6 +64,8 @@ _STOP_DEADLINE_S = 5.0
 _ZYGOTE_STOP_S = 1.0
 #: How long a proc whose owner died may take to exit after SIGTERM before it is killed.
 _REAP_GRACE_S = 1.0
+#: How long the shared agent's owner listener may take to wake and join its threads at exit.
+_LISTENER_STOP_S = 2.0
 
 
 class HostAgent:
@@ -468,7 +470,7 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
         agent.run_until_stopped()
     finally:
         if listener is not None:
-            listener.close()
+            listener.stop(time.monotonic() + _LISTENER_STOP_S)
 
 
 def _read_keys(keys_file: str, keys_fd: int = -1) -> JobKeys:

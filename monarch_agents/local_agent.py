@@ -262,6 +262,9 @@ class OwnerListener:
         #: The code this agent runs (see code_version), computed at its start.
         self.version = code_version()
         self.retired = False
+        #: Its threads and the owners' live connections, so that stop() can wake and join them.
+        self._threads: list[threading.Thread] = []
+        self._live: set[socket.socket] = set()
         old = os.umask(0o077)
         try:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -281,8 +284,29 @@ class OwnerListener:
         self.close()
 
     def start(self) -> None:
-        threading.Thread(target=self._accept, name="owners", daemon=True).start()
-        threading.Thread(target=self._idle_watch, name="idle", daemon=True).start()
+        self._spawn(self._accept, "owners")
+        self._spawn(self._idle_watch, "idle")
+
+    def _spawn(self, target, name: str, *args) -> None:
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self.lock:
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def stop(self, deadline: float) -> None:
+        """Take no new owner, wake every owner's thread (their procs go with the agent), and join
+        this listener's threads by ``deadline`` (``time.monotonic()``); the agent is stopping."""
+        self.close()
+        with self.lock:
+            live, threads = list(self._live), list(self._threads)
+        for conn in live:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its own thread
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         try:
@@ -290,6 +314,10 @@ class OwnerListener:
                 os.unlink(self.path)
         except OSError:
             pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept(); close() alone does not
+        except OSError:
+            pass  # closed already
         self.sock.close()
 
     def _accept(self) -> None:
@@ -303,7 +331,8 @@ class OwnerListener:
                 continue
             with self.lock:
                 self.conns += 1
-            threading.Thread(target=self._serve, args=(conn,), name="owner", daemon=True).start()
+                self._live.add(conn)
+            self._spawn(self._serve, "owner", conn)
 
     def _serve(self, conn: socket.socket) -> None:
         agent = self.agent
@@ -335,11 +364,15 @@ class OwnerListener:
         except (OSError, ValueError) as e:
             log.debug("owner connection failed: %s", e)
         finally:
-            if owner:  # gone without a goodbye (killed): its procs go too
-                agent.release_owner(owner, wait_s=0)
+            if owner:  # gone without a goodbye (killed), or the agent stops: its procs go too
+                try:
+                    agent.release_owner(owner, wait_s=0)
+                except Exception as e:  # the agent is stopping under us: its own stop reaps them
+                    log.debug("releasing owner %s failed: %s", owner, e)
             conn.close()
             with self.lock:
                 self.conns -= 1
+                self._live.discard(conn)
                 self.idle_since = time.monotonic()
 
     def _idle_watch(self) -> None:

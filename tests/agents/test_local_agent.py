@@ -161,3 +161,33 @@ def test_an_agent_whose_code_was_edited_is_retired_by_the_next_script(shared_env
     assert run.returncode == 0, run.stderr
     assert wait_gone([old], 10) == []  # retired, and idle: it exits at once
     assert len(_agent_pids(rt_dir)) == 1  # the new one
+
+
+def test_the_owner_listener_stops_its_threads_by_its_deadline(tmp_path):
+    """An owner connected when the agent stops: stop(deadline) wakes its thread (blocked reading the
+    owner's socket) and joins it, the accept and idle threads too.  The agent here is a plain record
+    of what the listener reads from it; the sockets and threads are the real ones."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from monarch_agents.local_agent import OwnerListener
+
+    released = []
+    agent = SimpleNamespace(stopping=threading.Event(), rt=SimpleNamespace(addr="ipc://x"), host="h", children={},
+                            keys=SimpleNamespace(as_dict=lambda: {}), child_env=lambda extra: {},
+                            release_owner=lambda owner, wait_s: released.append(owner), request_stop=lambda: None)
+    listener = OwnerListener(agent, str(tmp_path / "agent.sock"), idle_s=600)
+    listener.start()
+    owner = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        owner.connect(str(tmp_path / "agent.sock"))
+        assert owner.recv(1 << 16)  # the hello: its thread now waits for the owner's next message
+        threads = [t for t in threading.enumerate() if t.name in ("owners", "idle", "owner")]
+        assert {t.name for t in threads} == {"owners", "idle", "owner"}
+        agent.stopping.set()
+        listener.stop(time.monotonic() + 10)
+        assert [t.name for t in threads if t.is_alive()] == []
+        assert not (tmp_path / "agent.sock").exists()
+    finally:
+        owner.close()
