@@ -30,6 +30,8 @@ setting                         what                                       envir
                                 ``__cleanup__``) and each mesh it made
 ``proc_stop_max_idle``          how long stopping a proc mesh waits for    ``HYPERACTOR_MESH_PROC_STOP_MAX_IDLE``
                                 each host to end the mesh's procs
+``mesh_terminate_timeout``      how long a host gives each proc of a        ``HYPERACTOR_MESH_TERMINATE_TIMEOUT``
+                                stopping mesh after SIGTERM, then SIGKILL
 ``port_forward_connect_timeout`` how long a forwarded connection waits      -
                                 for its destination (monarch's own)
 ``serve_agent_start_max_idle``   how long ``monarch serve`` waits, its job  ``MONARCH_SERVE_STALL_TIMEOUT``
@@ -100,6 +102,8 @@ _SETTINGS: dict[str, _Setting] = {
                                    "how long stopping a proc mesh waits for each proc"),
     "proc_stop_max_idle": _Setting("5s", ("HYPERACTOR_MESH_PROC_STOP_MAX_IDLE",),
                                    "how long stopping a proc mesh waits for each host to end its procs"),
+    "mesh_terminate_timeout": _Setting("1s", ("HYPERACTOR_MESH_TERMINATE_TIMEOUT",),
+                                       "how long a host gives each proc of a stopping mesh after SIGTERM"),
     "port_forward_connect_timeout": _Setting("10s", (), "how long a forwarded connection waits for its destination"),
     "serve_agent_start_max_idle": _Setting("300s", ("MONARCH_SERVE_STALL_TIMEOUT",),
                                           "how long serve waits, its job running, with no new host agent up"),
@@ -147,7 +151,6 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
     "mesh_bootstrap_enable_pdeathsig": ("bool", True),
     "mesh_orphan_timeout": ("duration?", "1m"),
     "mesh_terminate_concurrency": ("int", 16),
-    "mesh_terminate_timeout": ("duration", "10s"),
     "message_ack_every_n_messages": ("int", 1000),
     "message_ack_time_interval": ("duration", "500ms"),
     "message_delivery_timeout": ("duration", "30s"),

@@ -173,6 +173,9 @@ class ProcDied(Message):
 class StopProcs(Message):
     mesh_id: str
     reply: PortRef | None
+    #: How long each proc has after SIGTERM before SIGKILL (the client's ``mesh_terminate_timeout``);
+    #: None: the agent's own default.
+    grace_s: float | None = None
 
 
 @message

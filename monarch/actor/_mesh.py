@@ -433,6 +433,7 @@ class ProcMesh(_MeshBase):
         procs = [self._procs[i] for i in self._shape.indices]
         stop_timeout = _config.seconds("stop_actor_timeout")
         host_timeout = _config.seconds("proc_stop_max_idle")
+        grace = _config.seconds("mesh_terminate_timeout")
         acks = [rt.request(p.addr, lambda port: m.StopProc(port)) for p in procs]
         for a in acks:
             try:
@@ -451,7 +452,7 @@ class ProcMesh(_MeshBase):
             for h in self._host_mesh._hosts:
                 if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
                     try:
-                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port)).get(timeout=host_timeout)
+                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port, grace)).get(timeout=host_timeout)
                     except Exception as e:
                         # The host agent is gone or busy: its procs were already asked to stop one by one.
                         log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)

@@ -21,6 +21,8 @@ from monarch_agents.services import Child, Service, killpg, stop_children
 
 #: How long stopped procs get between SIGTERM and SIGKILL.
 _KILL_GRACE_S = 1.0
+#: The longest grace a client may ask for in StopProcs (a day: a bad value never leaves procs forever).
+_KILL_GRACE_MAX_S = 86400.0
 
 
 @dataclass
@@ -137,7 +139,10 @@ class ProcsService(Service):
                 for p in victims:
                     if p.exited is None:
                         killpg(p.pid, signal.SIGKILL)
-            self.agent.rt.mailbox.call_later(_KILL_GRACE_S, force)
+            grace = getattr(msg, "grace_s", None)  # a client of an older version sends none
+            if not isinstance(grace, (int, float)) or not 0 <= grace <= _KILL_GRACE_MAX_S:
+                grace = _KILL_GRACE_S
+            self.agent.rt.mailbox.call_later(grace, force)
         if msg.reply is not None:
             self.agent.reply(msg.reply, len(victims))
 

@@ -70,7 +70,8 @@ def test_monarch_keys_and_value_forms_accepted():
     assert config.get_global_config()["message_delivery_timeout"] == "30s"  # Monarch's default
     applied = {k for k in config.get_global_config() if config.is_applied(k)}
     assert applied == {"mesh_proc_spawn_max_idle", "host_spawn_ready_timeout", "stop_actor_timeout",
-                       "proc_stop_max_idle", "port_forward_connect_timeout", "serve_agent_start_max_idle"}
+                       "proc_stop_max_idle", "mesh_terminate_timeout", "port_forward_connect_timeout",
+                       "serve_agent_start_max_idle"}
     assert not config.is_applied("message_delivery_timeout") and not config.is_applied("mesh_orphan_timeout")
 
 
@@ -149,7 +150,10 @@ def _stopped(pid: int):
         try:
             yield
         finally:
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # killed while stopped (SIGKILL needs no cooperation)
     return block()
 
 
@@ -310,3 +314,26 @@ def test_a_proc_waits_for_its_actors_as_its_clients_stop_actor_timeout_said(tmp_
         finally:
             release.touch()
         stop.get(timeout=120)
+
+
+def test_mesh_terminate_timeout_is_the_grace_after_sigterm():
+    """A proc that cannot act on SIGTERM (SIGSTOPped) is SIGKILLed mesh_terminate_timeout after it:
+    under "250ms" it is gone while still stopped; under "10m" it is still there seconds later,
+    and ends on the SIGTERM once it runs again."""
+    from tests.helpers import alive, wait_gone
+    from tests.monarch.actors import Worker
+
+    for grace in ("250ms", "10m"):
+        with config.configured(stop_actor_timeout="250ms", mesh_terminate_timeout=grace):
+            pm = this_host().spawn_procs(per_host={"gpus": 1})
+            pid = pm.spawn("w", Worker).pid.call_one().get()
+            with _stopped(pid):
+                pm.stop().get(timeout=120)
+                if grace == "250ms":
+                    assert wait_gone([pid]) == []  # SIGKILL needs no cooperation
+                else:
+                    import time
+
+                    time.sleep(3)
+                    assert alive(pid)  # the SIGTERM waits for it to run; the SIGKILL for 10 minutes
+            assert wait_gone([pid]) == []
