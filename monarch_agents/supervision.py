@@ -12,8 +12,12 @@ the failed ranks raise ``SupervisionError`` either way.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from monarch_agents import messages as m
@@ -30,7 +34,9 @@ def default_fault_hook(failure: MeshFailure) -> None:
 
     Monarch's default hook exits the client (``sys.exit(1)``); ours keeps the client
     running so it can still stop its meshes and report.  Set
-    ``monarch.actor.unhandled_fault_hook`` to change it.
+    ``monarch.actor.unhandled_fault_hook`` to change it: a hook that raises (``sys.exit(1)``
+    included) leaves the fault unhandled, and the client's main thread gets a KeyboardInterrupt,
+    as in Monarch.
     """
     print(f"monarch: unhandled failure: {failure.report()}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
 
@@ -46,7 +52,39 @@ def report(owner: ActorSlotInfo | None, failure: MeshFailure, root: Callable[[Me
     if owner is not None and owner.slot is not None:
         owner.slot.post(failure)
         return
-    root(failure)
+    try:
+        root(failure)
+    except BaseException as e:  # noqa: B036 - a hook's sys.exit() (SystemExit) means "unhandled" too
+        _unhandled(failure, e)
+
+
+_interrupted = False
+
+
+def _unhandled(failure: MeshFailure, why: BaseException) -> None:
+    """The root hook raised: the fault is unhandled, and the client ends as Monarch's does.
+
+    Monarch delivers a KeyboardInterrupt to the main thread (only there can the interpreter
+    finalize: ``atexit`` handlers and destructors run), after writing the failure on stderr.
+    The hook runs on a runtime thread, where its ``SystemExit`` would only end that thread.
+    """
+    global _interrupted
+    print(f"monarch: a failure no one handled ends this client (host {socket.gethostname()}, pid {os.getpid()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}; the unhandled_fault_hook raised {why!r}):\n{failure.report()}",
+          file=sys.stderr, flush=True)
+    with _lock:
+        if _interrupted:
+            return  # one interrupt: a second would break into the exit the first began
+        _interrupted = True
+    main = threading.main_thread()
+    if callable(signal.getsignal(signal.SIGINT)):
+        # A real signal to the main thread also wakes it from a blocking sleep, wait or lock.
+        signal.pthread_kill(main.ident, signal.SIGINT)
+    else:
+        # SIGINT is ignored (or left to the OS) here: nothing would reach Python, so end the process.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def watch_actor(actor_id: str, fn: Callable[[m.ActorFailed], None]) -> None:

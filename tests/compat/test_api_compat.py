@@ -86,6 +86,34 @@ def test_program_prints_the_same_on_torchmonarch(program, tmp_path):
     assert r.stdout == BOTH[program]
 
 
+UNHANDLED_FAULT_OUT = "hook saw: MeshFailure\nmain thread interrupted\natexit handler ran\n"
+
+
+def _check_unhandled_fault_exit(r: subprocess.CompletedProcess) -> None:
+    # Python ends with the KeyboardInterrupt's status (SIGINT: -2 from subprocess, 130 from a shell).
+    assert r.returncode in (-2, 130), (r.returncode, r.stderr[-3000:])
+    assert r.stdout == UNHANDLED_FAULT_OUT, r.stderr[-3000:]
+    assert "KeyboardInterrupt" in r.stderr and "no caller waits for this" in r.stderr
+
+
+def test_a_hook_that_raises_ends_the_client_through_its_main_thread(tmp_path, no_leaked_processes):
+    e = {**os.environ, "PYTHONPATH": ROOT}
+    e.pop("MONARCH_JOB", None)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "unhandled_fault.py")], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=180)
+    _check_unhandled_fault_exit(r)
+
+
+def test_a_hook_that_raises_ends_the_client_the_same_on_torchmonarch(tmp_path):
+    py = _torchmonarch_python()
+    if py is None:
+        pytest.skip("torchmonarch 0.7.0 is not installed here: set TORCHMONARCH_PYTHON")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONARCH", "PYTHONPATH"))}
+    r = subprocess.run([py, os.path.join(HERE, "unhandled_fault.py")], cwd=tmp_path, env=e, capture_output=True,
+                       text=True, timeout=300)
+    _check_unhandled_fault_exit(r)
+
+
 JOB_SERVICES_OUT = """\
 not enabled: None None None None
 enabled: True True
