@@ -319,7 +319,9 @@ class ProcMesh(_MeshBase):
         return self._procs[0].addr if self._procs else ""
 
     def __reduce__(self) -> Any:
-        return ProcMesh, (self._procs, self._shape, self._mesh_id, self._name, self._host_mesh, False)
+        # A slice stays a slice in another process (it may not stop the whole mesh there either).
+        return ProcMesh, (self._procs, self._shape, self._mesh_id, self._name, self._host_mesh, False), \
+            {"_slice_of": self._slice_of}
 
     @property
     def host_mesh(self) -> HostMesh | None:
@@ -333,6 +335,7 @@ class ProcMesh(_MeshBase):
         sub = ProcMesh(self._procs, self._shape.slice(**dims), self._mesh_id, self._name, self._host_mesh, False)
         # A slice is still ours: its procs' deaths already reach the owner through the whole mesh.
         sub._owner, sub._owner_actor = self._owner, self._owner_actor
+        sub._slice_of = self._name
         return sub
 
     def _watch(self, owner_actor: Any) -> None:
@@ -416,9 +419,21 @@ class ProcMesh(_MeshBase):
                     _report(owner_actor, MeshFailure(name, rank, host, str(err), err.exit_code))
             rt.watch(p.addr, on_death)
 
+    #: Set on a slice: the name of the mesh it was cut from (a class default: older pickles lack it).
+    _slice_of: str | None = None
+
     def stop(self, reason: str = "stopped by client") -> Future:
-        """Stop every actor (running ``__cleanup__``) and then the procs."""
+        """Stop every actor (running ``__cleanup__``) and then the procs.
+
+        Only the mesh ``spawn_procs`` returned may be stopped: a slice of it is refused (its
+        ``get()`` raises ``ValueError``), as in Monarch, and stops nothing; stopping it would
+        stop every proc of the whole mesh, not only the slice's.
+        """
         fut: Future = Future()
+        if self._slice_of is not None:
+            fut.set_exception(ValueError("ProcMesh is not owned; must be stopped by an owner "
+                                         f"(this is a slice of proc mesh {self._slice_of!r}: stop that mesh)"))
+            return fut
         if self._stopped:
             fut.set_result(None)
             return fut

@@ -64,7 +64,16 @@ after its stop: ['SupervisionError']
 done
 """
 
-BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT}
+STOP_OWN_PROCS_OUT = """\
+both answer: 2 2
+first stopped, second's procs unchanged: True
+first after its stop: SupervisionError
+stopping a slice: ValueError
+slice's stop stopped nothing: True
+done
+"""
+
+BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))
