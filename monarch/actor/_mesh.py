@@ -214,7 +214,11 @@ class HostMesh(_MeshBase):
         pm._watch(_current_ctx().actor)
         _add_child(pm)
         if bootstrap is not None:
-            pm.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get()
+            try:
+                pm.spawn("bootstrap", _Bootstrap, bootstrap).run.call().get()
+            except Exception as e:
+                # As in Monarch, spawn_procs returns; the failure is what pm.initialized (and a spawn) raises.
+                pm._init_error = e
         if proc_bind is not None:
             _hostmesh_extras.bind_procs(pm, proc_bind, count)
         _hostmesh_extras.remember(self, pm)
@@ -321,14 +325,26 @@ class ProcMesh(_MeshBase):
     def __reduce__(self) -> Any:
         # A slice stays a slice in another process (it may not stop the whole mesh there either).
         return ProcMesh, (self._procs, self._shape, self._mesh_id, self._name, self._host_mesh, False), \
-            {"_slice_of": self._slice_of}
+            {"_slice_of": self._slice_of, "_init_error": self._init_error}
 
     @property
     def host_mesh(self) -> HostMesh | None:
         return self._host_mesh
 
+    #: Why this mesh failed to come up (its ``bootstrap`` raised), else None (a class default: older pickles lack it).
+    _init_error: BaseException | None = None
+
     @property
     def initialized(self) -> Future:
+        """True once the procs are up; a mesh whose setup failed raises that failure instead.
+
+        As in Monarch, every observer hears the outcome, however late it asks and whether or
+        not an earlier one was awaited or dropped: each call is a new future of the same result.
+        """
+        if self._init_error is not None:
+            fut: Future = Future()
+            fut.set_exception(self._init_error)
+            return fut
         return Future.completed(True)
 
     def slice(self, **dims: Any) -> "ProcMesh":
@@ -336,6 +352,7 @@ class ProcMesh(_MeshBase):
         # A slice is still ours: its procs' deaths already reach the owner through the whole mesh.
         sub._owner, sub._owner_actor = self._owner, self._owner_actor
         sub._slice_of = self._name
+        sub._init_error = self._init_error
         return sub
 
     def _watch(self, owner_actor: Any) -> None:
@@ -369,6 +386,8 @@ class ProcMesh(_MeshBase):
         if self._stopped:
             raise SupervisionError(f"`ProcMesh` has already been stopped (proc mesh {self._name!r}); "
                                    "spawn on a new one")
+        if self._init_error is not None:
+            raise self._init_error  # the mesh never came up (Monarch's calls to such actors raise it)
         rt = self._rt()
         actor_id = f"{name}-{uuid.uuid4().hex[:12]}"
         with rt_pickling_for(rt):  # a client's port in the arguments reaches this job's actors

@@ -73,7 +73,20 @@ slice's stop stopped nothing: True
 done
 """
 
-BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT}
+PROC_MESH_READY_OUT = """\
+ready, first look: True
+ready, second look: True
+ready, a slice: True
+spawn_procs returned a mesh
+broken, first look: ActorError (names its cause: True)
+broken, second look: ActorError (names its cause: True)
+broken, used: ActorError (names its cause: True)
+ready still works: [7, 7]
+done
+"""
+
+BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
+        "proc_mesh_ready.py": PROC_MESH_READY_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))
