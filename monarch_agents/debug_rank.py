@@ -38,6 +38,9 @@ MAX_FRAME = 64 << 20
 #: Output goes in frames of at most this much (pdb printing a 100 MB value was one frame over
 #: MAX_FRAME: the agent dropped the session, said "rank 0 exited", and the program went on).
 OUT_PIECE = 1 << 20
+#: The most output a rank queues for its host agent: beyond it pdb's write waits (the agent stops reading
+#: while its holder is a window behind, so a stopped debugger blocks pdb instead of growing the rank).
+OUT_QUEUED_MAX = 4 << 20
 
 # rank -> agent
 HELLO = 1       # json: who this session is
@@ -149,6 +152,9 @@ class _Link:
         self.lines: queue.SimpleQueue = queue.SimpleQueue()
         self.sources: queue.SimpleQueue = queue.SimpleQueue()
         self.out: queue.SimpleQueue = queue.SimpleQueue()
+        #: Bytes of OUT frames queued and not yet written; pdb waits while more than OUT_QUEUED_MAX are.
+        self.queued = 0
+        self.drained = threading.Condition()
         self.closed = threading.Event()
         self.pdb: Any = None
         # The pdb thread never writes to the socket itself: an interrupt landing in the middle of
@@ -184,12 +190,24 @@ class _Link:
     def send(self, kind: int, payload: bytes | dict) -> None:
         if self.closed.is_set():
             return
-        if kind == OUT and len(payload) > OUT_PIECE:
+        if kind == OUT and payload:
             view = memoryview(payload)  # type: ignore[arg-type]
             for i in range(0, len(view), OUT_PIECE):
-                self.out.put((kind, bytes(view[i:i + OUT_PIECE])))
+                piece = bytes(view[i:i + OUT_PIECE])
+                self._wait_room()
+                with self.drained:
+                    self.queued += len(piece)
+                self.out.put((kind, piece))
             return
         self.out.put((kind, payload))
+
+    def _wait_room(self) -> None:
+        """Until the queued output is under OUT_QUEUED_MAX (never in the writer itself, never once closed)."""
+        if threading.current_thread() is self.writer:
+            return
+        with self.drained:
+            while self.queued >= OUT_QUEUED_MAX and not self.closed.is_set():
+                self.drained.wait(1.0)
 
     def _write_loop(self) -> None:
         while True:
@@ -206,6 +224,11 @@ class _Link:
             except OSError:
                 self._closed()
                 return
+            written = sum(len(item[1]) for item in items if item is not None and item[0] == OUT)
+            if written:
+                with self.drained:
+                    self.queued -= written
+                    self.drained.notify_all()
             if last is None:
                 break
         try:
@@ -236,6 +259,8 @@ class _Link:
         self.closed.set()
         self.lines.put(None)
         self.sources.put({})
+        with self.drained:
+            self.drained.notify_all()
 
     def close(self, reason: str) -> None:
         if self.closed.is_set():

@@ -425,6 +425,17 @@ class DebugDetach(Message):
 
 
 @message
+class DebugAck(Message):
+    """The holder ``client`` has consumed ``consumed`` bytes of session ``sid``'s DebugOutput since it
+    attached: the host agent sends at most ``monarch_agents.services.debug.WINDOW`` bytes more before it
+    stops reading the rank (whose pdb then blocks on its write, as on a terminal)."""
+
+    sid: int
+    client: str
+    consumed: int
+
+
+@message
 class DebugOutput(Streamed):
     """Output of a held session; ``waiting`` is True when pdb now waits for a command."""
 

@@ -24,6 +24,9 @@ log = logging.getLogger("monarch.debug")
 _LIST_TIMEOUT_S = 3.0
 _ATTACH_TIMEOUT_S = 5.0
 _COMPLETE_TIMEOUT_S = 1.0
+#: The holder acknowledges a session's output (DebugAck) each time it consumed this much more: its host
+#: agent sends at most monarch_agents.services.debug.WINDOW bytes ahead, so a stopped debugger stops pdb.
+_ACK_EVERY = 1 << 20
 #: Source files sent to a host that lacks them: only Python files under this client's working
 #: directory (a rank must not read arbitrary files of the user's machine), up to this size.
 _SOURCE_MAX = 4 << 20
@@ -85,6 +88,31 @@ def list_sessions(record: JobRecord) -> list[DebugSessionInfo]:
     return DebugClient(record).refresh()
 
 
+class _Events:
+    """A held session's events; taking an ``("out", bytes)`` off counts its bytes as consumed (the
+    acknowledgement goes from the reader's thread: output is acknowledged once it was taken, not when
+    it arrived, so a debugger that stopped reading holds its host agent to one window)."""
+
+    def __init__(self, consumed: Any):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._consumed = consumed
+
+    def put(self, item: tuple) -> None:
+        self._q.put(item)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> tuple:
+        item = self._q.get(block, timeout)
+        if item[0] == "out":
+            self._consumed(len(item[1]))
+        return item
+
+    def get_nowait(self) -> tuple:
+        return self.get(False)
+
+    def empty(self) -> bool:
+        return self._q.empty()
+
+
 class Attachment:
     """A held session: events arrive on :attr:`events` as ``("out", bytes)``, ``("waiting", None)``
     (pdb waits for a command) and ``("ended", reason)``."""
@@ -94,7 +122,9 @@ class Attachment:
         self.info = info
         self.replay = replay
         self.waiting = waiting
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self._consumed = 0  # bytes of output taken off events since the attach
+        self._acked = 0
+        self.events = _Events(self._on_consumed)
         self.ended: str | None = None
         #: Called (on the IO thread) when the session ends: the prompt may be blocked reading a line.
         self.on_end: Any = None
@@ -115,6 +145,14 @@ class Attachment:
             self._ended(msg.reason)
         elif type(msg) is m.DebugSourceRequest:
             self.client.send_sources(self.info, msg.files)
+
+    def _on_consumed(self, n: int) -> None:
+        from monarch_agents import messages as m
+
+        self._consumed += n
+        if self._consumed - self._acked >= _ACK_EVERY and self.ended is None:
+            self._acked = self._consumed
+            self._send(m.DebugAck(self.info.sid, self.client.rt.addr, self._consumed))
 
     def _send(self, msg: Any) -> None:
         from monarch_agents.errors import SupervisionError

@@ -12,6 +12,10 @@ is this host-local one (same user, token checked before anything is read).
 One debugger holds a session at a time; a second is told who holds it.  A holder that
 dies releases its sessions (the ranks stay paused).  A session ends when its rank
 continues with no breakpoint left, quits, or exits; the holder is told which.
+
+Output waits for a slow holder only up to :data:`WINDOW` bytes a session (the holder acknowledges what
+it consumed with ``DebugAck``): then the agent stops reading the rank's socket and pdb blocks on its
+write, as it would on a terminal, so a stopped ``monarch debug`` costs the agent a bounded amount.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ HOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 #: Output kept for a re-attach (the output since the last command), per session.
 _REPLAY_MAX = 1 << 20
 _HELLO_TIMEOUT_S = 5.0
+#: How many bytes of a session's output may be sent to its holder and not yet acknowledged (DebugAck):
+#: then the agent stops reading the rank, so a stopped debugger costs the agent a bounded amount.
+WINDOW = 16 << 20
+#: How often a reader waiting for the holder looks again (an ack, a detach or a lost holder wake it at once).
+_WINDOW_POLL_S = 1.0
 
 
 @dataclass
@@ -57,6 +66,11 @@ class DebugSession:
     stream: m.PortRef | None = None  # the holder's port for this session's output
     unsent: bytearray = field(default_factory=bytearray)  # output read but not yet sent to the holder
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Bytes of output sent to the current holder since it attached, and how many it acknowledged.
+    sent: int = 0
+    acked: int = 0
+    #: Woken (under the service's lock) when the holder acknowledges, changes, or the agent stops.
+    progress: threading.Condition | None = None
 
     def send(self, kind: int, payload: bytes | dict) -> bool:
         with self.send_lock:
@@ -99,7 +113,7 @@ class DebugService(Service):
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {m.DebugList: self.on_list, m.DebugAttach: self.on_attach, m.DebugInput: self.on_input,
                 m.DebugInterrupt: self.on_interrupt, m.DebugDetach: self.on_detach, m.DebugSource: self.on_source,
-                m.DebugComplete: self.on_complete}
+                m.DebugComplete: self.on_complete, m.DebugAck: self.on_ack}
 
     def info(self) -> dict:
         with self.lock:
@@ -114,6 +128,7 @@ class DebugService(Service):
         self.listener.close()
         with self.lock:
             sessions = list(self.sessions.values())
+        self._wake(sessions)
         for s in sessions:
             try:
                 s.sock.shutdown(socket.SHUT_RDWR)
@@ -188,12 +203,13 @@ class DebugService(Service):
             with self.lock:
                 sid = self.next_sid
                 self.next_sid += 1
-                session = DebugSession(sid, conn, hello)
+                session = DebugSession(sid, conn, hello, progress=threading.Condition(self.lock))
                 self.sessions[sid] = session
             session.send(proto.WELCOME, {"sid": sid})
             # Announced at its first prompt, not here: breakpoint() registers on its own line and
             # pdb stops on the next one, which is where `list` and the notice must agree.
             while True:
+                self._wait_for_holder(session)
                 got = proto.recv_frame(conn)
                 if got is None:
                     break
@@ -211,6 +227,20 @@ class DebugService(Service):
             conn.close()
             if session is not None:
                 self._end(session, reason)
+
+    def _wait_for_holder(self, s: DebugSession) -> None:
+        """Until the holder is less than :data:`WINDOW` behind (or there is none, or the agent stops):
+        meanwhile nothing is read from the rank, whose writes then block."""
+        assert s.progress is not None
+        with self.lock:
+            while s.holder and s.sent - s.acked >= WINDOW and not self.stopping:
+                s.progress.wait(_WINDOW_POLL_S)
+
+    def _wake(self, sessions: list[DebugSession]) -> None:
+        with self.lock:
+            for s in sessions:
+                if s.progress is not None:
+                    s.progress.notify_all()
 
     def _announce(self, s: DebugSession) -> None:
         owner, run_id = self._owner_of(int(s.info.get("pid", 0)))
@@ -281,6 +311,8 @@ class DebugService(Service):
         with self.lock:
             stream = s.stream if s.holder else None
             data, s.unsent = bytes(s.unsent), bytearray()
+            if stream is not None:
+                s.sent += len(data)
             if waiting:
                 s.waiting = True
         if stream is not None and (data or waiting):
@@ -312,6 +344,9 @@ class DebugService(Service):
                 s.holder, s.holder_who, s.stream = msg.client, msg.who, msg.stream
                 replay, waiting = bytes(s.replay), s.waiting
                 s.unsent.clear()  # in the replay
+                s.sent = s.acked = 0  # the new holder counts from its attach (the replay is not counted)
+                if s.progress is not None:
+                    s.progress.notify_all()
         if err:
             self._reply(msg.reply, RuntimeError(err), ok=False)
             return
@@ -342,6 +377,18 @@ class DebugService(Service):
             with self.lock:
                 s.holder = s.holder_who = ""
                 s.stream = None
+                if s.progress is not None:
+                    s.progress.notify_all()  # no holder: its reader reads on (into the bounded replay)
+
+    def on_ack(self, msg: m.DebugAck) -> None:
+        s = self._held(msg.sid, msg.client)
+        if s is None or type(msg.consumed) is not int:
+            return
+        with self.lock:
+            if msg.consumed > s.acked:
+                s.acked = msg.consumed
+                if s.progress is not None:
+                    s.progress.notify_all()
 
     def on_source(self, msg: m.DebugSource) -> None:
         with self.lock:
@@ -381,6 +428,8 @@ class DebugService(Service):
                 if s.holder == client:
                     s.holder = s.holder_who = ""
                     s.stream = None
+                    if s.progress is not None:
+                        s.progress.notify_all()
 
     # -- sending ----------------------------------------------------------------------
 

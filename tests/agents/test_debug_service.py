@@ -186,6 +186,7 @@ def test_printing_more_than_a_frame_in_pdb_keeps_the_session(client, agent):
         msg = inbox.next(m.DebugOutput)
         total += len(msg.data)
         largest = max(largest, len(msg.data))
+        client.send(agent.addr, m.DebugAck(sid, client.addr, total))  # more than a window: the agent waits for it
         if msg.waiting:
             break
     assert total == len(b"''\n(Pdb) ") + 70_000_000 and largest <= 2 * proto.OUT_PIECE

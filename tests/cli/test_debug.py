@@ -428,3 +428,73 @@ def test_run_spmd_torchrun_ranks(workdir):
             driver.kill()
             driver.wait()
     assert driver.returncode == 0 and "EXIT {0: 0, 1: 0}" in out, out + err_path.read_text()
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_stopped_debugger_holds_the_agent_to_a_window(workdir, runs):
+    """pdb printing 400 MiB to a `monarch debug` that reads nothing (its stdout is a pipe nobody reads,
+    then SIGSTOP): the host agent keeps at most its window (DebugAck), pdb blocks on its write; after
+    SIGCONT the output arrives whole and the session goes on."""
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    agent = json.loads(monarch("--json", "status", cwd=workdir, timeout=60, check=True).stdout)["hosts"][0]["pid"]
+    script = write(workdir / "loud.py", """\
+        x = 5
+        breakpoint()
+        print("after", x * 2, flush=True)
+    """)
+    run = runs(workdir, "--", sys.executable, script)
+    run.wait_waiting(1)
+    rest = _rss_mb(agent)
+    counter = workdir / "printed"
+    env = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
+    client = subprocess.Popen([*MONARCH, "debug"], cwd=workdir, env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        # pdb counts the MiB it printed in a file; the client reads its stdin but writes to a full pipe.
+        client.stdin.write(b"attach 0\n!for i in range(400): print('y' * 1048575); open(%r, 'w').write(str(i + 1))\n"
+                           % str(counter).encode())
+        client.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not counter.exists() and time.monotonic() < deadline:  # it attached and pdb prints
+            time.sleep(0.05)
+        os.kill(client.pid, signal.SIGSTOP)
+        peak, printed = 0.0, []
+        deadline = time.monotonic() + 120
+        # Until pdb stopped printing: more than the agent's window is out, and nothing moved for 2 s.
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            peak = max(peak, _rss_mb(agent))
+            printed.append(int(counter.read_text() or 0) if counter.exists() else 0)
+            if printed[-1] >= 400 or (printed[-1] > 16 and len(printed) > 10 and printed[-1] == printed[-10]):
+                break
+        assert 16 < printed[-1] < 400, printed  # blocked, not done: unbounded, it prints it all in seconds
+        assert peak < rest + 64, (rest, peak)
+        print(f"agent VmRSS: {rest:.0f} MB at rest, {peak:.0f} MB at most while the debugger was stopped")
+        os.kill(client.pid, signal.SIGCONT)
+        # Everything arrives once it reads again: the 400 lines, then the prompt; then the session goes on.
+        seen = 0
+        tail = b""
+        while seen < 400:
+            chunk = client.stdout.read1(1 << 20)
+            assert chunk, "the debugger's output ended early"
+            seen += (tail + chunk).count(b"y" * 1048575)
+            tail = (tail + chunk)[-1048575:]
+        client.stdin.write(b"p x * 7\nc\nquit\n")
+        client.stdin.close()
+        rest_out = client.stdout.read()
+        assert b"35" in rest_out and b"rank 0 continued" in rest_out, rest_out[-2000:]
+        assert client.wait(60) == 0
+    finally:
+        if client.poll() is None:
+            os.kill(client.pid, signal.SIGCONT)
+            client.kill()
+            client.wait(30)
+    assert run.wait() == 0, run.stderr()
+    assert "[host0] after 10" in run.stdout()
