@@ -16,7 +16,7 @@ from monarch_agents import messages as m
 from monarch_agents import supervision
 from monarch_agents.errors import MonarchError
 from monarch_agents import keys as keys_mod
-from monarch_agents.keys import CLIENT, JobKeys
+from monarch_agents.keys import CLIENT, HOST, JobKeys
 from monarch_agents.runtime import Runtime
 from monarch_agents.transport import addr_host, route_ip
 
@@ -48,7 +48,8 @@ def bind_address(reach: Iterable[str] = ()) -> str:
 
 
 def _from_agents(msg_type: type, role: str) -> bool:
-    return role == CLIENT
+    # HOST: host agents in pods, which hold their own pair instead of the client's secret.
+    return role in (CLIENT, HOST)
 
 
 def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route: dict | None = None) -> Runtime:

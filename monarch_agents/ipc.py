@@ -55,7 +55,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch_agents import wire
-from monarch_agents.keys import CLIENT, LOCAL_PROC, MEMBER, PROC
+from monarch_agents.keys import CLIENT, HOST, LOCAL_PROC, MEMBER, PROC
 
 if TYPE_CHECKING:
     from monarch_agents.transport import JobKeys
@@ -116,7 +116,8 @@ def _client_mac(keys: JobKeys, name: str, nonce: bytes, key: str | None = None) 
     """A second proof in every hello: made with the client's secret by a process that holds it (the
     client, a host agent), zeros otherwise.  A member listener that holds that secret (a client) tells
     its agents from procs by it, as ZAP tells them apart by key over TCP."""
-    key = keys.client_secret if key is None else key
+    # A pod's host agent holds the host pair instead of the client's secret (keys.for_hosts).
+    key = (keys.client_secret or keys.host_secret) if key is None else key
     return _hmac(key, b"monarch-ipc-client\0" + name.encode() + b"\0" + nonce) if key else bytes(32)
 
 
@@ -324,7 +325,13 @@ class Link:
                 raise LinkError("a peer without the job's keys tried to connect")
             if self.role == MEMBER and self.keys.client_secret:
                 # A client's listener: its host agents prove the client's secret, procs cannot.
-                self.role = CLIENT if _same_digest(client_mac, _client_mac(self.keys, self.name, nonce)) else PROC
+                if _same_digest(client_mac, _client_mac(self.keys, self.name, nonce, self.keys.client_secret)):
+                    self.role = CLIENT
+                elif self.keys.host_secret and _same_digest(client_mac, _client_mac(self.keys, self.name, nonce,
+                                                                                    self.keys.host_secret)):
+                    self.role = HOST  # a pod's host agent (or what else reads its Secret): not the client
+                else:
+                    self.role = PROC
             del buf[: _HELLO.size]
             welcome = _welcome_mac(self.keys, nonce, self.to_host, key)
             try:  # fits: it is the first thing written on a fresh socket

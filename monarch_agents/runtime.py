@@ -25,7 +25,7 @@ from typing import Any, Callable, Protocol
 from monarch_agents.errors import SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.messages import PortRef, ProcDied, Reply, Streamed
-from monarch_agents.keys import CLIENT
+from monarch_agents.keys import CLIENT, HOST, PROC
 from monarch_agents.transport import JobKeys, Mailbox, PeerLost, is_host_agent
 
 log = logging.getLogger("monarch.runtime")
@@ -253,12 +253,13 @@ class Runtime:
         """Whether the answer being handled may come from its sender: a port that waits only on host
         agents takes answers only from a holder of the client's key (they, or this process), never
         from a proc's key, which any rank or actor holds."""
-        if not self.keys.client_secret:
+        if self.keys.role == PROC:
             return True  # a proc: every sender holds what it holds, and a Unix socket cannot tell them apart
         waits = self._port_waits.get(port_id)
         if not waits or not all(is_host_agent(a) for a in waits):
             return True
-        return self.mailbox.sender_role in (CLIENT, SELF)
+        # HOST: a pod's host agent, which holds the host pair instead of the client's secret.
+        return self.mailbox.sender_role in (CLIENT, HOST, SELF)
 
     def open_port(self, handler: PortHandler, waits_on: list[str] | tuple = ()) -> PortRef:
         """A port routing answers to ``handler``; fails it if a peer in ``waits_on`` dies."""

@@ -45,7 +45,7 @@ import zmq
 
 from monarch_agents import ipc, tunnel, wire
 from monarch_agents.zap import KeyGate
-from monarch_agents.keys import LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
+from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
 log = logging.getLogger("monarch.transport")
 
@@ -61,7 +61,9 @@ _CONNECT_DEADLINE_S = 5.0
 #: How long an inbound TCP connection has to complete the CURVE handshake.
 _HANDSHAKE_IVL_MS = 3000
 #: The roles of a proc's key (see ``monarch_agents.keys``): what user code holds.
-PROC_ROLES = frozenset({PROC, LOCAL_PROC})
+#: HOST too: a pod's host key is readable by the user code in that pod, so another host agent holds
+#: messages sent with it to what it holds a proc's to.
+PROC_ROLES = frozenset({PROC, LOCAL_PROC, HOST})
 #: A refused message up to this size is decoded to tell its sender why; a bigger one is dropped.
 _REFUSED_DECODE_MAX = 64 << 10
 
@@ -138,6 +140,18 @@ _RELAY_MARK = "r"
 def is_relayed(addr: str) -> bool:
     """Whether ``addr`` is a relay standing in for a process elsewhere (reached over TCP, never a Unix socket)."""
     return addr.partition("#")[2].startswith(_RELAY_MARK)
+
+
+#: After the host mark: the host agent holds no client secret (a pod's), so it cannot check the
+#: client's proof in a Unix-socket hello; the client reaches it over TCP, where CURVE proves the client's
+#: key by its public half.  (Only a test cluster, whose pods share this machine's network namespace,
+#: puts a client on a pod's host at all.)
+_NO_CLIENT_KEY_MARK = "s"
+
+
+def lacks_client_key(addr: str) -> bool:
+    """Whether ``addr`` is a host agent that holds no client secret (see ``_NO_CLIENT_KEY_MARK``)."""
+    return addr.partition("#")[2].startswith(_HOST_MARK + _NO_CLIENT_KEY_MARK)
 
 
 def is_host_agent(addr: str) -> bool:
@@ -292,7 +306,8 @@ class Mailbox:
                 r.close(0)
                 raise
         else:
-            self.addr = f"{endpoint}#{_HOST_MARK if self.host else ''}{incarnation}"
+            mark = (_HOST_MARK + (_NO_CLIENT_KEY_MARK if self.keys.role == HOST else "")) if self.host else ""
+            self.addr = f"{endpoint}#{mark}{incarnation}"
         self._router = r
         if self._local_ipc:
             try:
@@ -357,7 +372,8 @@ class Mailbox:
                     if p is None:  # declared dead (and its socket closed) since the caller looked
                         raise PeerLost(addr)
                     return p
-            local = self._local_ipc and not is_relayed(addr) and is_same_host(addr)
+            local = (self._local_ipc and not is_relayed(addr) and is_same_host(addr)
+                     and not (self.keys.client_secret and lacks_client_key(addr)))
             link = ipc.connect(addr, self.keys, is_host_agent(addr)) if local else None
             with self._peers_lock:
                 self._connecting.pop(addr, None)
