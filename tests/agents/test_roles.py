@@ -30,6 +30,17 @@ def test_proc_keys_hold_no_client_or_host_secret():
     assert len({keys.server_public, keys.client_public, keys.host_public, keys.proc_public}) == 4
 
 
+def test_host_keys_hold_no_client_secret():
+    """What a pod's host agent gets (user code in the pod can read it): its own pair and the procs'."""
+    keys = JobKeys.generate()
+    h = keys.for_hosts()
+    assert h.client_secret == "" and h.client_public == keys.client_public
+    assert (h.host_secret, h.proc_secret, h.server_secret) == (keys.host_secret, keys.proc_secret, keys.server_secret)
+    assert h.identity == (keys.host_public, keys.host_secret) and h.role == "host"
+    assert h.for_procs() == keys.for_procs()  # and hands its procs what the client's agents do
+    assert keys.for_procs().role == "proc" and keys.role == "client"
+
+
 @pytest.fixture
 def agent(client, tmp_path):
     a = start_host_agent(client.keys, tmp_path, hostname="roles")
@@ -80,6 +91,70 @@ def test_a_proc_key_cannot_run_a_command_or_shell_on_its_host(client, agent, tmp
     # The client's key still may.
     done = client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
     assert done.pid == agent.pid
+
+
+@pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
+def test_a_pods_host_key_cannot_run_a_command_or_stop_a_host_agent(client, agent, tmp_path, local_ipc):
+    """What user code in a Kubernetes pod can read (its host agent's keys, JobKeys.for_hosts) does not
+    make it the client: another host agent refuses it what it refuses a proc's key."""
+    marker = tmp_path / "ran"
+    box = Box(client.keys.for_hosts(), "pod-user")
+    # tcp: it sends over TCP, as from another pod, and keeps its Unix socket for the agent's answers
+    # (an agent takes a process of its host without one for gone).
+    box.mb._local_ipc = local_ipc
+
+    def ask(make) -> m.Reply:
+        box.mb.send(agent.addr, make(m.PortRef(box.addr, 1)))
+        while True:
+            msg = box.received.get(timeout=T)
+            if isinstance(msg, m.Reply):
+                return msg
+
+    try:
+        if local_ipc:
+            # A Unix-socket hello with the host key proves nothing to a host agent: the link is refused.
+            box.mb.send(agent.addr, m.RunCommand("r1", ["touch", str(marker)], {}, None, m.PortRef(box.addr, 1), 0, box.addr))
+        else:
+            got = ask(lambda port: m.RunCommand("r1", ["touch", str(marker)], {}, None, port, 0, port.addr))
+            assert not got.ok and isinstance(got.payload, PermissionError) and "RunCommand" in str(got.payload)
+            got = ask(lambda port: m.OpenShell("s1", ["sh"], {}, None, 24, 80, port, port.addr))
+            assert not got.ok and isinstance(got.payload, PermissionError)
+            got = ask(lambda port: m.Ping(port))  # what any member may do
+            assert got.ok and got.payload.pid == agent.pid
+        box.mb.send(agent.addr, m.Shutdown(None))
+        time.sleep(NOTHING_S)
+        assert not marker.exists()
+        assert agent.proc.poll() is None
+    finally:
+        box.close()
+    done = client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
+    assert done.pid == agent.pid
+
+
+def test_a_host_agent_without_the_client_secret_obeys_and_answers_the_client(client, tmp_path):
+    """A pod's host agent (JobKeys.for_hosts) speaks with the host pair: the client takes its answers,
+    also on a port that waits on host agents only; the client reaches it over TCP (it cannot check a
+    Unix-socket hello made with the client's secret)."""
+    from monarch_agents.transport import lacks_client_key
+
+    a = start_host_agent(client.keys.for_hosts(), tmp_path, hostname="pod")
+    try:
+        assert lacks_client_key(a.addr)
+        done = client.request(a.addr, lambda port: m.Ping(port)).get(timeout=T)
+        assert done.pid == a.pid
+        marker = tmp_path / "ran"
+        box = Box(client.keys, "client-like")
+        try:
+            box.mb.send(a.addr, m.RunCommand("r1", ["touch", str(marker)], {}, None, m.PortRef(box.addr, 1), 0, box.addr))
+            deadline = time.monotonic() + T
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert marker.exists()  # the client's key is obeyed
+        finally:
+            box.close()
+    finally:
+        a.stop()
+    assert wait_gone([a.pid]) == []
 
 
 class Intruder(Actor):
