@@ -247,8 +247,10 @@ def _left_in(work: Path) -> list[str]:
     return sorted(str(p.relative_to(work)) for p in work.rglob("*"))
 
 
-def test_attach_to_pods_whose_keys_secret_is_missing(cluster, tmp_path):
-    """The pods run, but their Secret (the job's keys) was deleted: one line, nothing reserved, pods left alone."""
+@pytest.mark.parametrize("deleted", ["keys", "client-keys"])
+def test_attach_to_pods_whose_keys_secret_is_missing(cluster, tmp_path, deleted):
+    """The pods run, but their Secret (a host agent's keys), or the one with the client's (which no pod
+    mounts), was deleted: one line naming it, nothing reserved, pods left alone."""
     import yaml
 
     from monarch_agents.keys import JobKeys
@@ -261,14 +263,14 @@ def test_attach_to_pods_whose_keys_secret_is_missing(cluster, tmp_path):
     (tmp_path / "mesh.yaml").write_text(yaml.safe_dump_all(objs))
     kubectl(cluster, "apply", "--validate=false", "-f", str(tmp_path / "mesh.yaml"))
     try:
-        kubectl(cluster, "delete", "secret", "keyless-mesh-keys")
+        kubectl(cluster, "delete", "secret", f"keyless-mesh-{deleted}")
         work = tmp_path / "work"
         work.mkdir()
         r = monarch("serve", "--scheduler", "kubernetes", "--hosts", "1", "--attach", "keyless-mesh",
                     "--kubeconfig", cluster.kubeconfig, "--timeout", "60", cwd=str(work), check=False)
         assert r.returncode == 4, r.stderr  # ExitCode.SCHEDULER
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
-        assert "keyless-mesh-keys" in r.stderr.splitlines()[0], r.stderr
+        assert f"keyless-mesh-{deleted}" in r.stderr.splitlines()[0], r.stderr
         assert _left_in(work) == []
         pods = kubectl(cluster, "get", "pods", "-l", "monarch.pytorch.org/mesh-name=keyless-mesh", "-o", "name").stdout
         assert len(pods.split()) == 1  # not ours: left as they were
