@@ -299,12 +299,16 @@ class OpenShell(Message):
 
 @message
 class ShellData(Message):
-    """Keys for a shell (and its new window size, when ``rows`` and ``cols`` are set)."""
+    """Keys for a shell (and its new window size, when ``rows`` and ``cols`` are set).
+
+    ``hangup``: the client's input ended (EOF): the shell is to end, and what runs in its
+    foreground with it (see ``ShellsService.hang_up_on_eof``)."""
 
     shell_id: str
     data: bytes
     rows: int = 0
     cols: int = 0
+    hangup: bool = False
 
 
 @message

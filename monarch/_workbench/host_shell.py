@@ -5,7 +5,9 @@
     code = shell(hosts.slice(hosts=1))         # this terminal, until the shell exits
 
 The shell runs under the host's agent (``monarch_agents``' shell service), as ``monarch shell``
-does; its exit status is returned (255 if the host agent is lost).
+does; its exit status is returned (255 if the host agent is lost).  When this side's stdin ends
+the shell ends too, with its foreground command (hung up, as Monarch's: 129); when this side's
+terminal cannot be written to, the shell is ended and ``shell()`` raises that ``OSError``.
 """
 
 from __future__ import annotations
@@ -41,8 +43,22 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdi
     out = sys.stdout.fileno()
     sys.stdout.flush()
     rt = host_mesh_singleton._rt()  # the runtime of the mesh's job (a client may talk to several)
+    broken: list[OSError] = []
+
+    def copy_out(data: bytes) -> None:
+        if broken:
+            return
+        try:
+            while data:
+                data = data[os.write(out, data):]
+        except OSError as e:
+            # This terminal cannot show the shell any more: end the shell, and shell() raises (as Monarch's).
+            broken.append(e)
+            sh.hang_up()
+            sh.done.set()
+
     sh = RemoteShell(SimpleNamespace(keys=rt.keys, route=current_route(rt)), host, argv, env=shell_env,
-                     cwd=workdir or os.getcwd(), rows=rows, cols=cols, on_output=lambda data: os.write(out, data))
+                     cwd=workdir or os.getcwd(), rows=rows, cols=cols, on_output=copy_out)
     sh.start()
     stdin = sys.stdin.fileno()
     saved = termios.tcgetattr(stdin) if os.isatty(stdin) else None
@@ -60,7 +76,10 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdi
             if ready:
                 data = os.read(stdin, 4096)
                 if not data:
-                    sh.send(b"\x04")  # stdin closed: Ctrl-D, and let the shell finish
+                    # stdin closed: a Ctrl-D for a shell at its prompt, and the host agent hangs up the
+                    # shell and its foreground command unless it ends by itself (Monarch stops them).
+                    sh.send(b"\x04")
+                    sh.hang_up()
                     stdin_open = False
                     continue
                 sh.send(data)
@@ -69,7 +88,10 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None, workdi
             termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
         if in_main:
             signal.signal(signal.SIGWINCH, old_winch)
-    return sh.exit_code if sh.exit_code is not None else 0
+    if broken:
+        raise broken[0]
+    code = sh.exit_code if sh.exit_code is not None else 0
+    return 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as a shell says
 
 
 def _size() -> tuple[int, int]:

@@ -61,6 +61,11 @@ class RemoteShell:
         """Type ``data`` into the shell (b"\\x04" is Ctrl-D)."""
         self._send(m.ShellData(self.shell_id, data))
 
+    def hang_up(self) -> None:
+        """This side's input ended: the shell is to end, with what runs in its foreground (what was
+        sent before still reaches it first)."""
+        self._send(m.ShellData(self.shell_id, b"", hangup=True))
+
     def resize(self, rows: int, cols: int) -> None:
         """The terminal's new size."""
         self._send(m.ShellData(self.shell_id, b"", rows, cols))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import signal
 import struct
 import termios
 import threading
@@ -23,6 +24,9 @@ from monarch_agents.services.runs import CommandChild
 
 #: How long a shell gets between SIGTERM (SIGHUP first: its terminal is going) and SIGKILL.
 _KILL_GRACE_S = 1.0
+#: After the client's EOF, how long a shell at its prompt with no input left may take to exit by itself.
+_EOF_IDLE_S = 2.0
+_EOF_POLL_S = 0.05
 
 
 class _Shell(CommandChild):
@@ -31,6 +35,9 @@ class _Shell(CommandChild):
         self.master = master
         #: Held while the pty is written or closed (a write may block while the shell reads nothing).
         self.fd_lock = threading.Lock()
+        #: The pty's terminal (read: how much typed input the shell has not read yet).
+        self.tty_name = ""
+        self.hung_up = False
 
 
 class ShellsService(Service):
@@ -70,6 +77,7 @@ class ShellsService(Service):
         master, slave = pty.openpty()
         _set_winsize(master, msg.rows, msg.cols)
         shell = _Shell(self, msg, master)
+        shell.tty_name = os.ttyname(slave)
         with self.lock:
             self.shells[msg.shell_id] = shell
         cwd, env = agent.place_child(msg.cwd, agent.child_env(msg.env))
@@ -109,6 +117,70 @@ class ShellsService(Service):
                         os.write(master, msg.data)
                     except OSError:
                         pass
+        if msg.hangup and not shell.hung_up:
+            shell.hung_up = True
+            threading.Thread(target=self.hang_up_on_eof, args=(shell,), name=f"eof-{msg.shell_id[:8]}",
+                             daemon=True).start()
+
+    def hang_up_on_eof(self, shell: _Shell) -> None:
+        """The client's input ended: end the shell and what runs in its foreground, as Monarch's does.
+
+        What the client typed before its EOF (and the Ctrl-D it sends with it) is still read by
+        the shell: a script piped in runs to its ``exit``.  But a foreground command the shell
+        waits for (``sleep 300``: it reads no Ctrl-D) is hung up, and so is a shell that sits at
+        its prompt with nothing left to read: SIGHUP to the foreground group and the shell's own
+        (their terminal is gone), then SIGTERM and SIGKILL to what is left.
+        """
+        idle_since: float | None = None
+        while shell.exited is None:
+            with shell.fd_lock:
+                if shell.master < 0:
+                    return  # the pty is closed: the shell has gone
+                try:
+                    foreground = os.tcgetpgrp(shell.master)
+                except OSError:
+                    return
+            try:
+                own = os.getpgid(shell.pid) if shell.pid else 0
+            except ProcessLookupError:
+                return
+            if own and foreground != own:
+                break  # a command runs in the foreground: nothing will read the Ctrl-D
+            if _unread_input(shell.tty_name) == 0:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= _EOF_IDLE_S:
+                    break  # at its prompt, with nothing left to read, and it has not exited
+            else:
+                idle_since = None
+            time.sleep(_EOF_POLL_S)
+        else:
+            return
+        groups = {g for g in (foreground, own) if g and g > 1 and g != os.getpgrp()}
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGKILL):
+            for g in groups:
+                try:
+                    os.killpg(g, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + _KILL_GRACE_S
+            while shell.exited is None and time.monotonic() < deadline:
+                time.sleep(_EOF_POLL_S)
+            if shell.exited is not None:
+                return
+
+
+def _unread_input(tty_name: str) -> int:
+    """Bytes typed into the pty that its reader has not read yet (0 if it cannot be told)."""
+    try:
+        fd = os.open(tty_name, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCINQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
 
 
 def _set_winsize(fd: int, rows: int, cols: int) -> None:

@@ -136,6 +136,45 @@ def test_a_hook_that_raises_ends_the_client_the_same_on_torchmonarch(tmp_path):
     _check_unhandled_fault_exit(r)
 
 
+def _shell_python(which: str) -> tuple[str, dict]:
+    if which == "monarch":
+        e = {**os.environ, "PYTHONPATH": ROOT}
+        e.pop("MONARCH_JOB", None)
+        return sys.executable, e
+    py = _torchmonarch_python()
+    if py is None:
+        pytest.skip("torchmonarch 0.7.0 is not installed here: set TORCHMONARCH_PYTHON")
+    return py, {k: v for k, v in os.environ.items() if not k.startswith(("MONARCH", "PYTHONPATH"))}
+
+
+@pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
+def test_shell_eof_stops_the_shell_and_its_foreground_command(which, tmp_path, no_leaked_processes):
+    py, e = _shell_python(which)
+    # Without the hang-up, `sleep 300` would outlive the 180 s this waits, and the test fails.
+    r = subprocess.run([py, os.path.join(HERE, "shell_eof.py")], cwd=tmp_path, env=e, input="sleep 300\n",
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.endswith("\nshell returned 129\n"), r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
+def test_shell_raises_when_its_terminal_copy_breaks(which, tmp_path, no_leaked_processes):
+    py, e = _shell_python(which)
+    # stdin stays open (no EOF): only the broken output can end the shell.  Output goes to files:
+    # a host agent the program starts may hold a pipe open long after the program ends.
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "w") as out_f, open(err_path, "w") as err_f, \
+            subprocess.Popen([py, os.path.join(HERE, "shell_broken_terminal.py")], cwd=tmp_path, env=e,
+                             stdin=subprocess.PIPE, stdout=out_f, stderr=err_f) as p:
+        try:
+            p.wait(timeout=180)
+        finally:
+            p.kill()
+    out, err = out_path.read_text(), err_path.read_text()
+    assert p.returncode == 0, err[-3000:]
+    assert out == "broken terminal: raised a ConnectionError: True\n"
+
+
 JOB_SERVICES_OUT = """\
 not enabled: None None None None
 enabled: True True
