@@ -79,7 +79,7 @@ class HostAgent:
     def __init__(self, keys: JobKeys, *, host: str, host_rank: int, bind_host: str, log_dir: str,
                  ephemeral: bool, preload: list[str], inherit_stdio: bool,
                  services: Iterable[type[Service]] = SERVICES, port: int = 0, relay_port: int = 0,
-                 fork_zygote: bool = False, zygote: ZygoteClient | None = None):
+                 fork_zygote: bool = False, zygote: ZygoteClient | None = None, unix_only: bool = False):
         """``fork_zygote``: the zygote is a fork of this process (its ``preload`` is imported already:
         an agent forked by ``--fork-hosts``) instead of a new interpreter.  ``zygote``: one started
         already (:func:`main` starts it before it reads the keys)."""
@@ -94,7 +94,7 @@ class HostAgent:
         self.ephemeral = ephemeral
         self.inherit_stdio = inherit_stdio
         self.rt = install(Runtime(keys, bind_host=bind_host, name=f"host-agent[{host}]", host=host,
-                                     bind_port=port, host_agent=True, admit=self._admit))
+                                     bind_port=port, host_agent=True, admit=self._admit, tcp=not unix_only))
         self.started_at = time.time()
         self.lock = threading.RLock()
         self.exits = threading.Condition(self.lock)  # notified whenever a child exits
@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     p.add_argument("--ephemeral", action="store_true", help="exit when the last owner disconnects")
     p.add_argument("--inherit-stdio", action="store_true", help="procs write to this process's stdout/stderr")
     p.add_argument("--preload", default="", help="comma-separated modules the zygote imports once")
+    p.add_argument("--unix-only", action="store_true",
+                   help="listen on a Unix socket only (peer uid checked), no TCP port: a local host's agent")
     p.add_argument("--relay-port", type=int, default=0,
                    help="stand in on this port for a client that reaches hosts only through port-forwards")
     p.add_argument("--shared-socket", default="", help="serve owners on this Unix socket (monarch_agents.local_agent)")
@@ -445,7 +447,8 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
     keys = _read_keys(args.keys_file, keys_fd)
     agent = HostAgent(keys, host=host, host_rank=args.host_rank, bind_host=bind, log_dir=log_dir,
                       ephemeral=args.ephemeral, preload=preload, inherit_stdio=args.inherit_stdio,
-                      services=services, port=args.port, relay_port=args.relay_port, zygote=zygote)
+                      services=services, port=args.port, relay_port=args.relay_port, zygote=zygote,
+                      unix_only=args.unix_only)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if args.ephemeral else (lambda *_: agent.request_stop()))
     addr = agent.start()

@@ -133,17 +133,19 @@ class Runtime:
 
     def __init__(self, keys: JobKeys, *, bind_host: str = "127.0.0.1", name: str = "client", host: str = "",
                  bind_port: int = 0, host_agent: bool = False, admit: Callable[[type, str], bool] | None = None,
-                 socks_proxy: str = "", advertise: Callable[[str], str] | None = None, ctx: Any = None):
+                 socks_proxy: str = "", advertise: Callable[[str], str] | None = None, ctx: Any = None,
+                 tcp: bool = True):
         """``host_agent``: listen as a host agent (its own server keys); ``admit(type, role)``: which
         senders' messages are handled; ``socks_proxy``/``advertise``: for a client reaching its hosts
         through tunnels (see :class:`~monarch_agents.transport.Mailbox`); ``ctx``: a ZeroMQ context
-        of its own (a second runtime in one process: each context has one ZAP handler)."""
+        of its own (a second runtime in one process: each context has one ZAP handler); ``tcp=False``:
+        listen on the Unix socket only (a local host's agent)."""
         self.keys = keys
         self.name = name
         self.host = host or os.environ.get("MONARCH_HOSTNAME") or _hostname()
         self.mailbox = Mailbox(keys, self._on_message, self._on_peer_lost, bind_host=bind_host, bind_port=bind_port,
                                name=name, host=host_agent, admit=admit, on_refused=self._on_refused,
-                               socks_proxy=socks_proxy, advertise=advertise, ctx=ctx)
+                               socks_proxy=socks_proxy, advertise=advertise, ctx=ctx, tcp=tcp)
         self.addr = ""
         self._own_ctx = ctx
         self._relays: dict[tuple[str, int], PortRef] = {}

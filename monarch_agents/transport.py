@@ -209,8 +209,12 @@ class Mailbox:
         on_refused: Callable[[Any, str], None] | None = None,
         socks_proxy: str = "",
         advertise: Callable[[str], str] | None = None,
+        tcp: bool = True,
     ):
         self.keys = keys
+        #: False: listen on the Unix socket only (peer uid checked, then the key handshake), no TCP
+        #: port at all: a local host's agent, whose every peer is a process of this host and this user.
+        self.tcp = tcp
         self.on_message = on_message
         self.on_peer_lost = on_peer_lost or (lambda addr: None)
         self.bind_host = bind_host
@@ -275,6 +279,8 @@ class Mailbox:
         public, secret = self.keys.host_server if self.host else (self.keys.server_public, self.keys.server_secret)
         if not secret:
             raise ValueError(f"{self.name}: these keys cannot listen as a {'host agent' if self.host else 'member'}")
+        if not self.tcp:
+            return self._start_unix_only()
         r = self._ctx.socket(zmq.ROUTER)
         r.curve_server = True
         r.curve_secretkey = secret.encode()
@@ -306,14 +312,30 @@ class Mailbox:
                 r.close(0)
                 raise
         else:
-            mark = (_HOST_MARK + (_NO_CLIENT_KEY_MARK if self.keys.role == HOST else "")) if self.host else ""
-            self.addr = f"{endpoint}#{mark}{incarnation}"
+            self.addr = f"{endpoint}#{self._mark()}{incarnation}"
         self._router = r
         if self._local_ipc:
             try:
                 self._listener = ipc.Listener(self.addr, self.keys, host=self.host)
             except OSError as e:  # taken, or no abstract sockets here: peers on this host use TCP
                 log.warning("%s: no Unix socket for %s (%s); same-host peers use TCP", self.name, self.addr, e)
+        return self._start_loop()
+
+    def _mark(self) -> str:
+        return (_HOST_MARK + (_NO_CLIENT_KEY_MARK if self.keys.role == HOST else "")) if self.host else ""
+
+    def _start_unix_only(self) -> str:
+        if not self._local_ipc:
+            raise ValueError(f"{self.name}: a Unix-socket-only mailbox cannot use a SOCKS proxy or an advertised address")
+        # The address keeps the TCP form every peer parses (host for routing, '#' incarnation for the
+        # socket name); port 0 is never bound, so a peer that cannot use the Unix socket finds nothing.
+        host = self.bind_host
+        self.addr = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
+        self.addr += f"#{self._mark()}{os.urandom(6).hex()}"
+        self._listener = ipc.Listener(self.addr, self.keys, host=self.host)  # no fallback: fail loudly
+        return self._start_loop()
+
+    def _start_loop(self) -> str:
         self._epoll = select.epoll()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._running = True
@@ -562,9 +584,9 @@ class Mailbox:
         the loop.
         """
         router = self._router
-        assert router is not None
         ep = self._epoll
-        self._watch_zmq(router, lambda ev: self._drain(router))
+        if router is not None:
+            self._watch_zmq(router, lambda ev: self._drain(router))
         self._watch(self._wake_fd, select.EPOLLIN, self._on_wake)
         listener = self._listener
         if listener is not None:
@@ -581,7 +603,7 @@ class Mailbox:
                     h = handlers.get(fd)
                     if h is not None:
                         h(ev)
-                if self._redrain:
+                if self._redrain and router is not None:
                     self._redrain = False
                     self._drain(router)
                 if self._new_monitors:
@@ -611,7 +633,8 @@ class Mailbox:
                     with self._drained:
                         self._drained.notify_all()
         finally:
-            router.close(0)
+            if router is not None:
+                router.close(0)
             ep.close()
             with self._wake_lock:
                 fd, self._wake_fd = self._wake_fd, -1

@@ -69,7 +69,11 @@ class LocalScheduler(Scheduler):
                                payload={"env": env, "hosts": spec.hosts, "tag": tag})
 
     def _extra(self, job_dir: str, i: int, bind: str) -> list[str]:
-        return ["--host-rank", str(i), "--hostname", f"host{i}", "--bind", bind,
+        # Every peer of a local host's agent is a process of this machine and this user: it listens on
+        # its Unix socket only, so other users of the machine have no port of it to reach (--netns
+        # hosts have stacks of their own: TCP there).
+        unix = [] if self.netns else ["--unix-only"]
+        return ["--host-rank", str(i), "--hostname", f"host{i}", "--bind", bind, *unix,
                 "--agent-file", agent_file(job_dir, i), "--log-dir", os.path.join(job_dir, "logs", f"host{i}")]
 
     def allocate(self, request: AllocateRequest) -> str:
