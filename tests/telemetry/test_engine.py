@@ -232,10 +232,12 @@ def test_a_slow_scan_is_cancelled_at_its_deadline():
     cols = {c.name: (data.column("id") if c.arrow_type == pa.int64() else pa.nulls(n, c.arrow_type)) for c in logs.columns}
     table = pa.Table.from_pydict(cols, schema=pa.schema([pa.field(c.name, c.arrow_type) for c in logs.columns]))
     t0 = time.monotonic()
+    # Every row comes back (hundreds of batches), and 1 ms is less than planning alone takes: the
+    # deadline is passed at the first batch on any machine, so the stream is cut there, not at its end.
     with pytest.raises(QueryTimeout):
         run_scan(lambda _: table.to_batches(max_chunksize=8192), "messages",
-                 "SELECT id FROM messages WHERE regexp_like(CAST(id AS VARCHAR), '^(1|2)+7$')",
-                 deadline=time.monotonic() + 0.05)
+                 "SELECT id, CAST(id AS VARCHAR) AS s FROM messages",
+                 deadline=time.monotonic() + 0.001)
     assert time.monotonic() - t0 < 5
     del batches
 
