@@ -86,8 +86,9 @@ class DebugPrompt:
         return self._matches[state] if state < len(self._matches) else None
 
     def write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
+        from monarch._workbench.run import write_whole
+
+        write_whole(self.out, text)  # whole even when this process is stopped and continued mid-write
 
     def read(self, prompt: str) -> str:
         """One line; EOFError at end of input, KeyboardInterrupt on Ctrl-C."""

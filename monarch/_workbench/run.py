@@ -739,6 +739,25 @@ MAX_LINE = 1 << 20
 _FLUSH_WAIT_S = 1.0
 
 
+def write_whole(target, text: str) -> None:
+    """Write ``text`` to ``target`` (a text stream) and flush it, all of it.
+
+    Straight to its file descriptor when it has one: Python's buffered writer drops the rest of a
+    large write that a stop and continue cut short (``kill -STOP``/``-CONT`` of a client writing 1 MiB
+    to a pipe: the pipe got 64 KiB, the rest was gone, and no error said so); a loop over
+    ``os.write`` takes the short count and writes on."""
+    try:
+        fd = target.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO, pytest's capture: no descriptor
+        target.write(text)
+        target.flush()
+        return
+    target.flush()  # what it buffered goes first
+    view = memoryview(text.encode(getattr(target, "encoding", None) or "utf-8", "replace"))
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class LinePrinter:
     """Writes a run's output to this process's stdout/stderr, each line prefixed by its host.
 
@@ -795,9 +814,7 @@ class LinePrinter:
         out.append(prefix + line.decode(errors="replace") + "\n")
 
     def _write(self, stream: str, text: str) -> None:
-        target = sys.stderr if stream == "stderr" or self.all_to_stderr else sys.stdout
-        target.write(text)
-        target.flush()
+        write_whole(sys.stderr if stream == "stderr" or self.all_to_stderr else sys.stdout, text)
 
     def flush(self) -> None:
         # Bounded: a writer blocked on a stdout nobody reads (a paused terminal, a stopped pager)

@@ -49,3 +49,44 @@ def test_output_written_before_a_first_failure_stop_is_kept(workdir, tmp_path_fa
         with open(os.path.join(runs, run_id, "0.exit")) as f:
             reason = json.load(f)["reason"]
         assert reason == "killed by SIGTERM" or then == "exit 0", (i, run_id, reason)
+
+
+def test_a_client_stopped_and_continued_mid_write_prints_everything(workdir):
+    """`monarch run` writing a long line to a pipe nobody reads yet, stopped and continued (kill -STOP/-CONT):
+    every byte reaches its stdout (Python's buffered writer dropped the rest of a write cut short: 64 KiB of
+    a 1 MiB line came out)."""
+    import glob
+    import signal
+    import subprocess
+    import time
+
+    from tests.cli.conftest import MONARCH, ROOT
+
+    size = 4 << 20
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    env = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
+    client = subprocess.Popen([*MONARCH, "run", "--", "sh", "-c", f"head -c {size} /dev/zero | tr '\\0' y; echo"],
+                              cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        logs = os.path.join(workdir, ".monarch", "jobs", "default", "logs", "host0", "runs", "*", "0.exit")
+        deadline = time.monotonic() + 120
+        while not glob.glob(logs):  # the rank is done: the client holds its output, blocked on our pipe
+            assert time.monotonic() < deadline and client.poll() is None
+            time.sleep(0.05)
+        os.kill(client.pid, signal.SIGSTOP)
+        while _state(client.pid) != "T":  # stopped, its blocked write cut short
+            time.sleep(0.01)
+        os.kill(client.pid, signal.SIGCONT)
+        out = client.stdout.read()
+        assert client.wait(60) == 0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(30)
+    assert out.count(b"y") == size, out.count(b"y")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat[stat.rindex(")") + 2]
