@@ -31,7 +31,7 @@ _SAMPLES = {
     "str": "x", "int": 3, "float": 1.5, "bool": True, "bytes": b"data",
     "list": [1, "a"], "dict": {"k": 1}, "tuple": (1, "a"), "Any": "any",
     "PortRef": _PORT, "PortRef | None": _PORT, "m.PortRef | None": _PORT,
-    "str | None": "x", "int | None": 2, "list | None": [1],
+    "str | None": "x", "int | None": 2, "float | None": 2.5, "list | None": [1],
 }
 
 #: What an ``Any`` field holds in practice, by the field's name.
