@@ -470,17 +470,21 @@ def _session(kind: str, frame: Any) -> Any:
     return p
 
 
-def set_trace(*args: Any, header: str | None = None, **kwargs: Any) -> None:
-    """``breakpoint()``: pause here until ``monarch debug`` continues this rank."""
-    frame = sys._getframe(1)
+def _pause(frame: Any, header: str | None, called_as: str) -> None:
+    """Stop in ``frame`` until ``monarch debug`` continues this rank (never stops the program itself)."""
     try:
         p = _session("breakpoint", frame)
     except LinkClosed as e:
-        sys.stderr.write(f"monarch: breakpoint() ignored: no debug session ({e})\n")
+        sys.stderr.write(f"monarch: {called_as} ignored: no debug session ({e})\n")
         return
     if header is not None:
         p.message(header)
     p.set_trace(frame)
+
+
+def set_trace(*args: Any, header: str | None = None, **kwargs: Any) -> None:
+    """``breakpoint()``: pause here until ``monarch debug`` continues this rank."""
+    _pause(sys._getframe(1), header, "breakpoint()")
 
 
 def post_mortem(tb: Any = None) -> None:
@@ -518,15 +522,7 @@ _previous_excepthook = sys.excepthook
 
 def _pdb_set_trace(*, header: str | None = None) -> None:
     """Stands in for ``pdb.set_trace()``."""
-    frame = sys._getframe(1)
-    try:
-        p = _session("breakpoint", frame)
-    except LinkClosed as e:
-        sys.stderr.write(f"monarch: pdb.set_trace() ignored: no debug session ({e})\n")
-        return
-    if header is not None:
-        p.message(header)
-    p.set_trace(frame)
+    _pause(sys._getframe(1), header, "pdb.set_trace()")
 
 
 def patch_pdb(pdb_module: Any) -> None:
