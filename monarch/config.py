@@ -37,6 +37,9 @@ setting                         what                                       envir
 ``serve_agent_start_max_idle``   how long ``monarch serve`` waits, its job  ``MONARCH_SERVE_STALL_TIMEOUT``
                                 running, with no new host agent up          (s)
                                 (monarch's own)
+``sync_stall_timeout``          how long a workspace sync waits with no    ``MONARCH_SYNC_STALL_S`` (s)
+                                host answering before it fails
+                                (monarch's own)
 ==============================  =========================================  =============================
 
 Monarch's other keys (``message_delivery_timeout``, ``mesh_orphan_timeout``,
@@ -107,6 +110,8 @@ _SETTINGS: dict[str, _Setting] = {
     "port_forward_connect_timeout": _Setting("10s", (), "how long a forwarded connection waits for its destination"),
     "serve_agent_start_max_idle": _Setting("300s", ("MONARCH_SERVE_STALL_TIMEOUT",),
                                           "how long serve waits, its job running, with no new host agent up"),
+    "sync_stall_timeout": _Setting("60s", ("MONARCH_SYNC_STALL_S",),
+                                   "how long a workspace sync waits with no host answering before it fails"),
 }
 
 # Monarch's other keys: (value form, Monarch's default).  Accepted and checked so a program written
@@ -283,17 +288,22 @@ def _normal(key: str, setting: _Setting, value: Any) -> Any:
 
 
 def _effective(key: str) -> Any:
+    return _effective_from(key)[0]
+
+
+def _effective_from(key: str) -> tuple[Any, str]:
+    """The value of ``key`` now, and the environment variable it came from ('' if from none)."""
     if key in _runtime:
-        return _runtime[key]
+        return _runtime[key], ""
     inherited = _load_inherited()
     if key in inherited:
-        return inherited[key]
+        return inherited[key], ""
     setting = _SETTINGS[key]
     for name in setting.env:
         env = os.environ.get(name)
         if env:
-            return env if not _is_number(env) else f"{env}s"
-    return setting.default
+            return (env if not _is_number(env) else f"{env}s"), name
+    return setting.default, ""
 
 
 def _is_number(text: str) -> bool:
@@ -312,7 +322,14 @@ def seconds(key: str) -> float:
     if _check(key).kind != "duration":
         raise ValueError(f"{key} is not a duration")
     with _lock:
-        return parse_duration(_effective(key))
+        value, env = _effective_from(key)
+    try:
+        return parse_duration(value)
+    except ConfigValueError as e:
+        if not env:
+            raise
+        # Name the variable: the user set it, perhaps long ago, in another shell's profile.
+        raise ConfigValueError(f"{env}={os.environ.get(env)!r} ({key}): {e}") from None
 
 
 def is_applied(key: str) -> bool:

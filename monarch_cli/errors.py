@@ -30,6 +30,8 @@ def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> clic
         (message, hint), code = missing, ExitCode.USAGE
     elif isinstance(e, UnsafeFolder):
         message, hint, code = e.message, e.hint, int(ExitCode.STATE)
+    elif type(e).__name__ == "ConfigValueError":  # monarch.config's: a setting of the wrong form
+        message, hint, code = str(e), "fix or unset it (`monarch.config`'s docstring lists the settings)", ExitCode.USAGE
     elif isinstance(e, KeyboardInterrupt):
         message, hint, code = "interrupted", "", ExitCode.INTERRUPTED
     else:

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from monarch import config
 from monarch.errors import WorkspaceError
 from monarch_agents.errors import SupervisionError
 from monarch_agents.messages import Reply
@@ -36,8 +37,6 @@ BATCH_BYTES = 8 << 20
 WINDOW = 4
 #: Hosts forward each batch to this many others (1 = a chain).
 FANOUT = 2
-#: A sync fails if no host answers anything for this long.
-STALL_S = float(os.environ.get("MONARCH_SYNC_STALL_S", "60"))
 _TRIES = 3
 
 
@@ -78,6 +77,10 @@ class WorkspacePusher:
         self.targets = list(targets)
         self.name = name
         self.fanout = fanout
+        #: A sync fails if no host answers anything for this long (``monarch.config``'s
+        #: ``sync_stall_timeout``, ``MONARCH_SYNC_STALL_S``): read here, so a bad value is a clear
+        #: error where a sync is asked for, never a failed import.
+        self.stall_s = config.seconds("sync_stall_timeout")
         self.packer = Packer(self.source, honour_ignores=honour_ignores, unreadable=unreadable)
         self.committed = ""
         #: Chunk ids every host had at the last commit: not asked about again.
@@ -164,12 +167,12 @@ class WorkspacePusher:
 
     def _get(self, future: Any, t: Target) -> Any:
         try:
-            return future.get(timeout=STALL_S)
+            return future.get(timeout=self.stall_s)
         except SupervisionError:
             raise WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
                                  "`monarch status` shows the hosts; `monarch serve` reserves again") from None
         except TimeoutError:
-            raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {STALL_S:.0f} s",
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {self.stall_s:.0f} s",
                                  "`monarch status` shows the hosts") from None
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -276,8 +279,8 @@ class _Transfer:
             with self.cond:
                 while not self.failure and not self.resend and not ready():
                     self.cond.wait(0.5)
-                    if time.monotonic() - self.last_progress > STALL_S:
-                        self.failure = f"the hosts stopped acknowledging chunks for {STALL_S:.0f} s"
+                    if time.monotonic() - self.last_progress > self.p.stall_s:
+                        self.failure = f"the hosts stopped acknowledging chunks for {self.p.stall_s:.0f} s"
                 if self.failure:
                     raise WorkspaceError(self.failure, "`monarch status` shows the hosts; sync again once fixed")
                 resend, self.resend = self.resend, []

@@ -38,6 +38,43 @@ def test_duration_in_the_environment_does_not_break_import():
     assert r.returncode == 0 and r.stdout.strip() == "300.0", r.stderr
 
 
+def test_sync_stall_is_a_setting_and_a_bad_value_is_one_clear_error(monkeypatch):
+    """`MONARCH_SYNC_STALL_S=soon` made importing the workspace engine raise (float() at import); it is
+    now `sync_stall_timeout`, read when a sync is set up, and a bad value names the variable."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import monarch._workbench.workspace, monarch.remotemount; print('imported')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MONARCH_SYNC_STALL_S": "soon"})
+    assert r.returncode == 0 and r.stdout.strip() == "imported", r.stderr
+    assert config.seconds("sync_stall_timeout") == 60.0
+    monkeypatch.setenv("MONARCH_SYNC_STALL_S", "90")  # seconds, as before
+    assert config.seconds("sync_stall_timeout") == 90.0
+    monkeypatch.setenv("MONARCH_SYNC_STALL_S", "2m")
+    assert config.seconds("sync_stall_timeout") == 120.0
+    monkeypatch.setenv("MONARCH_SYNC_STALL_S", "soon")
+    with pytest.raises(config.ConfigValueError, match=r"^MONARCH_SYNC_STALL_S='soon' \(sync_stall_timeout\): bad duration"):
+        config.seconds("sync_stall_timeout")
+    from monarch._workbench.workspace import WorkspacePusher
+
+    with pytest.raises(config.ConfigValueError, match="MONARCH_SYNC_STALL_S"):
+        WorkspacePusher(None, "/", [])  # type: ignore[arg-type]  (fails before it uses the runtime)
+
+
+def test_bad_setting_in_the_environment_is_one_line_and_usage_exit(tmp_path):
+    """Through the CLI: one line naming the variable, the usage exit code, no traceback."""
+    from tests.cli.conftest import monarch
+
+    r = monarch("serve", cwd=tmp_path, env={"MONARCH_SERVE_STALL_TIMEOUT": "soon"})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("error: MONARCH_SERVE_STALL_TIMEOUT='soon'"), r.stderr
+    assert "Traceback" not in r.stderr and len(lines) == 2  # the line and its hint
+    assert not (tmp_path / ".monarch" / "job_state.pkl").exists()
+
+
 @pytest.mark.parametrize("kwargs, exc, match", [
     ({"mesh_orphan_timout": "1m"}, ValueError,
      "invalid configuration key: 'mesh_orphan_timout'; did you mean mesh_orphan_timeout"),
