@@ -514,6 +514,12 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
             importlib.import_module(mod)
         except Exception as e:  # the zygotes say so again; a missing optional library only costs speed
             print(f"monarch host agent: could not preload {mod}: {e}", file=sys.stderr)
+    try:
+        from monarch_telemetry.host import warm
+
+        warm()
+    except Exception as e:  # only the first query's speed depends on it
+        print(f"monarch host agent: could not warm the telemetry tables: {e}", file=sys.stderr)
     gc.freeze()
     pids: list[int] = []
     pipes: list[int] = []

@@ -291,6 +291,24 @@ class HostTelemetry:
         } for r in ranks]
 
 
+def warm() -> None:
+    """Answer one scan of every table here, on this thread, over a throwaway host's rows.
+
+    The local scheduler's launcher calls it before it forks the host agents: what a first scan
+    sets up (pyarrow's IPC writer and type caches, psutil, this module's code) is then in pages
+    every agent shares, instead of each agent paying for it in the first ``monarch query``.
+    No thread is started (the scan pool is bypassed): threads do not survive a fork.
+    """
+    from monarch_telemetry.schema import TABLES
+
+    t = HostTelemetry("warm")
+    t.rank_started("warm", 0, ["true"], None)
+    t.rank_pid("warm", 0, os.getpid())
+    t.rank_ended("warm", 0, 0, "exited")
+    t._scan({name: f'SELECT * FROM "{name}"' for name in TABLES}, time.monotonic() + 30.0)
+    t.close()
+
+
 def _schema(table: str):
     from monarch_telemetry.schema import TABLES
 

@@ -76,6 +76,8 @@ def test_agents_are_forks_of_one_launcher_each_in_its_own_session_with_its_zygot
             [zygote] = psutil.Process(pid).children()  # forked, not a new interpreter
             assert zygote.cmdline() == psutil.Process(pid).cmdline()
         assert (tmp_path / "logs" / "launcher.log").exists()
+        # The launcher answered a scan of every table before it forked (the first query's set-up, shared).
+        assert "could not" not in (tmp_path / "logs" / "launcher.log").read_text()
         assert oct(os.stat(tmp_path / "fork-hosts.json").st_mode & 0o777) == "0o600"
     finally:
         s.release(job_id, str(tmp_path))
