@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from monarch_agents.files import private_dir, write_atomic
+from monarch_agents.logcap import CappedLog, log_cap
 from monarch_agents.services.runs import ORDER_RECORD, RankExit
 from monarch._workbench.state import JobRecord
 
@@ -150,47 +151,49 @@ def program_run_dir(record: JobRecord, run_id: str) -> str:
 
 
 class ProgramLog:
-    """Keeps an actor program's output as a host agent keeps a rank's (rank 0, in the job folder)."""
+    """Keeps an actor program's output as a host agent keeps a rank's (rank 0, in the job folder),
+    under the same cap (``MONARCH_RUN_LOG_MAX``, ``monarch_agents.logcap``)."""
 
-    def __init__(self, record: JobRecord, run_id: str):
+    def __init__(self, record: JobRecord, run_id: str, env: Mapping[str, str] | None = None):
         self.dir = program_run_dir(record, run_id)
         #: Why the log is incomplete ('' while it is whole): a full disk stops the log, never the program.
         self.error = ""
-        self.files: dict = {}
+        self.log: CappedLog | None = None
+        cap, self.problem = log_cap(env or {}, os.environ)
         try:
             private_dir(self.dir, top=record.job_dir)
-            for k in ("stdout", "stderr", "order"):
-                self.files[k] = open(os.path.join(self.dir, f"0.{k}"), "ab")
+            self.log = CappedLog(os.path.join(self.dir, "0"), cap)
         except OSError as e:
             self._fail(e)
 
     def write(self, stream: str, data: bytes) -> None:
-        if not self.files:
+        if self.log is None:
             return
         try:
-            self.files[stream].write(data)
-            self.files[stream].flush()
-            self.files["order"].write(ORDER_RECORD.pack(b"o" if stream == "stdout" else b"e", len(data)))
-            self.files["order"].flush()
+            self.log.write(stream, data)
         except OSError as e:
             self._fail(e)
 
     def _fail(self, e: OSError) -> None:
-        self.error = self.error or f"its log is incomplete: {e.strerror or e} ({self.dir})"
-        files, self.files = self.files, {}
-        for f in files.values():
+        self.error = self.error or f"log is incomplete: {e.strerror or e} ({self.dir})"
+        capped, self.log = self.log, None
+        if capped is not None:
             try:
-                f.close()
+                capped.close()
             except OSError:
                 pass  # the same full disk, flushing what it could not write: already said
 
     def close(self, exit_code: int, reason: str) -> None:
-        files, self.files = self.files, {}
-        for f in files.values():
+        capped, self.log = self.log, None
+        if capped is not None:
+            note = capped.note()
             try:
-                f.close()
+                capped.close()
+                self.error = self.error or note.removeprefix("its ")
             except OSError as e:
                 self._fail(e)
+        if self.problem:
+            self.error = "; ".join(x for x in (self.error, self.problem) if x)
         try:
             write_atomic(os.path.join(self.dir, "0.exit"), RankExit(exit_code, reason, time.time()).to_bytes(),
                          durable=False)

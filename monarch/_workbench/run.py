@@ -550,7 +550,7 @@ def run_program(record: JobRecord, state_path: str, argv: list[str], extra: dict
     env = {**os.environ, **extra, "MONARCH_RUN_JOB": state_path, "MONARCH_JOB": state_path,
            "MONARCH_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     record_run(record, run_id, argv, [], False, kind="program")
-    log = ProgramLog(record, run_id)
+    log = ProgramLog(record, run_id, extra)
     # Its writable place, as a command's ranks have theirs (`monarch logs --output DIR` fetches it).
     if "MONARCH_OUTPUT_DIR" not in extra:  # -e MONARCH_OUTPUT_DIR=... wins, a stray one in this shell not
         env["MONARCH_OUTPUT_DIR"] = os.path.join(log.dir, "output")

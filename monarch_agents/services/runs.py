@@ -6,7 +6,8 @@ run's reply port as ``RunOutput`` and into ``<log_dir>/runs/<run id>/<rank>.stdo
 ``<rank>.exit`` file (:class:`RankExit` as JSON, written whole or not at all) marks the log
 complete.  ``<rank>.order`` says in which order the two streams' bytes came: one record per
 chunk, the stream (``o`` or ``e``) and the chunk's length (``<cI``), so a reader can interleave
-them as a terminal showed them.
+them as a terminal showed them.  A rank's log is kept under a cap (``MONARCH_RUN_LOG_MAX``, 256 MiB
+by default): its head and its tail, with a note between them (``monarch_agents.logcap``).
 
 Faults end runs, never hang them.  A log that cannot be written (the disk is full, the folder was
 removed) stops being written, but the rank runs on, its output still streams to the client, and its
@@ -22,7 +23,6 @@ import json
 import logging
 import os
 import selectors
-import struct
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from monarch_agents import messages as m
 from monarch_agents.files import private_dir, write_atomic
+from monarch_agents.logcap import ORDER_RECORD, CappedLog, log_cap  # noqa: F401  (ORDER_RECORD: the format's, re-exported)
 from monarch_agents.names import open_private, path_component
 from monarch_agents.services import Child, Service, killpg, stop_children
 
@@ -47,8 +48,6 @@ WINDOW = 16 << 20
 _WINDOW_POLL_S = 1.0
 #: How many ended ranks' exits the agent remembers for ``monarch logs`` when their exit files could not be written.
 _KEEP_EXITS = 1024
-#: One record of ``<rank>.order``: b"o" (stdout) or b"e" (stderr), then the chunk's length.
-ORDER_RECORD = struct.Struct("<cI")
 
 
 #: The folder of a run's folder that its ranks write to (``$MONARCH_OUTPUT_DIR``).
@@ -176,6 +175,8 @@ class _Run(CommandChild):
     def __init__(self, service: "RunsService", msg: m.RunCommand, run_dir: str):
         super().__init__("run", service, msg.run_id, msg.rank, msg.reply, list(msg.argv), msg.owner)
         self.run_dir = run_dir
+        #: What the client set for this rank (``MONARCH_RUN_LOG_MAX`` may be among it).
+        self.env = dict(msg.env or {})
         self.log_paths = {s: os.path.join(run_dir, f"{msg.rank}.{s}") for s in ("stdout", "stderr", "order")}
 
     def on_started(self, pid: int) -> None:
@@ -302,7 +303,7 @@ class RunsService(Service):
         """Read the rank's pipes to the end: into its log (while that can be written) and to the client
         (never more than WINDOW ahead of it).  Whatever fails, the rank's end is reported."""
         sel = selectors.DefaultSelector()
-        logs = _RankLog(run)
+        logs = _RankLog(run, run.env)
         open_fds = set(fds)
         tel = self.agent.telemetry
         try:
@@ -392,28 +393,38 @@ def _log_error(path: str, e: OSError) -> str:
 
 
 class _RankLog:
-    """A rank's log files, written while they can be: the first write that fails (ENOSPC, EIO, a
-    removed folder) stops all of them and notes why in ``run.log_error``; it never raises."""
+    """A rank's log files, written while they can be, under its cap (``monarch_agents.logcap``): the
+    first write that fails (ENOSPC, EIO, a removed folder) stops all of them and notes why in
+    ``run.log_error``; it never raises.  A log cut at its cap says so there too, once."""
 
-    def __init__(self, run: _Run):
+    def __init__(self, run: _Run, env: dict):
         self.run = run
-        self.fds: dict[str, int] = {}
+        self.log: CappedLog | None = None
+        cap, problem = log_cap(env, os.environ)
+        if problem:  # a bad MONARCH_RUN_LOG_MAX: the default cap applies, and the run's end says so
+            log.warning("run %s rank %d: %s", run.run_id, run.rank, problem)
+            self.problem = problem
+        else:
+            self.problem = ""
         if run.log_error:
             return
         try:
-            for s in ("stdout", "stderr", "order"):
-                self.fds[s] = os.open(run.log_paths[s], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self.log = CappedLog(run.log_paths["stdout"][:-len(".stdout")], cap)
         except OSError as e:
             self.fail(e, run.log_paths["stdout"])
 
     def write(self, stream: str, data: bytes) -> None:
-        if not self.fds:
+        if self.log is None:
             return
+        truncated = self.log.truncated
         try:
-            _write_all(self.fds[stream], data)
-            _write_all(self.fds["order"], ORDER_RECORD.pack(b"o" if stream == "stdout" else b"e", len(data)))
+            self.log.write(stream, data)
         except OSError as e:
             self.fail(e, self.run.log_paths[stream])
+            return
+        if not truncated and self.log.truncated:
+            log.warning("run %s rank %d: its log reached its cap of %d bytes: keeping its tail only from here",
+                        self.run.run_id, self.run.rank, self.log.cap)
 
     def fail(self, e: OSError, path: str) -> None:
         self.run.log_error = _log_error(path, e)
@@ -421,9 +432,17 @@ class _RankLog:
         self.close()
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+        capped, self.log = self.log, None
+        if capped is None:
+            return
+        note = capped.note()
+        try:
+            capped.close()
+        except OSError as e:
+            self.fail(e, self.run.log_paths["stdout"])
+            return
+        if note or self.problem:
+            self.run.log_error = self.run.log_error or "; ".join(x for x in (note, self.problem) if x)
 
 
 def release_memory() -> None:
@@ -443,9 +462,3 @@ def release_memory() -> None:
 
 
 _malloc_trim = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

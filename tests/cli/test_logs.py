@@ -139,3 +139,31 @@ def test_logs_of_a_run_that_is_not_there_fail_at_once_even_with_follow(workdir):
     assert r.returncode == ExitCode.RUN and "Traceback" not in r.stderr
     assert f"run {run['run_id']} never started on host1" in r.stderr and "host0" not in r.stderr.splitlines()[0]
     assert monarch("logs", "-f", "--run", run["run_id"], "--rank", "0", cwd=workdir).returncode == 0  # host0 has it
+
+
+def test_a_runaway_rank_log_is_capped_head_and_tail_kept_and_said_once(workdir):
+    """A rank printing far more than its log's cap (``-e MONARCH_RUN_LOG_MAX=256K``): the terminal gets
+    every byte, the log on disk stays under the cap with its head and tail, and one line says so."""
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    n = 400_000  # 8-byte lines: 3.2 MB, a dozen times the cap
+    script = f"for i in range({n}): print(f'{{i:07d}}')"
+    r = _raw("run", "-e", "MONARCH_RUN_LOG_MAX=256K", "--", sys.executable, "-c", script, cwd=workdir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # The live stream lost nothing.
+    assert r.stdout.count(b"\n") == n and r.stdout.endswith(b"[host0] 0399999\n"), r.stdout[-200:]
+    warnings = [line for line in r.stderr.decode().splitlines() if "its log was cut" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: rank 0 on host0: its log was cut at 256 KiB"), r.stderr
+    # On disk: under the cap (plus the note), no tail file left.
+    run_dirs = [os.path.join(d, x) for d, _, files in os.walk(workdir / ".monarch") for x in files if x == "0.stdout"]
+    assert len(run_dirs) == 1, run_dirs
+    folder = os.path.dirname(run_dirs[0])
+    assert run_dirs[0].removesuffix(".stdout") in warnings[0]  # where
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in ("0.stdout", "0.stderr", "0.order"))
+    assert size <= (256 << 10) + 1024, size
+    assert not [f for f in os.listdir(folder) if ".tail" in f]
+    # `monarch logs`: the head, the note in place, the tail.
+    got = _raw("logs", cwd=workdir)
+    assert got.returncode == 0, got.stderr
+    out = got.stdout + got.stderr
+    assert b"0000000\n0000001\n" in got.stdout and got.stdout.rstrip().endswith(b"0399999")
+    assert b"[monarch: its log was cut at 256 KiB" in out

@@ -1,0 +1,200 @@
+"""A rank's log kept under a size cap: its head and its tail, the middle left out and said so.
+
+A runaway rank once wrote 60 GB of log and filled its host's disk.  So a rank's log (its
+``<rank>.stdout``, ``.stderr`` and ``.order``, the format of ``monarch_agents.services.runs``) takes
+at most ``MONARCH_RUN_LOG_MAX`` bytes (default 256 MiB; ``512M``, ``2G``, ``1048576``; ``0``: no cap),
+read from the rank's environment (``monarch run -e MONARCH_RUN_LOG_MAX=1G``) or else its host
+agent's.  The first half of the cap is written as it comes (the head); after that the output goes
+to two rotating tail files (``<rank>.tail0``/``.tail1``, a quarter of the cap each: the older one is
+emptied when the newer is full), and when the rank ends a one-line note on its stderr (how much was
+left out) and the tail are appended to the log, so a reader sees head, note, tail, in order.  While
+the tail is being kept, ``monarch logs -f`` shows nothing new; it shows the note and the tail at the
+end.  At most about 1.25 times the cap is on disk at once (while the tail is appended).
+
+What it does not change: the live stream to the client gets every byte; only what is kept is cut.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Mapping
+
+#: The environment variable of the cap (bytes, or a size such as ``256M``).
+LOG_MAX_ENV = "MONARCH_RUN_LOG_MAX"
+DEFAULT_LOG_MAX = 256 << 20
+#: One record of ``<rank>.order``: b"o" (stdout) or b"e" (stderr), then the chunk's length.
+ORDER_RECORD = struct.Struct("<cI")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+#: How much of a tail file is read at once when it is appended to the log.
+_COPY = 1 << 20
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``: ``1048576``, ``512K``, ``256M``, ``2G`` (powers of 1024); ValueError otherwise."""
+    t = text.strip().lower()
+    num = t.rstrip("kmgtib")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (e.g. 256M, 2G, or bytes)") from None
+    if unit not in _UNITS or value < 0 or value != value:
+        raise ValueError(f"{text!r} is not a size (e.g. 256M, 2G, or bytes)")
+    return int(value * _UNITS[unit])
+
+
+def log_cap(*envs: Mapping[str, str]) -> tuple[int, str]:
+    """The cap from the first of ``envs`` that sets it, and '' or why that value was not taken
+    (then the default applies: a typo never leaves a rank's log without a cap)."""
+    for env in envs:
+        text = env.get(LOG_MAX_ENV)
+        if text:
+            try:
+                return parse_size(text), ""
+            except ValueError as e:
+                return DEFAULT_LOG_MAX, f"{LOG_MAX_ENV}: {e}; kept {human(DEFAULT_LOG_MAX)}"
+    return DEFAULT_LOG_MAX, ""
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+class CappedLog:
+    """The log files of one rank at ``base`` (``<dir>/<rank>``), kept under ``cap`` bytes (0: none).
+
+    :meth:`write` and :meth:`close` raise ``OSError`` (a full disk): the caller stops writing then."""
+
+    def __init__(self, base: str, cap: int):
+        self.base = base
+        self.cap = cap
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        self.fds: dict[str, int] = {}
+        try:
+            for s in ("stdout", "stderr", "order"):
+                self.fds[s] = os.open(f"{base}.{s}", flags, 0o600)
+        except OSError:
+            self._close_fds()
+            raise
+        #: Bytes (output and order records) the head may still take.
+        self.head_left = cap // 2
+        self.seg_max = max(cap // 4, 1)
+        #: The tail files, oldest first: [fd, bytes in it (records), output bytes in it, path].
+        self.segs: list[list] = []
+        #: Output bytes left out (neither in the head nor in the tail).
+        self.dropped = 0
+        self.head_bytes = 0
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.segs)
+
+    def write(self, stream: str, data: bytes) -> None:
+        tag = b"o" if stream == "stdout" else b"e"
+        if not self.cap:
+            self._append(tag, data)
+            return
+        if not self.segs:
+            room = self.head_left - ORDER_RECORD.size
+            if room > 0:
+                part = data[:room]
+                self._append(tag, part)
+                self.head_left -= len(part) + ORDER_RECORD.size
+                self.head_bytes += len(part)
+                data = data[room:]
+            if not data:
+                return
+        self._tail(tag, data)
+
+    def _append(self, tag: bytes, data: bytes) -> None:
+        _write_all(self.fds["stdout" if tag == b"o" else "stderr"], data)
+        _write_all(self.fds["order"], ORDER_RECORD.pack(tag, len(data)))
+
+    def _tail(self, tag: bytes, data: bytes) -> None:
+        keep = self.seg_max - ORDER_RECORD.size
+        if len(data) > keep:  # one chunk bigger than a tail file: its end is what a tail keeps
+            self.dropped += len(data) - max(keep, 0)
+            data = data[len(data) - max(keep, 0):]
+        if not self.segs or (self.segs[-1][1] and self.segs[-1][1] + ORDER_RECORD.size + len(data) > self.seg_max):
+            self._rotate()
+        seg = self.segs[-1]
+        _write_all(seg[0], ORDER_RECORD.pack(tag, len(data)) + data)
+        seg[1] += ORDER_RECORD.size + len(data)
+        seg[2] += len(data)
+
+    def _rotate(self) -> None:
+        if len(self.segs) < 2:
+            path = f"{self.base}.tail{len(self.segs)}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            self.segs.append([fd, 0, 0, path])
+            return
+        oldest = self.segs.pop(0)
+        self.dropped += oldest[2]
+        os.ftruncate(oldest[0], 0)  # O_APPEND: the next write lands at its new end, 0
+        oldest[1] = oldest[2] = 0
+        self.segs.append(oldest)
+
+    def note(self) -> str:
+        """The line that says what was left out, '' if nothing was."""
+        if not self.segs:
+            return ""
+        tail = sum(s[2] for s in self.segs)
+        return (f"its log was cut at {human(self.cap)} ({LOG_MAX_ENV}): kept the first {human(self.head_bytes)} "
+                f"and the last {human(tail)}, left out {human(self.dropped)} between them "
+                f"({self.base}.stdout, .stderr)")
+
+    def close(self) -> None:
+        """Append the note and the tail (if the cap was reached), remove the tail files, close."""
+        try:
+            if self.segs:
+                marker = f"\n[monarch: {self.note()}]\n".encode()
+                self._append(b"e", marker)
+                for seg in self.segs:
+                    self._copy_tail(seg[0])
+                    os.close(seg[0])
+                    seg[0] = -1
+                    os.unlink(seg[3])  # before the next is copied: the disk holds one tail file less
+        finally:
+            for seg in self.segs:
+                if seg[0] >= 0:
+                    os.close(seg[0])
+                    seg[0] = -1
+                try:
+                    os.unlink(seg[3])
+                except FileNotFoundError:
+                    pass
+            self._close_fds()
+
+    def _copy_tail(self, fd: int) -> None:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            f.seek(0)
+            while True:
+                head = f.read(ORDER_RECORD.size)
+                if len(head) < ORDER_RECORD.size:
+                    return
+                tag, length = ORDER_RECORD.unpack(head)
+                out = self.fds["stdout" if tag == b"o" else "stderr"]
+                left = length
+                while left:
+                    piece = f.read(min(left, _COPY))
+                    if not piece:
+                        raise OSError(f"tail file of {self.base} ended early")
+                    _write_all(out, piece)
+                    left -= len(piece)
+                _write_all(self.fds["order"], head)
+
+    def _close_fds(self) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

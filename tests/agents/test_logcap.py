@@ -1,0 +1,86 @@
+"""A rank's log under its cap: head and tail kept, the middle left out and said so, files bounded."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from monarch._workbench.logs import LogReader, local_fetch
+from monarch_agents.logcap import DEFAULT_LOG_MAX, LOG_MAX_ENV, CappedLog, log_cap, parse_size
+
+
+def _read(run_dir, streams=("stdout", "stderr")):
+    r = LogReader(local_fetch(str(run_dir)), [0], streams)
+    (run_dir / "0.exit").write_text("{}")
+    chunks = r.poll()
+    return b"".join(c.data for c in chunks), chunks
+
+
+def test_sizes_and_bad_values():
+    assert parse_size("1048576") == 1 << 20 and parse_size("256M") == 256 << 20 and parse_size("2GiB") == 2 << 30
+    assert parse_size("512k") == 512 << 10 and parse_size("0") == 0
+    for bad in ("soon", "-1M", "1X", "M"):
+        with pytest.raises(ValueError, match="is not a size"):
+            parse_size(bad)
+    assert log_cap({}) == (DEFAULT_LOG_MAX, "")
+    assert log_cap({LOG_MAX_ENV: "1M"}, {LOG_MAX_ENV: "2M"}) == (1 << 20, "")  # the rank's own first
+    cap, problem = log_cap({LOG_MAX_ENV: "lots"})
+    assert cap == DEFAULT_LOG_MAX and problem.startswith(f"{LOG_MAX_ENV}: 'lots' is not a size")
+
+
+def test_under_the_cap_the_log_is_whole(tmp_path):
+    log = CappedLog(str(tmp_path / "0"), 1 << 20)
+    for i in range(100):
+        log.write("stdout" if i % 2 else "stderr", f"line {i}\n".encode())
+    assert not log.truncated and log.note() == ""
+    log.close()
+    data, chunks = _read(tmp_path)
+    assert data == b"".join(f"line {i}\n".encode() for i in range(100))
+    assert sorted(os.listdir(tmp_path)) == ["0.exit", "0.order", "0.stderr", "0.stdout"]
+
+
+def test_over_the_cap_head_note_and_tail_in_order(tmp_path):
+    cap = 64 << 10
+    log = CappedLog(str(tmp_path / "0"), cap)
+    lines = [f"{i:07d}\n".encode() for i in range(40_000)]  # 320 KB, five times the cap
+    peak = 0
+    for i, line in enumerate(lines):
+        log.write("stderr" if i % 1000 == 999 else "stdout", line)
+        if i % 97 == 0:
+            peak = max(peak, sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)))
+    assert log.truncated
+    note = log.note()
+    log.close()
+    on_disk = sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path))
+    assert peak <= cap + 64 and on_disk <= cap + 1024, (peak, on_disk)  # data, order records and the note
+    assert sorted(os.listdir(tmp_path)) == ["0.order", "0.stderr", "0.stdout"]  # tail files gone
+    data, chunks = _read(tmp_path)
+    head_end = data.index(b"\n[monarch: ")
+    head, rest = data[:head_end], data[head_end:]
+    marker, tail = rest[1:].split(b"\n", 1)
+    assert marker.decode() == f"[monarch: {note}]"
+    assert "left out" in note and "MONARCH_RUN_LOG_MAX" in note and str(tmp_path / "0") in note
+    # The head is the output's beginning, the tail its end, each whole lines in order.
+    assert data.startswith(b"0000000\n0000001\n") and head == b"".join(lines)[:len(head)]
+    assert tail and b"".join(lines).endswith(tail)
+    # At least one tail file's worth: a quarter of the cap in records (5 bytes of order, 8 of output each).
+    assert len(tail) >= (cap // 4) * 8 // 13 - 16
+    assert any(c.stream == "stderr" and c.data == b"0039999\n" for c in chunks)  # streams kept apart
+
+
+def test_a_chunk_bigger_than_the_cap_keeps_its_end(tmp_path):
+    log = CappedLog(str(tmp_path / "0"), 4096)
+    log.write("stdout", b"a" * 10_000 + b"THE END")
+    log.close()
+    data, _ = _read(tmp_path)
+    assert data.startswith(b"a" * 1000) and data.endswith(b"THE END")
+    assert os.path.getsize(tmp_path / "0.stdout") <= 4096
+
+
+def test_no_cap(tmp_path):
+    log = CappedLog(str(tmp_path / "0"), 0)
+    for _ in range(64):
+        log.write("stdout", b"x" * 4096)
+    log.close()
+    assert os.path.getsize(tmp_path / "0.stdout") == 64 * 4096
