@@ -350,9 +350,7 @@ def for_procs() -> str:
     this process was given and those it set, so an actor sees its client's configuration."""
     with _lock:
         merged = {**_load_inherited(), **_runtime}
-    plain = (str, int, float, bool, type(None))
-    return json.dumps({k: v.name if isinstance(v, Encoding) else v if isinstance(v, plain) else str(v)
-                       for k, v in merged.items()})
+    return for_procs_of(merged)
 
 
 def _load_inherited() -> dict[str, Any]:
@@ -382,6 +380,72 @@ def _load_inherited() -> dict[str, Any]:
     _inherited.update(fresh)
     _inherited_from = text
     return _inherited
+
+
+def _shown(value: Any) -> str:
+    """A value as Monarch's config dump shows it (bools as 1/0, no value as '')."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, Encoding):
+        return f"serde_{value.value}" if value is Encoding.Multipart else value.value
+    return str(value)
+
+
+def config_entries(env: dict[str, str], runtime: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every setting of a process whose environment (of :func:`env_names`) is ``env`` and whose own
+    ``configure`` set ``runtime``, as the mesh admin API's ``GET /v1/config/{proc}`` shows them:
+    ``name``, ``value``, ``default_value``, ``source`` (Default, Env, ClientOverride: its spawner's,
+    Runtime), ``changed_from_default`` and ``env_var``, sorted by name."""
+    from monarch._config_names import NAMES
+
+    try:
+        inherited = json.loads(env.get(INHERIT_ENV) or "{}")
+    except ValueError:
+        inherited = {}
+    out = []
+    for key, setting in _SETTINGS.items():
+        name, _, monarch_env = NAMES.get(key, f"monarch::config::{key} ").partition(" ")
+        envs = [*setting.env, *([monarch_env] if monarch_env and monarch_env not in setting.env else [])]
+        if key in runtime:
+            value, source = runtime[key], "Runtime"
+        elif isinstance(inherited, dict) and key in inherited:
+            value, source = inherited[key], "ClientOverride"
+        elif any(env.get(n) for n in envs):
+            value, source = next(env[n] for n in envs if env.get(n)), "Env"
+        else:
+            value, source = setting.default, "Default"
+        out.append({"name": name, "value": _shown(value), "default_value": _shown(setting.default),
+                    "source": source, "changed_from_default": _shown(value) != _shown(setting.default),
+                    "env_var": envs[0] if envs else None})
+    return sorted(out, key=lambda e: e["name"])
+
+
+def env_names() -> list[str]:
+    """The environment variables a process's settings come from (what :func:`config_entries` reads)."""
+    from monarch._config_names import NAMES
+
+    names = {INHERIT_ENV}
+    for key, setting in _SETTINGS.items():
+        names.update(setting.env)
+        monarch_env = NAMES.get(key, "").partition(" ")[2]
+        if monarch_env:
+            names.add(monarch_env)
+    return sorted(names)
+
+
+def _runtime_plain() -> dict[str, Any]:
+    """What ``configure`` set in this process, as plain values (a proc's answer to the admin API)."""
+    with _lock:
+        return json.loads(for_procs_of(_runtime))
+
+
+def for_procs_of(values: dict[str, Any]) -> str:
+    """``values`` as the JSON object :data:`INHERIT_ENV` carries (plain values only)."""
+    plain = (str, int, float, bool, type(None))
+    return json.dumps({k: v.name if isinstance(v, Encoding) else v if isinstance(v, plain) else str(v)
+                       for k, v in values.items()})
 
 
 def get_global_config() -> dict[str, Any]:
@@ -464,6 +528,16 @@ def _parametrize(keys: list[str], rows: list[tuple]) -> Callable[[Callable[..., 
         return pytest.mark.parametrize("_monarch_config", runs, ids=ids)(run)
     return decorate
 
+
+def _answer_admin() -> None:
+    """Let this process's proc agent answer the admin API's config question with what ``configure``
+    set here (the agents' layer cannot import this module; it asks through this hook)."""
+    from monarch_agents import context
+
+    context.config_source = _runtime_plain
+
+
+_answer_admin()
 
 __all__ = ["ConfigValueError", "Encoding", "parametrize_config", "parametrize_config_pointwise", "clear_runtime_config", "configure", "configured", "get_global_config",
            "get_runtime_config", "is_applied", "parse_duration", "seconds"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -44,3 +44,8 @@ CURRENT: contextvars.ContextVar[MessageContext] = contextvars.ContextVar("monarc
 
 def current() -> MessageContext:
     return CURRENT.get()
+
+
+#: What this process's ``monarch.config.configure`` set, as plain values (``monarch.config`` sets
+#: it when imported: this layer cannot import that one); a proc agent's answer to ``ConfigDump``.
+config_source: Callable[[], dict] | None = None

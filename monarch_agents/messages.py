@@ -376,9 +376,36 @@ class TelemetryScan(Message):
 
 @message
 class TakeStacks(Message):
-    """py-spy stacks of live procs and ranks (``ranks``: only those run ranks); answers Arrow IPC bytes."""
+    """py-spy stacks of live procs and ranks (``ranks``: only those run ranks; ``pids``: only those
+    procs); answers Arrow IPC bytes.  A ``dump_id`` marks the rows kept (the mesh admin's stored dumps)."""
 
     ranks: list | None
+    reply: PortRef
+    pids: list | None = None
+    dump_id: str | None = None
+
+
+@message
+class ProfileProc(Message):
+    """Sample one live proc of this host with ``py-spy record`` for ``duration_s``; answers
+    ``{"svg": bytes}``, or ``{"error": kind, "message": text}`` (kind: not_found, unavailable,
+    timeout, failed)."""
+
+    pid: int
+    duration_s: int
+    rate_hz: int
+    native: bool
+    threads: bool
+    nonblocking: bool
+    reply: PortRef
+
+
+@message
+class ConfigDump(Message):
+    """Ask a proc for its configuration: answers ``{"env": {name: value}, "runtime": {key: value}}``,
+    the environment variables of ``names`` it has and what it set itself (``monarch.config.configure``)."""
+
+    names: list
     reply: PortRef
 
 

@@ -596,6 +596,7 @@ class ProcAgent:
         rt.register(m.Call, self.on_call)
         rt.register(m.StopActor, self.on_stop_actor)
         rt.register(m.StopProc, self.on_stop_proc)
+        rt.register(m.ConfigDump, self.on_config_dump)
         actor_logging.install()
         return self
 
@@ -645,6 +646,19 @@ class ProcAgent:
             return
         slot.begin_stop()
         slot.post(msg)
+
+    def on_config_dump(self, msg: m.ConfigDump) -> None:
+        """The environment variables asked for (those settings come from) and what this process
+        configured itself: the mesh admin API turns them into the proc's settings."""
+        from monarch_agents import context
+
+        env = {n: os.environ[n] for n in msg.names if isinstance(n, str) and n in os.environ}
+        try:
+            runtime = dict(context.config_source()) if context.config_source is not None else {}
+        except Exception as e:  # a broken hook must not leave the asker waiting
+            log.debug("config source failed: %s", e)
+            runtime = {}
+        self.send_reply(msg.reply, {"env": env, "runtime": runtime})
 
     def on_stop_proc(self, msg: m.StopProc) -> None:
         threading.Thread(target=self._stop_all, args=(msg,), daemon=True).start()

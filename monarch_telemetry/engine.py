@@ -473,7 +473,7 @@ def finish(p: Plan, parts: dict[str, list[pa.Table]], *, deadline: float | None 
             continue  # not in this query (registering costs a little per table)
         tables = [t for t in parts.get(spec.name, []) if t is not None]
         if spec.name in p.scans and tables:
-            if spec.name in _VIEW_BASES:
+            if spec.name in _VIEW_BASES and words & set(VIEWS):
                 # A view is planned over all its columns, though only some were fetched.
                 tables = [_pad(t, spec.schema) for t in tables]
             schema = tables[0].schema
@@ -500,8 +500,8 @@ def _scan_raw(table: str, sql: str, tables: list, deadline: float | None) -> lis
     return [t for t in tables if t is not None and not is_raw(t)] + [scan_table(table, whole, sql, deadline=deadline)]
 
 
-#: Tables views are made from (small ones: their missing columns are filled with nulls).
-_VIEW_BASES = {"run_ranks"}
+#: Tables views are made from: when a query names a view, their columns it did not fetch are nulls.
+_VIEW_BASES = {"run_ranks", "stacks"}
 
 
 def _pad(t: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -205,10 +205,13 @@ class HostTelemetry:
                 out[table] = str(e)
         return out
 
-    def take_stacks(self, ranks: list[int] | None = None, procs: bool = True) -> bytes:
-        """Stacks of live procs and ranks here (``ranks``: only those run ranks, no procs), as ``stacks`` rows.
+    def take_stacks(self, ranks: list[int] | None = None, procs: bool = True, pids: list[int] | None = None,
+                    dump_id: str | None = None) -> bytes:
+        """Stacks of live procs and ranks here (``ranks``: only those run ranks, no procs; ``pids``:
+        only those procs, no ranks), as ``stacks`` rows.
 
-        The rows are kept in the ``stacks`` table too; the answer is them as Arrow IPC bytes.
+        The rows are kept in the ``stacks`` table too, marked with ``dump_id`` when given; the
+        answer is them as Arrow IPC bytes.
         """
         import pyarrow as pa
 
@@ -221,12 +224,23 @@ class HostTelemetry:
         targets = [Target(p.pid, p.kind, p.run_id, p.rank) for p in live
                    if (p.kind == "rank" and (ranks is None or p.rank in ranks))
                    or (p.kind == "proc" and procs and ranks is None)]
+        if pids is not None:
+            targets = [t for t in targets if t.kind == "proc" and t.pid in pids]
         rows = take(targets, self.host, now_us())
+        if dump_id is not None:
+            for row in rows:
+                row["dump_id"] = dump_id
         schema = TABLES["stacks"].schema
         batch = pa.RecordBatch.from_pylist(rows, schema=schema)
         if rows:
             self.store["stacks"].append_batch(batch)
         return to_ipc([batch], schema)
+
+    def live_proc(self, pid: int) -> bool:
+        """Whether ``pid`` is a proc (not a rank) this host started and that still runs."""
+        with self.lock:
+            p = self.procs.get(pid)
+        return p is not None and p.kind == "proc" and p.ended is None
 
     def save(self, directory: str) -> list[str]:
         """Write every table this host holds as Parquet under ``directory`` (see ``parquet.py``)."""

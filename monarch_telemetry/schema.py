@@ -237,6 +237,7 @@ STACKS = TableSpec("stacks", EVENT, "Python stacks taken by `monarch stack` (py-
     _c("filename", STR, "source file"),
     _c("line", I64, "line number"),
     _c("error", STR, "why no stack could be taken (then the frame columns are empty)", True),
+    _c("dump_id", STR, "the mesh admin's `POST /v1/pyspy_dump` that took it (empty for `monarch stack`)", True),
 ), "host agent")
 
 DEBUG_SESSIONS = TableSpec("debug_sessions", SNAPSHOT,
@@ -319,7 +320,39 @@ FROM run_ranks WHERE ended IS NOT NULL""", (
     _c("time", TIME, "when it exited"),
 ))
 
-VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS)}
+# Monarch's stored py-spy dumps (``POST /v1/pyspy_dump``), by its table and column names: views of
+# the ``stacks`` rows a dump left, so there is one copy of every frame.
+PYSPY_DUMPS = ViewSpec("pyspy_dumps", "One row per py-spy dump the mesh admin API stored (`POST /v1/pyspy_dump/{proc}`).", """
+SELECT dump_id, CAST(to_unixtime(min(time)) * 1000000 AS BIGINT) AS timestamp_us, pid, 'py-spy' AS binary,
+       'proc:' || host || '/' || CAST(pid AS VARCHAR) AS proc_ref
+FROM stacks WHERE dump_id IS NOT NULL GROUP BY dump_id, host, pid""", (
+    _c("dump_id", STR, "the dump's id, as the API answered it"),
+    _c("timestamp_us", I64, "when it was taken (microseconds since the epoch)"),
+    _c("pid", I64, "the process"),
+    _c("binary", STR, "the profiler that took it"),
+    _c("proc_ref", STR, "the proc's mesh admin reference"),
+))
+
+PYSPY_STACK_TRACES = ViewSpec("pyspy_stack_traces", "One row per thread of a stored py-spy dump.", """
+SELECT DISTINCT dump_id, pid, thread_id, thread_name FROM stacks WHERE dump_id IS NOT NULL AND error IS NULL""", (
+    _c("dump_id", STR, "the dump"),
+    _c("pid", I64, "the process"),
+    _c("thread_id", I64, "thread id"),
+    _c("thread_name", STR, "thread name", True),
+))
+
+PYSPY_FRAMES = ViewSpec("pyspy_frames", "One row per frame of a stored py-spy dump.", """
+SELECT dump_id, thread_id, depth AS frame_depth, function AS name, filename, line
+FROM stacks WHERE dump_id IS NOT NULL AND error IS NULL""", (
+    _c("dump_id", STR, "the dump"),
+    _c("thread_id", I64, "thread id"),
+    _c("frame_depth", I64, "0 = innermost frame"),
+    _c("name", STR, "function name"),
+    _c("filename", STR, "source file"),
+    _c("line", I64, "line number"),
+))
+
+VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS, PYSPY_DUMPS, PYSPY_STACK_TRACES, PYSPY_FRAMES)}
 
 
 def all_specs() -> list[TableSpec | ViewSpec]:

@@ -7,7 +7,10 @@ py-spy reads the target's memory (ptrace): it needs the same user and, in some
 containers, the SYS_PTRACE capability; a process it cannot read gives a row with
 ``error`` set instead of frames.
 
-What it does not do: native (C/C++) frames, or locals.
+:func:`profile_svg` samples one process for a while (``py-spy record``) and answers the
+flamegraph as SVG: the mesh admin API's ``POST /v1/pyspy_profile_svg``.
+
+What it does not do: native (C/C++) frames or locals in dumps.
 """
 
 from __future__ import annotations
@@ -80,6 +83,43 @@ def dump(pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> tuple[list[dict], str |
         return json.loads(r.stdout), None
     except ValueError:
         return [], "py-spy printed something that is not JSON"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What :func:`profile_svg` gave: the SVG, or why none (``error``: unavailable, timeout, failed)."""
+
+    svg: bytes | None
+    error: str | None = None
+    message: str = ""
+
+
+def profile_svg(pid: int, duration_s: int, rate_hz: int, *, native: bool = False, threads: bool = False,
+                nonblocking: bool = False) -> Profile:
+    """Sample ``pid`` for ``duration_s`` seconds at ``rate_hz`` with ``py-spy record``; a flamegraph SVG."""
+    import tempfile
+
+    exe = py_spy()
+    if exe is None:
+        return Profile(None, "unavailable", "py-spy not available on this host (pip install py-spy)")
+    # py-spy writes the SVG to a file: a private folder of ours, gone when we return.
+    with tempfile.TemporaryDirectory(prefix="monarch-profile-") as tmp:
+        out = os.path.join(tmp, "profile.svg")
+        argv = [exe, "record", "--pid", str(pid), "--duration", str(int(duration_s)), "--rate", str(int(rate_hz)),
+                "--format", "flamegraph", "--output", out]
+        argv += ["--native"] * native + ["--threads"] * threads + ["--nonblocking"] * nonblocking
+        # py-spy may take a few seconds past the duration to attach and write the file.
+        limit = duration_s + DUMP_TIMEOUT_S
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=limit, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return Profile(None, "timeout", f"py-spy record took more than {limit:.0f} s")
+        if r.returncode != 0 or not os.path.exists(out):
+            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+            first = lines[-1] if lines else f"py-spy record exited with {r.returncode}"
+            return Profile(None, "failed", first.removeprefix("Error: "))
+        with open(out, "rb") as f:
+            return Profile(f.read())
 
 
 def take(targets: list[Target], host: str, time_us: int) -> list[dict]:

@@ -9,9 +9,13 @@ says otherwise) for as long as it holds the job:
 * admin (``JobState.admin_url``): Monarch's mesh admin API, a tree of references to walk from
   ``GET /v1/root`` (hosts, then procs, then actors, each ``GET /v1/{reference}``), ``GET
   /v1/pyspy/{proc}`` (the proc's Python stacks by ``monarch stack``'s py-spy), ``GET /v1/tree``,
-  ``GET /v1/admin``, ``POST /v1/query`` and JSON Schemas under ``/v1/schema``.  Errors are
-  ``{"error": {"code": "not_found" | "bad_request" | "gateway_timeout" | "internal_error",
-  "message": ...}}``.  The tree is read from the telemetry tables (``hosts``, ``procs``,
+  ``GET /v1/admin``, ``POST /v1/query``, JSON Schemas under ``/v1/schema``, ``GET
+  /v1/openapi.json`` and ``GET /SKILL.md`` (``admin_api.py``); of a proc, ``GET /v1/config/{proc}``
+  (its settings, asked of the proc: ``ConfigDump``), ``POST /v1/pyspy_dump/{proc}`` (its stacks,
+  kept by its host under a ``dump_id``: the ``pyspy_*`` views) and ``POST
+  /v1/pyspy_profile_svg/{proc}`` (``py-spy record`` on its host: ``ProfileProc``).  Errors are
+  ``{"error": {"code": "not_found" | "bad_request" | "gateway_timeout" | "service_unavailable" |
+  "internal_error", "message": ...}}``, with Monarch's HTTP statuses (404, 400, 504, 503, 500).  The tree is read from the telemetry tables (``hosts``, ``procs``,
   ``actors``, ``actor_status_events``, ``messages``), so it shows what they recorded.
 
 References are opaque strings (``root``, ``host:NAME``, ``proc:NAME/PID``,
@@ -30,6 +34,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -122,6 +127,33 @@ def _now() -> str:
 
 class NotFound(Exception):
     pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+class Unavailable(Exception):
+    """A tool the answer needs is missing where it runs (py-spy): 503, ``service_unavailable``."""
+
+
+class Failed(Exception):
+    """The work ran and failed (py-spy could not read the proc): 500, ``internal_error``."""
+
+
+def proc_of(ref: str) -> tuple[str, int]:
+    """(host, pid) of a proc reference ``proc:HOST/PID``, or BadRequest."""
+    kind, _, rest = ref.partition(":")
+    host, _, pid = rest.rpartition("/")
+    if kind != "proc" or not host or not pid.isdigit():
+        raise BadRequest(f"invalid proc reference {ref!r}: expected proc:HOST/PID (a child of a host node)")
+    return host, int(pid)
+
+
+def _seconds(key: str) -> float:
+    from monarch import config
+
+    return config.seconds(key)
 
 
 class AdminTree:
@@ -245,25 +277,30 @@ class AdminTree:
                                  ("└── " if ai == len(node["children"]) - 1 else "├── ") + a)
         return "\n".join(lines) + "\n"
 
-    def pyspy(self, ref: str) -> dict:
+    def _host_of(self, host: str) -> Any:
+        for h in self.hosts.hosts:
+            if h.host == host:
+                return h
+        raise NotFound(f"no host {host!r} in this job")
+
+    def pyspy(self, ref: str, dump_id: str | None = None) -> dict:
+        """The proc's Python stacks as Monarch's ``PySpyResult`` (``Ok``, ``BinaryNotFound``, ``Failed``);
+        with ``dump_id``, the stack rows its host keeps are marked with it (``pyspy_dumps``)."""
         from monarch._workbench.telemetry import stacks
 
-        kind, _, rest = ref.partition(":")
-        host, _, pid_s = rest.rpartition("/")
-        if kind != "proc" or not pid_s.isdigit():
-            raise NotFound(f"{ref!r} is not a proc reference (proc:HOST/PID)")
-        pid = int(pid_s)
-        targets = [h for h in self.hosts.hosts if h.host == host]
-        if not targets:
-            raise NotFound(f"no host {host!r}")
-        table = stacks(self.hosts, hosts=targets).table  # type: ignore[arg-type]
-        rows = [r for r in table.to_pylist() if r["pid"] == pid]
+        host, pid = proc_of(ref)
+        target = self._host_of(host)
+        result = stacks(self.hosts, hosts=[target], pids=[pid], dump_id=dump_id,  # type: ignore[arg-type]
+                        timeout_s=_seconds("mesh_admin_pyspy_bridge_timeout"))
+        if result.errors:
+            raise TimeoutError(f"host {host!r} gave no stacks: {next(iter(result.errors.values()))}")
+        rows = [r for r in result.table.to_pylist() if r["pid"] == pid]
         if not rows:
             raise NotFound(f"no live proc {pid} on host {host!r}")
         errors = [r["error"] for r in rows if r.get("error")]
         if errors:
-            if "not found" in errors[0].lower() or "no py-spy" in errors[0].lower():
-                return {"BinaryNotFound": {"searched": ["py-spy"]}}
+            if "not installed" in errors[0].lower():
+                return {"BinaryNotFound": {"searched": ["py-spy beside the host agent's Python", "py-spy on PATH"]}}
             return {"Failed": {"pid": pid, "binary": "py-spy", "exit_code": None, "stderr": errors[0]}}
         threads: dict[int, dict] = {}
         for r in sorted(rows, key=lambda r: (r["thread_id"], r["depth"])):
@@ -273,7 +310,83 @@ class AdminTree:
             t["frames"].append({"name": r["function"], "filename": r["filename"], "line": r["line"],
                                 "is_entry": False, "module": None,
                                 "short_filename": os.path.basename(r["filename"] or ""), "locals": None})
-        return {"Ok": {"pid": pid, "binary": "py-spy", "stack_traces": list(threads.values()), "warnings": []}}
+        return {"Ok": {"pid": pid, "binary": "py-spy", "capture_mode": "python_only",
+                       "stack_traces": list(threads.values()), "warnings": []}}
+
+    def pyspy_dump(self, ref: str) -> dict:
+        """Take the proc's stacks and keep them on its host under a new id (``pyspy_dumps``)."""
+        dump_id = str(uuid.uuid4())
+        result = self.pyspy(ref, dump_id)
+        if "BinaryNotFound" in result:
+            raise Unavailable("py-spy not available on the proc's host; searched: "
+                              + ", ".join(result["BinaryNotFound"]["searched"]))
+        if "Failed" in result:
+            raise Failed(f"py-spy failed: {result['Failed']['stderr']}")
+        return {"dump_id": dump_id}
+
+    def profile_svg(self, ref: str, opts: Any) -> bytes:
+        """``py-spy record`` of the proc for ``opts["duration_s"]`` seconds, as an SVG flamegraph."""
+        from monarch_agents.messages import ProfileProc
+
+        duration, rate = _profile_opts(opts)
+        host, pid = proc_of(ref)
+        target = self._host_of(host)
+        f = self.hosts.rt.request(target.addr, lambda port: ProfileProc(
+            pid, duration, rate, bool(opts["native"]), bool(opts["threads"]), bool(opts["nonblocking"]), port))
+        # The host's own limit is the duration plus py-spy's start; wait a little past it.
+        try:
+            answer = f.get(timeout=duration + _seconds("mesh_admin_pyspy_bridge_timeout"))
+        except TimeoutError:
+            raise TimeoutError(f"no profile from host {host!r} within the duration and "
+                               "mesh_admin_pyspy_bridge_timeout") from None
+        if answer.get("svg") is not None:
+            return answer["svg"]
+        kind, message = answer.get("error"), answer.get("message") or "py-spy record failed"
+        raise {"not_found": NotFound, "unavailable": Unavailable, "timeout": TimeoutError}.get(kind, Failed)(message)
+
+    def config(self, ref: str) -> dict:
+        """The proc's settings (``monarch.config``), as Monarch's ``ConfigDumpResult``."""
+        from monarch import config
+        from monarch_agents.messages import ConfigDump, Ping
+
+        host, pid = proc_of(ref)
+        target = self._host_of(host)
+        timeout = _seconds("mesh_admin_config_dump_bridge_timeout")
+        try:
+            info = self.hosts.rt.request(target.addr, lambda port: Ping(port)).get(timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(f"host {host!r} did not answer within {timeout:g} s") from None
+        addr = next((p["addr"] for p in info.procs if p["pid"] == pid and p["addr"]), None)
+        if addr is None:
+            raise NotFound(f"no live proc {pid} on host {host!r}")
+        names = config.env_names()
+        try:
+            answer = self.hosts.rt.request(addr, lambda port: ConfigDump(names, port)).get(timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError("timed out waiting for config dump "
+                               f"(mesh_admin_config_dump_bridge_timeout, {timeout:g} s)") from None
+        return {"entries": config.config_entries(answer.get("env") or {}, answer.get("runtime") or {})}
+
+
+def _profile_opts(opts: Any) -> tuple[int, int]:
+    """(duration_s, rate_hz) of a ``PySpyProfileOpts`` body, checked, or BadRequest."""
+    if not isinstance(opts, dict):
+        raise BadRequest('expected a JSON object {"duration_s", "rate_hz", "native", "threads", "nonblocking"}')
+    missing = [k for k in ("duration_s", "rate_hz", "native", "threads", "nonblocking") if k not in opts]
+    if missing:
+        raise BadRequest(f"missing field(s): {', '.join(missing)}")
+    duration, rate = opts["duration_s"], opts["rate_hz"]
+    if not isinstance(duration, int) or isinstance(duration, bool) or duration < 1:
+        raise BadRequest("duration_s must be positive (whole seconds)")
+    longest = _seconds("mesh_admin_pyspy_max_profile_duration")
+    if duration > longest:
+        raise BadRequest(f"duration_s must be at most {longest:g} (mesh_admin_pyspy_max_profile_duration)")
+    if not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= 1000:
+        raise BadRequest("rate_hz must be between 1 and 1000")
+    for k in ("native", "threads", "nonblocking"):
+        if not isinstance(opts[k], bool):
+            raise BadRequest(f"{k} must be true or false")
+    return duration, rate
 
 
 def _q(text: str) -> str:
@@ -352,7 +465,8 @@ class JobServer:
     # -- answers ----
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, body: Any, ctype: str = "application/json") -> None:
-        data = body.encode() if isinstance(body, str) else json.dumps(body, default=str).encode()
+        data = body if isinstance(body, bytes) else body.encode() if isinstance(body, str) else \
+            json.dumps(body, default=str).encode()
         h.send_response(status)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(data)))
@@ -362,12 +476,47 @@ class JobServer:
     def _error(self, h: BaseHTTPRequestHandler, status: int, code: str, message: str) -> None:
         self._send(h, status, {"error": {"code": code, "message": message}})
 
+    def _answer(self, h: BaseHTTPRequestHandler, work: Any) -> None:
+        """Run ``work()`` -> (status, body, content type) and send it, or the error envelope for
+        what it raised: every failure is answered, never a dropped connection."""
+        try:
+            status, body, ctype = work()
+        except NotFound as e:
+            self._error(h, 404, "not_found", str(e))
+        except BadRequest as e:
+            self._error(h, 400, "bad_request", str(e))
+        except Unavailable as e:
+            self._error(h, 503, "service_unavailable", str(e))
+        except TimeoutError as e:
+            self._error(h, 504, "gateway_timeout", str(e))
+        except Failed as e:
+            self._error(h, 500, "internal_error", str(e))
+        except Exception as e:  # noqa: BLE001 - see above
+            self._error(h, 500, "internal_error", f"{type(e).__name__}: {e}")
+        else:
+            self._send(h, status, body, ctype)
+
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         path = urllib.parse.urlsplit(h.path).path
+        if self.admin and path == "/SKILL.md":
+            from monarch._workbench.admin_api import skill_md
+
+            self._send(h, 200, skill_md(self._base_url(h)), "text/markdown; charset=utf-8")
+            return
         if not self.admin or not path.startswith("/v1/"):
             self._error(h, 404, "not_found", f"no such path {path}")
             return
         rest = path[len("/v1/"):]
+        json_ = "application/json"
+        if rest == "openapi.json":
+            from monarch._workbench.admin_api import openapi
+
+            self._answer(h, lambda: (200, openapi(), json_))
+            return
+        if rest.startswith("config/"):
+            ref = urllib.parse.unquote(rest[len("config/"):])
+            self._answer(h, lambda: (200, self.tree.config(ref), json_))
+            return
         try:
             if rest == "admin":
                 self._send(h, 200, {"actor_id": f"mesh_admin@client/{os.getpid()}", "proc_id": f"client/{os.getpid()}",
@@ -382,17 +531,40 @@ class JobServer:
                 self._send(h, 200, self.tree.tree(), "text/plain; charset=utf-8")
             elif rest.startswith("pyspy/"):
                 self._send(h, 200, self.tree.pyspy(urllib.parse.unquote(rest[len("pyspy/"):])))
+            elif rest == "query":
+                self._error(h, 405, "bad_request", 'POST /v1/query with {"sql": "SELECT ..."}')
             else:
                 self._send(h, 200, self.tree.resolve(urllib.parse.unquote(rest)))
         except NotFound as e:
             self._error(h, 404, "not_found", str(e))
+        except BadRequest as e:
+            self._error(h, 400, "bad_request", str(e))
         except TimeoutError as e:
             self._error(h, 504, "gateway_timeout", str(e))
         except Exception as e:  # noqa: BLE001 - every failure is answered, never a dropped connection
             self._error(h, 500, "internal_error", f"{type(e).__name__}: {e}")
 
+    def _base_url(self, h: BaseHTTPRequestHandler) -> str:
+        return f"http://{h.headers.get('Host')}" if h.headers.get("Host") else self.url
+
+    def _body(self, h: BaseHTTPRequestHandler) -> Any:
+        length = int(h.headers.get("Content-Length") or 0)
+        try:
+            return json.loads(h.rfile.read(min(length, 1 << 20)) or b"{}")
+        except ValueError as e:
+            raise BadRequest(f"body is not JSON: {e}") from None
+
     def _post(self, h: BaseHTTPRequestHandler) -> None:
         path = urllib.parse.urlsplit(h.path).path
+        dump, svg = "/v1/pyspy_dump/", "/v1/pyspy_profile_svg/"
+        if self.admin and path.startswith(dump):
+            ref = urllib.parse.unquote(path[len(dump):])
+            self._answer(h, lambda: (200, self.tree.pyspy_dump(ref), "application/json"))
+            return
+        if self.admin and path.startswith(svg):
+            ref = urllib.parse.unquote(path[len(svg):])
+            self._answer(h, lambda: (200, self.tree.profile_svg(ref, self._body(h)), "image/svg+xml"))
+            return
         if not ((path == "/api/query" and self.telemetry) or (path == "/v1/query" and self.admin)):
             self._error(h, 404, "not_found", f"no such path {path}")
             return

@@ -141,15 +141,16 @@ def _finish(p: Any, parts: dict, timeout_s: float) -> tuple[Any, bool]:
 
 
 def stacks(record: JobRecord, *, hosts: list[HostRecord] | None = None, ranks: list[int] | None = None,
-           timeout_s: float = 30.0) -> QueryResult:
-    """Live Python stacks (py-spy) of every proc and rank, or of ``ranks`` of the running run on ``hosts``."""
+           pids: list[int] | None = None, dump_id: str | None = None, timeout_s: float = 30.0) -> QueryResult:
+    """Live Python stacks (py-spy) of every proc and rank, or of ``ranks`` of the running run on ``hosts``
+    (``pids``: only those procs; ``dump_id`` marks the rows the hosts keep, the admin API's stored dumps)."""
     import pyarrow as pa
 
     from monarch_agents.messages import TakeStacks
     from monarch_telemetry.schema import TABLES
     from monarch_telemetry.table import from_ipc
 
-    answers, errors = _fan_out(record, lambda port: TakeStacks(ranks, port), timeout_s, hosts)
+    answers, errors = _fan_out(record, lambda port: TakeStacks(ranks, port, pids, dump_id), timeout_s, hosts)
     tables = [from_ipc(a) for a in answers.values()]
     table = pa.concat_tables(tables) if tables else TABLES["stacks"].schema.empty_table()
     missing = [h for h in errors]

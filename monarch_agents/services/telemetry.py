@@ -4,7 +4,8 @@ It makes the agent's :class:`~monarch_telemetry.host.HostTelemetry` (``agent.tel
 which the runs and procs services tell what happens (ranks started, printed, ended;
 procs started, ended).  Procs and clients on this host push their recorded rows
 (``TelemetryRows``); ``monarch query`` sends pushed-down scans (``TelemetryScan``);
-``monarch stack`` asks for py-spy stacks (``TakeStacks``).  Every handler only hands the
+``monarch stack`` asks for py-spy stacks (``TakeStacks``), the mesh admin API for a
+profile (``ProfileProc``).  Every handler only hands the
 work to a thread of its own: a slow or huge query never holds the agent's IO thread, and
 a scan is cancelled at its deadline.  Listed first among the services, it stops last, so
 rows recorded while the others stop are still answered for.  With
@@ -52,7 +53,8 @@ class TelemetryService(Service):
         return debug.telemetry_rows() if debug is not None else []
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
-        return {m.TelemetryRows: self.on_rows, m.TelemetryScan: self.on_scan, m.TakeStacks: self.on_stacks}
+        return {m.TelemetryRows: self.on_rows, m.TelemetryScan: self.on_scan, m.TakeStacks: self.on_stacks,
+                m.ProfileProc: self.on_profile}
 
     def info(self) -> dict:
         store = self.tel._store
@@ -83,7 +85,24 @@ class TelemetryService(Service):
 
     def on_stacks(self, msg: m.TakeStacks) -> None:
         ranks = [int(r) for r in msg.ranks] if msg.ranks else None
-        self._stacks.submit(self._answer, msg.reply, lambda: self.tel.take_stacks(ranks))
+        pids = [int(p) for p in msg.pids] if msg.pids is not None else None
+        dump_id = str(msg.dump_id) if msg.dump_id else None
+        self._stacks.submit(self._answer, msg.reply, lambda: self.tel.take_stacks(ranks, pids=pids, dump_id=dump_id))
+
+    def on_profile(self, msg: m.ProfileProc) -> None:
+        # A thread of its own: a profile lasts its whole duration and must not hold stack dumps up.
+        threading.Thread(target=self._answer, args=(msg.reply, lambda: self._profile(msg)),
+                         name="telemetry-profile", daemon=True).start()
+
+    def _profile(self, msg: m.ProfileProc) -> dict:
+        from monarch_telemetry.stacks import profile_svg
+
+        pid = int(msg.pid)
+        if not self.tel.live_proc(pid):  # only procs this agent runs: never any process of the host
+            return {"error": "not_found", "message": f"no live proc {pid} on host {self.agent.host!r}"}
+        p = profile_svg(pid, int(msg.duration_s), int(msg.rate_hz), native=bool(msg.native),
+                        threads=bool(msg.threads), nonblocking=bool(msg.nonblocking))
+        return {"svg": p.svg} if p.svg is not None else {"error": p.error, "message": p.message}
 
     def _answer(self, reply: m.PortRef, work: Callable[[], Any]) -> None:
         try:
