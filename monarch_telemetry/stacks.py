@@ -115,9 +115,13 @@ def profile_svg(pid: int, duration_s: int, rate_hz: int, *, native: bool = False
         except subprocess.TimeoutExpired:
             return Profile(None, "timeout", f"py-spy record took more than {limit:.0f} s")
         if r.returncode != 0 or not os.path.exists(out):
-            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
-            first = lines[-1] if lines else f"py-spy record exited with {r.returncode}"
-            return Profile(None, "failed", first.removeprefix("Error: "))
+            # py-spy says why on its "Error:" line (a backtrace follows it); it exits 0 even then.
+            lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
+            why = next((ln for ln in lines if ln.startswith("Error:")), lines[-1] if lines else "")
+            why = why.removeprefix("Error: ") or f"py-spy record exited with {r.returncode}"
+            if "no stack counts" in why.lower():
+                why = f"no samples: the proc ran no Python code in those {duration_s} s (idle threads are left out)"
+            return Profile(None, "failed", why)
         with open(out, "rb") as f:
             return Profile(f.read())
 

@@ -3,6 +3,7 @@ answers, every $ref resolves), a proc's settings, a stored py-spy dump read back
 as an SVG flamegraph, and the error envelope of each with bad input."""
 
 import json
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -15,10 +16,10 @@ from monarch.job import MeshAdminConfig, ProcessJob
 
 class Spinner(Actor):
     @endpoint
-    def spin(self, seconds: float) -> int:
-        """Busy for a while, so a profile has samples of it."""
-        end, n = time.monotonic() + seconds, 0
-        while time.monotonic() < end:
+    def spin(self, until: str) -> int:
+        """Busy until the file ``until`` exists, so a profile has samples of it (py-spy leaves idle threads out)."""
+        n = 0
+        while not os.path.exists(until):
             n += 1
         return n
 
@@ -28,7 +29,9 @@ job = ProcessJob({"hosts": 1}).enable_admin(MeshAdminConfig())
 state = job.state(cached_path=None)
 procs = state.hosts.spawn_procs(per_host={"procs": 1})
 spinner = procs.spawn("spinner", Spinner)
-spinner.spin.call(0.01).get()
+open("stop", "w").close()
+spinner.spin.call(os.path.abspath("stop")).get()
+os.remove("stop")
 base = state.admin_url
 
 
@@ -73,6 +76,7 @@ bodies = {"/v1/query": {"sql": "SELECT 1 AS one"},
           "/v1/pyspy_profile_svg/{proc_reference}": {"duration_s": 1, "rate_hz": 50, "native": False,
                                                      "threads": False, "nonblocking": False}}
 answered = []
+busy = spinner.spin.call(os.path.abspath("swept"))
 for path, ops in sorted(spec["paths"].items()):
     url = path
     for k, v in fill.items():
@@ -83,6 +87,8 @@ for path, ops in sorted(spec["paths"].items()):
         if c != 200:
             print("not answered:", method, url, c, body[:300])
 print("every route answers:", len(answered), all(answered))
+open("swept", "w").close()
+busy.get()
 print("skill:", http("GET", "/SKILL.md")[1], base in http("GET", "/SKILL.md")[2].decode())
 
 # -- a proc's settings ----
@@ -111,11 +117,12 @@ print("stored:", dumps == [{"proc_ref": proc, "binary": "py-spy"}],
           "AND thread_name = 'actor-spinner'"))
 
 # -- a profile ----
-busy = spinner.spin.call(6.0)
+busy = spinner.spin.call(os.path.abspath("profiled"))
 time.sleep(0.5)
 code, ctype, data = http("POST", "/v1/pyspy_profile_svg/" + enc(proc),
                          {"duration_s": 2, "rate_hz": 100, "native": False, "threads": False, "nonblocking": False})
 print("profile:", code, ctype, data.lstrip().startswith(b"<?xml") and b"<svg" in data, b"spin" in data)
+open("profiled", "w").close()
 busy.get()
 
 # -- errors ----
