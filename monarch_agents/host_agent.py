@@ -498,7 +498,9 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
     """Start many host agents on this machine (the local scheduler's hosts), each a fork of this process.
 
     ``path`` is a JSON list of ``{"args": [...], "log": FILE}``: each agent runs with ``common`` plus
-    its ``args``, in a session of its own (it outlives its starter), its output appended to ``log``.
+    its ``args``, in a session of its own (it outlives its starter), its output appended to ``log``;
+    with ``"netns": PATH`` (and ``"hostname"``, ``"hosts_file"``) in the namespaces of a ``--netns``
+    host (``monarch_agents/hostns.py``).
     What every agent and zygote imports (the agent, its services, the proc agent, ``preload``) is
     imported once here, and the garbage collector's objects frozen, so that a host costs a fork and
     its own few MiB, not two interpreters and their imports (about 0.4 CPU-s and 30 MiB each).
@@ -570,6 +572,11 @@ def _fork_host(h: dict, common: list[str], services: Iterable[type[Service]], si
         os.close(log_fd)
         for fd in (w, *siblings):
             os.close(fd)
+        if h.get("netns"):
+            # Before any thread starts (a new mount namespace is refused to a threaded process).
+            from monarch_agents.hostns import enter
+
+            enter(h["netns"], h.get("hostname", ""), h.get("hosts_file", ""))
         main([*common, *h["args"]], services, forked=True, keys_fd=r)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1

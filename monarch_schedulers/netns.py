@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 #: The /16 that subnets are taken from (a /24 per reservation).
@@ -136,16 +137,17 @@ def create(tag: str, hosts: int, supernet: str = SUPERNET) -> NetnsPlan:
         fcntl.flock(lock, fcntl.LOCK_EX)
         p = plan(tag, hosts, _free_subnet(supernet))
         try:
-            _ip("link", "add", p.bridge, "type", "bridge")
-            _ip("addr", "add", f"{p.bridge_ip}/{p.prefix}", "dev", p.bridge)
-            _ip("link", "set", p.bridge, "up")
+            # One `ip -batch` for the machine's side and one per namespace, not six `ip` per host
+            # (64 hosts: 1.4 s of `ip` starts on a loaded 2-core machine).
+            root = [f"link add {p.bridge} type bridge", f"addr add {p.bridge_ip}/{p.prefix} dev {p.bridge}",
+                    f"link set {p.bridge} up"]
             for h in p.hosts:
-                _ip("netns", "add", h.netns)
-                _ip("link", "add", h.link, "type", "veth", "peer", "name", "eth0", "netns", h.netns)
-                _ip("link", "set", h.link, "master", p.bridge, "up")
-                _ip("-n", h.netns, "addr", "add", f"{h.ip}/{p.prefix}", "dev", "eth0")
-                _ip("-n", h.netns, "link", "set", "eth0", "up")
-                _ip("-n", h.netns, "link", "set", "lo", "up")
+                root += [f"netns add {h.netns}", f"link add {h.link} type veth peer name eth0 netns {h.netns}",
+                         f"link set {h.link} master {p.bridge} up"]
+            _batch(root)
+            inside = [[f"addr add {h.ip}/{p.prefix} dev eth0", "link set eth0 up", "link set lo up"] for h in p.hosts]
+            with ThreadPoolExecutor(min(8, max(1, len(p.hosts)))) as pool:
+                list(pool.map(lambda h, cmds: _batch(cmds, netns=h.netns), p.hosts, inside))
         except BaseException:
             remove(p)
             raise
@@ -154,10 +156,9 @@ def create(tag: str, hosts: int, supernet: str = SUPERNET) -> NetnsPlan:
 
 def remove(p: NetnsPlan) -> None:
     """Remove the namespaces and the bridge (their veth pairs go with them). Safe to call twice."""
-    for h in p.hosts:
-        _ip("netns", "del", h.netns, check=False)
-        _ip("link", "del", h.link, check=False)  # gone with its peer already, unless creation stopped halfway
-    _ip("link", "del", p.bridge, check=False)
+    # The veth ends too: gone with their peers already, unless creation stopped halfway.
+    _batch([*(f"netns del {h.netns}" for h in p.hosts), *(f"link del {h.link}" for h in p.hosts),
+            f"link del {p.bridge}"], check=False)
 
 
 def remove_tag(tag: str) -> None:
@@ -232,6 +233,15 @@ def _free_subnet(supernet: str = SUPERNET) -> str:
         if not any(net.overlaps(u) for u in used):
             return str(net)
     raise NetnsError(f"every /24 of {supernet} is in use", "`monarch stop` reservations made with --netns")
+
+
+def _batch(commands: list[str], *, netns: str = "", check: bool = True) -> None:
+    """Run ``ip`` commands (one per line) in one ``ip -batch`` (in ``netns``); ``check=False``: every
+    line is tried (``-force``) and failures are ignored."""
+    argv = ["ip", *(["-n", netns] if netns else []), *([] if check else ["-force"]), "-batch", "-"]
+    r = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise NetnsError(f"`ip{' -n ' + netns if netns else ''}` failed: {r.stderr.strip() or r.returncode}")
 
 
 def _ip(*args: str, check: bool = True) -> None:

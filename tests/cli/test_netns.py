@@ -123,6 +123,17 @@ def test_serve_run_actors_shell_logs_stop_between_namespaces(netns_workdir):
     assert [h["addr"].split("//")[1].split(":")[0] for h in served["hosts"]] == ips
     assert len(set(ips)) == 2 and not any(ip.startswith("127.") for ip in ips)
     assert oct(os.stat(wd / ".monarch" / "jobs" / "default" / "local.json").st_mode & 0o777) == "0o600"
+    # Forks of one launcher (not an interpreter each), each inside its own host's network, UTS and
+    # mount namespaces, its /etc/hosts the reservation's.
+    mine = {k: os.readlink(f"/proc/self/ns/{k}") for k in ("net", "uts", "mnt")}
+    pids = [h["pid"] for h in served["hosts"]]
+    cmdlines = {open(f"/proc/{pid}/cmdline", "rb").read() for pid in pids}
+    assert len(cmdlines) == 1 and b"--fork-hosts" in cmdlines.pop()
+    for pid, h in zip(pids, plan.hosts):
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(h.path).st_ino
+        assert all(os.readlink(f"/proc/{pid}/ns/{k}") != v for k, v in mine.items())
+    with open(f"/proc/{pids[1]}/root/etc/hosts") as f:
+        assert f"{ips[1]} host1" in f.read()
     # Run twice on the same agents: each rank sees its own hostname and address.
     for _ in range(2):
         r = monarch("run", "--", "sh", "-c", "echo $(hostname) $MASTER_ADDR; ip -4 -o addr show eth0 | awk '{print $4}'",
