@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 from monarch_rdmafs.private import UnsafeFolder, check_private, private_dir, runtime_dir  # noqa: F401  (the one rule; see there)
 
@@ -10,22 +11,58 @@ from monarch_rdmafs.private import UnsafeFolder, check_private, private_dir, run
 def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
     """Write ``data`` so a reader sees the old file or the new one, never half (mode 0600).
 
-    ``durable=False`` skips the fsync (a few ms): readers still never see half a file, but a
+    A temporary file of its own beside ``path`` (so two writers, threads of one process included,
+    never share one), written whole, fsynced, then renamed over ``path`` and the folder fsynced: a
+    full disk (ENOSPC) or a crash leaves the old file as it was and no temporary behind.  A failure
+    raises ``OSError`` naming ``path``.
+
+    ``durable=False`` skips the fsyncs (a few ms): readers still never see half a file, but a
     crash of the machine may lose it.  For files on a hot path that a reader can do without.
     """
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    folder = os.path.dirname(path) or "."
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)  # 0600
+    except OSError as e:
+        raise _naming(e, path) from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
             if durable:
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise _naming(e, path) from None
         raise
+    if durable:
+        _fsync_dir(folder)
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` survive a crash (best effort: some file systems refuse)."""
+    try:
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def _naming(e: OSError, path: str) -> OSError:
+    """``e`` with ``path`` as its file name (the temporary's name, or none, says nothing to a user)."""
+    if e.errno is None:
+        return e
+    return OSError(e.errno, e.strerror, path)  # of e's subclass again (FileNotFoundError, ...): OSError picks it by errno

@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Iterable, TypeVar
 
 from monarch_agents import messages as m
-from monarch_agents.files import private_dir
+from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.hardening import not_dumpable
 from monarch_agents.keys import CLIENT, LOCAL_PROC
 from monarch_agents.runtime import Runtime, install
@@ -356,12 +356,8 @@ class HostAgent:
 
 
 def write_json_atomic(path: str, data: dict) -> None:
-    """Write ``data`` to ``path`` so a reader never sees half a file (mode 0600)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` so a reader never sees half a file (mode 0600; see ``write_atomic``)."""
+    write_atomic(path, json.dumps(data).encode())
 
 
 def _interpreter_first_on_path() -> None:

@@ -8,6 +8,8 @@ line still goes to stderr for the person watching.
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import traceback
 
@@ -30,6 +32,11 @@ def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> clic
         (message, hint), code = missing, ExitCode.USAGE
     elif isinstance(e, UnsafeFolder):
         message, hint, code = e.message, e.hint, int(ExitCode.STATE)
+    elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        # A full disk is the user's to fix, not a bug of ours: where, and how to see it.
+        where = os.path.dirname(str(e.filename)) if e.filename else ""
+        message = f"{e.strerror}" + (f" writing {e.filename}" if e.filename else "")
+        hint, code = f"free space there (`df -h {where or '.'}`) and run again; nothing was left half-written", ExitCode.FAILED
     elif type(e).__name__ == "ConfigValueError":  # monarch.config's: a setting of the wrong form
         message, hint, code = str(e), "fix or unset it (`monarch.config`'s docstring lists the settings)", ExitCode.USAGE
     elif isinstance(e, KeyboardInterrupt):

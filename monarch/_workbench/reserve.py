@@ -138,7 +138,11 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
     """
     make_job_dir(job_dir)
     keys = JobKeys.generate()
-    write_keys(job_dir, keys)
+    try:
+        write_keys(job_dir, keys)
+    except BaseException:  # a full disk, say: leave no half-made job folder behind
+        _remove_job_dir(job_dir)
+        raise
     sched = scheduler_for(spec)
     if hasattr(sched, "start_timeout_s"):  # the local scheduler's launcher: bounded as the agents' start is
         from monarch import config

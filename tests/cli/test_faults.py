@@ -405,3 +405,27 @@ def test_a_killed_monarch_run_takes_its_program_with_it(workdir):
     assert wait_gone(program, 30) == []
     r = monarch("run", "--", "echo", "next", cwd=workdir, timeout=60)
     assert r.returncode == 0 and r.stdout == "[host0] next\n", r.stderr
+
+
+@root_only
+def test_serve_on_a_full_disk_is_one_line_and_leaves_nothing(small_disk):
+    """The job's files cannot be written: one line naming the file and how to look, exit 1 at once,
+    no half-made job folder, no state file, no agent started."""
+    from tests.helpers import session_pids
+
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    before = set(session_pids())
+    r = monarch("serve", "--hosts", "1", cwd=small_disk, timeout=60)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("error: No space left on device writing ") and "keys.json" in lines[0], r.stderr
+    assert "df -h" in lines[1] and len(lines) == 2 and "Traceback" not in r.stderr
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+    assert [c for p, c in session_pids().items() if p not in before and "host_agent" in c] == []
