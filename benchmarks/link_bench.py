@@ -13,7 +13,9 @@ Measures, with the load average beside each figure:
    both ends in libzmq's I/O threads);
 4. monarch's ``--mib`` MiB bytes echo (``call_one(data).get()``) between this host and a host served
    in its own network namespace (``monarch serve --hosts 1 --netns``: TCP + CURVE, as between
-   machines), MB/s = payload / round trip, so each direction moves twice that rate.
+   machines), MB/s = payload / round trip, so each direction moves twice that rate: first with
+   big buffers through the CURVE connection (``MONARCH_BULK_STREAMS=0``, the baseline), then with
+   the bulk streams (``monarch_agents/bulk.py``: AEAD-sealed chunks over parallel TCP streams).
 
 The lower of (1) and (2) is the limit a single stream can reach here; the ratios say how close
 each layer comes.  Every namespace and the reservation are removed at the end.
@@ -212,9 +214,13 @@ procs.stop().get(timeout=60)
 """
 
 
-def echo_rate(mib: int, reps: int) -> dict:
+def echo_rate(mib: int, reps: int, streams: str | None = None) -> dict:
+    """The echo's rate; ``streams``: MONARCH_BULK_STREAMS for the host agent, its procs and the client
+    ("0": big buffers go through CURVE as before the bulk path; None: the default)."""
     cli = [sys.executable, "-m", "monarch_cli.main"]
     env = {**os.environ, "PYTHONPATH": REPO}
+    if streams is not None:
+        env["MONARCH_BULK_STREAMS"] = streams
     d = tempfile.mkdtemp(prefix="link_bench_")
     try:
         r = subprocess.run([*cli, "serve", "--hosts", "1", "--netns"], cwd=d, env=env, capture_output=True, text=True,
@@ -244,13 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"mib": args.mib, "cpus": os.cpu_count(), "load_start": load()}
     res["cipher"] = cipher_rate(args.mib, args.reps)
     res["link"] = link_rates(args.mib, args.reps)
+    res["monarch_curve_only"] = echo_rate(args.mib, args.reps, "0")
     res["monarch"] = echo_rate(args.mib, args.reps)
-    c, lk, mo = res["cipher"], res["link"], res["monarch"]
+    c, lk, mo, base = res["cipher"], res["link"], res["monarch"], res["monarch_curve_only"]
     limit = min(c["encrypt_cpu_MBps"], c["decrypt_cpu_MBps"], lk["veth_tcp_MBps"])
     res["limit_MBps"] = limit
     # An echo moves the payload both ways, one after the other: each direction ran at 2x the echo rate.
     res["ratios"] = {"zmq_plain / veth": round(lk["zmq_plain_MBps"] / lk["veth_tcp_MBps"], 3),
                      "zmq_curve / limit": round(lk["zmq_curve_MBps"] / limit, 3),
+                     "monarch echo, CURVE only (per direction) / limit": round(2 * base["echo_MBps"] / limit, 3),
                      "monarch echo (per direction) / limit": round(2 * mo["echo_MBps"] / limit, 3)}
     if args.json:
         print(json.dumps(res, indent=2))
@@ -260,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({c['encrypt_wall_MBps']} wall), decrypt {c['decrypt_cpu_MBps']} ({c['decrypt_wall_MBps']} wall)   load {c['load']}")
     print(f"veth pair, one TCP stream: {lk['veth_tcp_MBps']} MB/s   load {lk['load_veth']}")
     print(f"zmq PUSH/PULL over it: plain {lk['zmq_plain_MBps']} MB/s, CURVE {lk['zmq_curve_MBps']} MB/s   load {lk['load_zmq']}")
-    print(f"monarch bytes echo to a --netns host: {mo['echo_MBps']} MB/s a round trip "
+    print(f"monarch bytes echo to a --netns host, big buffers through CURVE (MONARCH_BULK_STREAMS=0, before): "
+          f"{base['echo_MBps']} MB/s a round trip ({2 * base['echo_MBps']} MB/s each way)   load {base['load_echo']}")
+    print(f"monarch bytes echo to a --netns host, bulk streams: {mo['echo_MBps']} MB/s a round trip "
           f"({2 * mo['echo_MBps']} MB/s each way)   load {mo['load_echo']}")
     print(f"limit (lower of one core's cipher and the veth): {limit} MB/s;  " +
           ";  ".join(f"{k} {v}" for k, v in res["ratios"].items()))

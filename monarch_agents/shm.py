@@ -240,6 +240,24 @@ def _native_calls() -> tuple:
     return _native
 
 
+def new_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new ``bytes`` of ``n`` bytes, and a writable view of its contents to fill before anyone sees it.
+
+    Huge pages are asked for first where the kernel gives them on request (see :func:`to_bytes`).
+    :func:`to_bytes` of the view (or of a slice spanning it) is that ``bytes`` itself, with no copy.
+    """
+    ctypes, make, madvise = _native_calls()
+    out = make(None, n)
+    addr = id(out) + bytes.__basicsize__ - 1  # where a bytes object's data begins (CPython's layout)
+    if madvise is not None and n >= _HUGE:
+        lo, hi = -(-addr // _HUGE) * _HUGE, (addr + n) // _HUGE * _HUGE
+        if hi > lo:
+            madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    arr = (ctypes.c_char * n).from_address(addr)
+    arr.made_bytes = out  # keeps it alive as long as the view is, and tells to_bytes
+    return out, memoryview(arr).cast("B")
+
+
 def to_bytes(buf: Any) -> bytes:
     """``bytes(buf)``, faster for a large received segment.
 
@@ -250,18 +268,13 @@ def to_bytes(buf: Any) -> bytes:
     """
     mv = memoryview(buf)
     src = mv.obj
+    made = getattr(src, "made_bytes", None)
+    if made is not None and mv.nbytes == len(made):
+        return made  # filled by its maker (new_bytes) already: no copy
     if not isinstance(src, Mapping) or mv.nbytes < _HUGE or not mv.c_contiguous or mv.nbytes != src.length:
         return bytes(mv)
-    ctypes, make, madvise = _native_calls()
     n = mv.nbytes
-    out = make(None, n)
-    addr = id(out) + bytes.__basicsize__ - 1  # where a bytes object's data begins (CPython's layout)
-    if madvise is not None:
-        lo, hi = -(-addr // _HUGE) * _HUGE, (addr + n) // _HUGE * _HUGE
-        if hi > lo:
-            madvise(lo, hi - lo, _MADV_HUGEPAGE)
-    # Filled before anyone else can see it: the object was made a moment ago, here.
-    dst = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+    out, dst = new_bytes(n)
     m = _maps.get(src.fd, n)
     if m is not None:
         dst[:] = memoryview(m)[:n]

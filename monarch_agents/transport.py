@@ -11,6 +11,10 @@ its TCP address (``monarch_agents/ipc.py``): the sending thread writes the messa
 itself, large buffers go as shared memory, and no ZeroMQ thread or CURVE
 encryption sits in between.  Peers on other hosts get ZeroMQ DEALER sockets.
 
+Big buffers to another host (4 MiB or more in one message) go beside the CURVE connection, on
+bulk streams sealed with a key sent through it (``monarch_agents/bulk.py``); messages after one on the
+same connection wait until it is whole.
+
 Peers are watched: when the connection to a peer closes (the peer died, or its
 host did), ``on_peer_lost(addr)`` runs within milliseconds.  For ZeroMQ peers
 socket monitors tell, and ZMTP heartbeats catch peers that vanish without
@@ -43,7 +47,7 @@ from typing import Any, Callable
 
 import zmq
 
-from monarch_agents import ipc, tunnel, wire
+from monarch_agents import bulk, ipc, shm, tunnel, wire
 from monarch_agents.zap import KeyGate
 from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
@@ -268,6 +272,16 @@ class Mailbox:
         self._drained = threading.Condition()
         self._lingering = 0
         self.dead: set[str] = set()
+        # Big buffers to peers on other hosts (monarch_agents/bulk.py): the sending side, made on
+        # first use; the peers whose receiver never reached our bulk port (CURVE carries all then);
+        # the connections (ROUTER routing ids) whose messages wait behind a bulk fetch (IO thread
+        # only); the transfers received whole lately (so that a copy resent inline is dropped).
+        self._outbox: bulk.Outbox | None = None
+        self._inbox = bulk.Inbox()
+        self._no_bulk: set[str] = set()
+        self._held: dict[bytes, list[tuple[list[Any], str]]] = {}
+        self._fetched_ids: dict[bytes, None] = {}
+        self._local_ips: dict[str, str] = {}
         self.stats_received = 0
         self.stats_dropped = 0
 
@@ -373,6 +387,9 @@ class Mailbox:
         for link in [*self._links.values(), *new_links]:
             link.close()
         self._links.clear()
+        self._inbox.close()
+        if self._outbox is not None:
+            self._outbox.close()
         if self._listener is not None:
             self._listener.close()
         if self._auth is not None:
@@ -477,6 +494,12 @@ class Mailbox:
 
     def _send_zmq(self, addr: str, frames: list[Any], p: _Peer) -> None:
         big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
+        if big and threading.current_thread() is not self._thread and addr not in self._no_bulk:
+            # Not from the IO thread: it starts the fetches of what peers send us, and two IO
+            # threads each waiting for the other to fetch would wait for CONNECT_S.
+            frames = self._send_bulk(addr, frames, p)
+            if not frames:
+                return
         # Never block: the IO thread sends too (replies), and a DEALER with no pipe to its
         # peer would wait forever.  With the pipe there, only a full queue says Again.
         with p.lock:
@@ -495,6 +518,54 @@ class Mailbox:
         # The caller may reuse its buffer as soon as we return: wait until sent (or
         # dropped, when the peer dies and its socket is closed).
         tracker.wait()
+
+    def _send_bulk(self, addr: str, frames: list[Any], p: _Peer) -> list[Any]:
+        """Send ``frames`` with their big buffers over bulk streams (see ``monarch_agents/bulk.py``).
+
+        Returns [] when the peer has it all, else the frames to send on the CURVE connection instead.
+        """
+        idx = [i for i in range(2, len(frames)) if _nbytes(frames[i]) >= bulk.MIN_FRAME]
+        if sum(_nbytes(frames[i]) for i in idx) < bulk.MIN_BYTES or self._socks or self._advertise is not None:
+            return frames
+        try:
+            if self._outbox is None:
+                with self._peers_lock:
+                    if self._outbox is None:
+                        self._outbox = bulk.Outbox(self.name)
+            if not self._outbox.available:
+                return frames
+            host = addr_host(addr)
+            local_ip = self._local_ips.get(host)
+            if local_ip is None:
+                # The address our CURVE connection to the peer comes from: the one the receiver
+                # sees it from and connects back to.
+                local_ip = self._local_ips[host] = route_ip(host, None)
+            why, desc, reached = self._outbox.send(addr, local_ip, frames, idx,
+                                                   lambda small: self._send_small(addr, small, p),
+                                                   lambda: addr not in self.dead and not p.sock.closed)
+        except (OSError, bulk.BulkError) as e:
+            log.warning("%s: no bulk path to %s (%s): big messages go on its CURVE connection", self.name, addr, e)
+            self._no_bulk.add(addr)
+            return frames
+        if not why:
+            return []
+        if addr in self.dead:
+            raise PeerLost(addr)
+        if not reached:
+            self._no_bulk.add(addr)
+        log.warning("%s: a bulk transfer to %s failed (%s); it goes on the CURVE connection", self.name, addr, why)
+        return bulk.inline_frames(desc, frames)
+
+    def _send_small(self, addr: str, frames: list[Any], p: _Peer) -> None:
+        with p.lock:
+            try:
+                p.sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                raise PeerLost(addr) from None
+            except zmq.ZMQError:
+                if p.sock.closed:
+                    raise PeerLost(addr) from None
+                raise
 
     def linger(self, timeout: float = _LINGER_S) -> None:
         """Wait, at most ``timeout``, until what was sent to same-host peers has left this process."""
@@ -549,6 +620,8 @@ class Mailbox:
         if type(p) is ipc.Link:
             self._drop_link(p)
             return
+        if self._outbox is not None:
+            self._outbox.fail_peer(addr)
         with self._peers_lock:
             self._new_monitors = [(a, mon) for a, mon in self._new_monitors if mon is not p.monitor]
         fd = self._zmq_fds.pop(p.monitor, None)
@@ -658,9 +731,83 @@ class Mailbox:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            if len(frames) < 2:
+                continue
             # The role the ZAP handler gave the peer's key (a policy, and reply routing, look at it).
-            self._deliver(frames[1:], (), frames[1].get("User-Id") if len(frames) > 1 else "")
+            role = frames[1].get("User-Id")
+            rid = frames[0].bytes
+            held = self._held.get(rid)
+            if held is not None:  # behind a bulk fetch from the same connection: order is kept
+                held.append((frames, role))
+            else:
+                self._receive(rid, frames, role)
         self._redrain = True  # its FD will not say so again: come back without waiting
+
+    def _receive(self, rid: bytes, frames: list[Any], role: str) -> None:
+        if bulk.is_descriptor(frames[1].buffer):
+            self._bulk_in(rid, frames, role)
+        else:
+            self._deliver(frames[1:], (), role)
+
+    def _bulk_in(self, rid: bytes, frames: list[Any], role: str) -> None:
+        """A message whose big buffers come by bulk streams: checked as ``_deliver`` would, then fetched."""
+        body = list(frames[2:])
+        guarded = self._guard_procs and role in PROC_ROLES
+        try:
+            desc = bulk.parse(frames[1].buffer, len(body), self.proc_frame_limit if guarded else wire.MAX_FRAME_BYTES)
+            if desc.inline:
+                if desc.tid in self._fetched_ids:
+                    return  # we have it: the sender did not hear our acknowledgement
+                self._deliver(body, (), role)
+                return
+            if any(_nbytes(body[i].buffer) for i, _ in desc.big):
+                raise bulk.BulkError("a bulk frame's place in the message is not empty")
+            size = wire.frames_size(body) + sum(n for _, n in desc.big)
+            if guarded and size > self.proc_frame_limit:
+                raise bulk.BulkError(f"a {size}-byte message from a proc's key is over the "
+                                     f"{self.proc_frame_limit}-byte limit for procs")
+            if guarded or self._admit is not None:
+                cls = wire.message_type(body)
+                if self._admit is not None and not self._admit(cls, role):
+                    self.stats_refused += 1
+                    log.warning("%s: refused a %s from a peer with the %s key", self.name, cls.__name__, role or "no")
+                    return
+            host = frames[1].get("Peer-Address")
+        except (bulk.BulkError, wire.WireError, zmq.ZMQError) as e:
+            self.stats_dropped += 1
+            log.warning("%s: dropped a malformed bulk message: %s", self.name, e)
+            return
+        dsts = []
+        for i, n in desc.big:
+            _, view = shm.new_bytes(n)
+            body[i] = view
+            dsts.append(view)
+        self._held[rid] = []
+        threading.Thread(target=self._fetch, args=(rid, desc, host, body, dsts, role), name=f"{self.name}-bulk-in",
+                         daemon=True).start()
+
+    def _fetch(self, rid: bytes, desc: bulk.Descriptor, host: str, body: list[Any], dsts: list[memoryview],
+               role: str) -> None:
+        """A bulk fetch's thread: it ends with the fetch (by ``bulk.STALL_S`` without progress)."""
+        try:
+            self._inbox.fetch(desc, host, dsts)
+        except bulk.BulkError as e:
+            log.warning("%s: a bulk fetch from %s failed: %s", self.name, host, e)
+            body = []
+        self.call_soon(lambda: self._fetched(rid, desc, body, role))
+
+    def _fetched(self, rid: bytes, desc: bulk.Descriptor, body: list[Any], role: str) -> None:
+        if body:
+            self._fetched_ids[desc.tid] = None
+            if len(self._fetched_ids) > 1024:
+                del self._fetched_ids[next(iter(self._fetched_ids))]
+            self._deliver(body, (), role)
+        held = self._held.pop(rid, [])
+        for k, (frames, r) in enumerate(held):
+            self._receive(rid, frames, r)
+            if rid in self._held:  # another bulk message: the rest waits behind it too
+                self._held[rid].extend(held[k + 1:])
+                return
 
     def _deliver(self, frames: Any, fds: Any, role: str) -> None:
         # A proc's key (any rank or actor holds one) is held to less than the client's: at a host

@@ -31,6 +31,7 @@ def test_link_bench_small_runs_and_reports() -> None:
     out = json.loads(p.stdout)
     for section, keys in {"cipher": ["encrypt_cpu_MBps", "decrypt_cpu_MBps"],
                           "link": ["veth_tcp_MBps", "zmq_plain_MBps", "zmq_curve_MBps"],
+                          "monarch_curve_only": ["echo_MBps"],
                           "monarch": ["echo_MBps"]}.items():
         for k in keys:
             assert out[section][k] > 0, (section, k)

@@ -107,6 +107,10 @@ print("WHERE", got)
 print("ONE", w.slice(hosts=1, gpus=0).where.call_one().get())
 data = os.urandom(8 << 20)
 assert w.slice(hosts=1, gpus=1).echo.call_one(data).get() == data
+# Several big buffers of odd sizes (bulk streams between hosts: monarch_agents/bulk.py), both ways.
+many = [os.urandom((5 << 20) + 3), b"small", os.urandom((1 << 20) + 1), bytearray(os.urandom(6 << 20))]
+assert w.slice(hosts=1, gpus=0).echo.call_one(many).get() == many
+print("BULK", len(runtime.current().mailbox._fetched_ids) >= 2)
 print("INTRUDER", w.slice(hosts=1, gpus=0).ask_host.call_one(HOST0, MARKER).get())
 # Every connection of this client went over TCP: no host shares its Unix sockets.
 rt = runtime.current()
@@ -151,6 +155,7 @@ def test_serve_run_actors_shell_logs_stop_between_namespaces(netns_workdir):
            f"('host1', 'host1', '{ips[1]}'), ('host1', 'host1', '{ips[1]}')]" in r.stdout, r.stdout
     assert f"ONE ('host1', 'host1', '{ips[1]}')" in r.stdout
     assert "LINKS ['_Peer']" in r.stdout  # ZeroMQ peers only
+    assert "BULK True" in r.stdout  # the big answers came by bulk streams
     assert "INTRUDER ['refused', 'refused']" in r.stdout and not marker.exists()
     assert f"CLIENT {plan.bridge_ip}" in r.stdout  # the client listens where the hosts can reach it
     # A shell and the logs.
