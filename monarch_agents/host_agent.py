@@ -487,6 +487,9 @@ def _read_keys(keys_file: str, keys_fd: int = -1) -> JobKeys:
 #: loads (pyarrow: ~0.15 CPU-s and ~20 MiB of private memory per agent when each imports it; shared
 #: pages when the launcher did).  pyarrow's allocator thread and Arrow's pools are fork-safe.
 _LAUNCHER_PRELOAD = ("monarch_telemetry.table", "monarch_telemetry.raw")
+#: ...and what a workspace mount process (a fork of each agent's zygote) imports, where installed:
+#: then it is a fork's few private pages, not ~18 MiB of its own.
+_LAUNCHER_OPTIONAL = ("trio", "pyfuse3", "monarch_rdmafs.fs", "monarch_rdmafs.mount")
 
 
 def fork_hosts(path: str, common: list[str], preload: list[str], services: Iterable[type[Service]],
@@ -512,6 +515,11 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
             importlib.import_module(mod)
         except Exception as e:  # the zygotes say so again; a missing optional library only costs speed
             print(f"monarch host agent: could not preload {mod}: {e}", file=sys.stderr)
+    for mod in _LAUNCHER_OPTIONAL:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass  # no FUSE here: workspaces are materialized, no mount process is started
     try:
         from monarch_telemetry.host import warm
 

@@ -125,9 +125,10 @@ class Zygote:
             self._shutdown()
 
     def _shutdown(self) -> None:
-        for pid in list(self.children):
+        for pid, kind in list(self.children.items()):
             try:
-                os.killpg(pid, signal.SIGKILL)
+                # A helper (a workspace mount) is told to end, so it unmounts; anything else is killed.
+                os.killpg(pid, signal.SIGTERM if kind == "call" else signal.SIGKILL)
             except OSError:
                 pass
         os._exit(0)
@@ -205,6 +206,14 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
                         hint += f"; if torch is not installed there: {install_hint('torch')}"
                 os.write(2, f"monarch: cannot run {argv[0]!r}: {e.strerror}{hint}\n".encode())
                 os._exit(127)
+        elif req["kind"] == "call":
+            # One of the agent's own helpers (a workspace mount: monarch_rdmafs.mount): its module's
+            # main in this warm fork, instead of a new interpreter importing it all again.
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
+            sys.argv = [req["module"], *req["argv"]]
+            importlib.import_module(req["module"]).main(list(req["argv"]))
+            code = 0
         else:
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)

@@ -19,6 +19,7 @@ import os
 import select
 import subprocess
 import time
+from typing import Any, Callable, Protocol
 
 
 class HelperProcess:
@@ -31,9 +32,15 @@ class HelperProcess:
     """
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, ready_fd_flag: str | None = None,
-                 stdout: int | None = None, stderr: int | None = None, cwd: str | None = None):
+                 stdout: int | None = None, stderr: int | None = None, cwd: str | None = None,
+                 spawn: "Spawn | None" = None):
+        """``spawn``: starts the child instead of ``subprocess.Popen`` (a host agent's zygote forks a
+        warm one: see :data:`Spawn`); only with the stdout protocol, ``env`` and ``cwd`` left out."""
         if stdout is not None and not ready_fd_flag:
             raise ValueError("stdout is the helper's line protocol unless it answers on a pipe of its own")
+        if spawn is not None and (ready_fd_flag or env is not None or cwd is not None):
+            raise ValueError("a spawned helper answers on its stdout and keeps its spawner's environment")
+        self.spawn = spawn
         self.argv = list(argv)
         self.env = env
         self.ready_fd_flag = ready_fd_flag
@@ -49,6 +56,9 @@ class HelperProcess:
     def start(self, config: bytes | None = None, *, keep_stdin: bool = True) -> None:
         """Start the child in a session of its own; ``config`` is written to its stdin, which then
         stays open (the child ends when it closes) unless ``keep_stdin`` is False."""
+        if self.spawn is not None:
+            self._start_spawned(config, keep_stdin)
+            return
         argv, w = self.argv, -1
         pass_fds: tuple[int, ...] = ()
         if self.ready_fd_flag:
@@ -71,6 +81,30 @@ class HelperProcess:
             assert self.proc.stdout is not None
             self._fd = self.proc.stdout.fileno()
         assert self.proc.stdin is not None
+        try:
+            if config is not None:
+                self.proc.stdin.write(config)
+                self.proc.stdin.flush()
+            if not keep_stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass  # it died at once: wait_ready says so
+
+    def _start_spawned(self, config: bytes | None, keep_stdin: bool) -> None:
+        assert self.spawn is not None
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            handle = self.spawn(self.argv, in_r, out_w, self.stderr if self.stderr is not None else 2)
+        except BaseException:
+            for fd in (in_w, out_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        self.proc = _Spawned(handle, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"))
+        self._fd = out_r
         try:
             if config is not None:
                 self.proc.stdin.write(config)
@@ -167,3 +201,48 @@ class HelperProcess:
             os.close(self._fd)
         self._fd = -1
         return p.returncode
+
+
+class SpawnedChild(Protocol):
+    """What a :data:`Spawn` returns: a started child, as much of ``subprocess.Popen`` as a helper uses."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code; ``subprocess.TimeoutExpired`` after ``timeout`` s."""
+        ...
+
+    def kill(self) -> None: ...
+
+
+#: ``spawn(argv, stdin_fd, stdout_fd, stderr_fd)``: start ``argv`` (``[python, "-m", module, *args]``)
+#: with those descriptors as its stdio (the spawner dups what it keeps), in a session of its own.
+Spawn = Callable[[list[str], int, int, int], SpawnedChild]
+
+
+class _Spawned:
+    """A :class:`SpawnedChild` with the pipes to it: the parts of a ``Popen`` :class:`HelperProcess` uses."""
+
+    def __init__(self, child: SpawnedChild, stdin: Any, stdout: Any):
+        self.child = child
+        self.stdin = stdin
+        self.stdout = stdout
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.child.poll()
+
+    def poll(self) -> int | None:
+        return self.child.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.child.wait(timeout)
+
+    def kill(self) -> None:
+        self.child.kill()

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from monarch_rdmafs import messages as wm
 from monarch_rdmafs.errors import CorruptChunk, StoreFull, SyncError
-from monarch_rdmafs.helper import HelperProcess
+from monarch_rdmafs.helper import HelperProcess, Spawn
 from monarch_rdmafs.manifest import Manifest
 from monarch_rdmafs.mount import FuseMount, MaterializedMount, fuse_unavailable_reason, unmount_stale
 from monarch_rdmafs.private import UnsafeFolder, private_dir
@@ -70,8 +70,10 @@ class WorkspaceService:
 
     def __init__(self, root: str, *, host: str, host_rank: int, send: Callable[[str, Any], None],
                  reply: Callable[[Any, Any, bool], None], addr: Callable[[], str] = lambda: "",
-                 private_top: str | None = None):
+                 private_top: str | None = None, spawn: Spawn | None = None):
+        """``spawn``: how mount processes start (see :class:`~monarch_rdmafs.mount.FuseMount`)."""
         self.root = os.path.abspath(root)
+        self._spawn = spawn
         #: The highest folder that must be private along with the root (see ``monarch_rdmafs.private``).
         self._private_top = private_top
         self.host = host
@@ -154,7 +156,7 @@ class WorkspaceService:
         with self._lock:
             want = not self.mounts and self._warm is None and not self._stopping.is_set()
         if want and not self.fuse_reason:
-            warm = FuseMount.warm(self.store)
+            warm = FuseMount.warm(self.store, self._spawn)
             with self._lock:
                 if not self._stopping.is_set():
                     warm, self._warm = None, warm
@@ -226,7 +228,7 @@ class WorkspaceService:
                 server = MaterializedMount(self.store, mountpoint)
                 server.start(manifest_id)
             else:
-                server = FuseMount(self.store, mountpoint)
+                server = FuseMount(self.store, mountpoint, self._spawn)
                 with self._lock:
                     warm, self._warm = self._warm, None
                 server.start(manifest_id, warm)

@@ -105,6 +105,29 @@ def test_stop_removes_the_store_of_a_host_agent_killed_with_sigkill(workdir):
     assert [m for m in _rdmafs_mounts() if any(m.startswith(r + os.sep) for r in roots)] == []
 
 
+def test_mounts_are_forks_of_each_hosts_zygote_and_unmount_when_their_agent_is_killed(workdir, fuse_ok):
+    _project(workdir)
+    served = json.loads(monarch("--json", "serve", "--hosts", "2", "--workspace", ".", cwd=workdir, check=True).stdout)
+    mounts = served["workspace"]["mounts"]
+    try:
+        for h in served["hosts"]:
+            agent = psutil.Process(h["pid"])
+            [zygote] = agent.children()
+            [mount] = zygote.children()
+            # A fork of the warm zygote (FUSE imported once, by the launcher), not an interpreter of its own.
+            assert mount.cmdline() == agent.cmdline() and mount.pid != zygote.pid
+            assert mounts[h["host"]] in _rdmafs_mounts()
+        # The agent killed: its zygote tells the mount to end (not SIGKILL), and it unmounts itself.
+        victim = served["hosts"][1]
+        mount = psutil.Process(victim["pid"]).children()[0].children()[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        mount.wait(30)
+        assert mounts[victim["host"]] not in _rdmafs_mounts()
+    finally:
+        assert monarch("stop", cwd=workdir).returncode == 0
+    assert not set(_rdmafs_mounts()) & set(mounts.values())
+
+
 def test_env_dir_is_synced_beside_and_leads_path(workdir, fuse_ok):
     _project(workdir)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(workdir / ".venv")], check=True)
