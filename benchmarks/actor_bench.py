@@ -615,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="same-host path vs a host in its own network namespace (root; TCP + CURVE)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--death-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--only", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="",
+                    help="comma-separated metric key prefixes to measure (e.g. call_one,throughput,call_8_)")
     ap.add_argument("--job-state", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -628,11 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(args.quick, args.death_cap)
     theirs: dict | None = None
     if args.compare:
-        ours = run_impl_subprocess("monarch", args.monarch_python, args)
+        # --only narrows both runs (e.g. the message hot path: call_one,throughput,call_8_).
+        only = ["--only", args.only] if args.only else []
+        ours = run_impl_subprocess("monarch", args.monarch_python, args, only)
         if tm_python is None:
             log("no torchmonarch interpreter (--torchmonarch-python); comparing with the reference column only")
         else:
-            theirs = run_impl_subprocess("torchmonarch", tm_python, args)
+            theirs = run_impl_subprocess("torchmonarch", tm_python, args, only)
         result: dict = {"monarch": ours, "torchmonarch": theirs, "reference_torchmonarch": REFERENCE,
                         "metrics": {k: {"label": label, "unit": unit, "kind": kind} for k, label, unit, kind in METRICS}}
         if theirs is not None:
