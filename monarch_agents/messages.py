@@ -529,3 +529,48 @@ class ActorDebugWaiting(Message):
     """To the owner of a proc, when one of its actors opens a debug session."""
 
     session: dict
+
+
+# --- compact forms of the hot path (see wire.register_compact) -------------------------------
+
+
+def _pickled_values(p: Pickled) -> tuple[Any, list]:
+    """A Pickled's body and buffers as plain values: big ones out of band, as ``Pickled.__reduce__`` sends them."""
+    body = p.body
+    if len(body) >= wire.OOB_THRESHOLD:
+        body = pickle.PickleBuffer(body)
+    bufs = p.buffers
+    if bufs:
+        bufs = [b if type(b) is pickle.PickleBuffer else pickle.PickleBuffer(b) for b in bufs]
+    return body, bufs
+
+
+def _call_values(c: Call) -> tuple | None:
+    if type(c.payload) is not Pickled:
+        return None
+    body, bufs = _pickled_values(c.payload)
+    r = c.reply
+    return (c.actor_id, c.method, body, bufs, c.point, c.extent, r.addr if r is not None else None,
+            r.port_id if r is not None else 0, c.rank, c.sender)
+
+
+def _call_from(v: tuple) -> Call:
+    actor_id, method, body, bufs, point, extent, reply_addr, reply_port, rank, sender = v
+    reply = PortRef(reply_addr, reply_port) if reply_addr is not None else None
+    return Call(actor_id, method, Pickled(body, bufs), point, extent, reply, rank, sender)
+
+
+def _reply_values(r: Reply) -> tuple | None:
+    if type(r.payload) is not Pickled:
+        return None  # an agent's answer (True, a list of ProcInfo, an error): the usual pickle
+    body, bufs = _pickled_values(r.payload)
+    return r.port_id, r.rank, r.ok, body, bufs
+
+
+def _reply_from(v: tuple) -> Reply:
+    port_id, rank, ok, body, bufs = v
+    return Reply(port_id, rank, ok, Pickled(body, bufs))
+
+
+wire.register_compact(Call, _call_values, _call_from)
+wire.register_compact(Reply, _reply_values, _reply_from)

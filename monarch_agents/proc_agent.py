@@ -263,7 +263,7 @@ class ActorSlot:
             t, ok = actor_telemetry.begin(), False
             try:
                 fn, args, kwargs, desc = self._prepare(item)
-                if inspect.iscoroutinefunction(fn):
+                if _is_async(desc):
                     # Only as_endpoint reaches one: this actor's own endpoints are all def.
                     raise TypeError(f"{self.msg.name}.{item.method} is an async def method, but its actor's "
                                     "endpoints are all def, so it has no event loop to run on")
@@ -525,6 +525,14 @@ class ActorSlot:
             self.events.append(item)
             item = _WAKE
         self.mailbox.put(item)
+
+
+def _is_async(desc: Any) -> bool:
+    """Whether an endpoint's function is ``async def`` (asked once per endpoint: inspect's answer costs ~1 us)."""
+    a = desc.__dict__.get("_is_async")
+    if a is None:
+        a = desc.__dict__["_is_async"] = inspect.iscoroutinefunction(desc.fn)
+    return a
 
 
 def _plain_method(cls: type, method: str) -> PlainMethod:

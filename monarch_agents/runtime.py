@@ -152,6 +152,7 @@ class Runtime:
         self._ports: dict[int, PortHandler] = {}
         self._waiting: dict[str, set[int]] = defaultdict(set)  # peer addr -> ports waiting on it
         self._port_waits: dict[int, tuple] = {}
+        self._host_ports: set[int] = set()  # ports that wait on host agents only (see _from_awaited)
         self._lock = threading.Lock()
         self._handlers: dict[type, Callable[[Any], None]] = {}
         self._death: dict[str, SupervisionError] = {}
@@ -257,26 +258,28 @@ class Runtime:
         from a proc's key, which any rank or actor holds."""
         if self.keys.role == PROC:
             return True  # a proc: every sender holds what it holds, and a Unix socket cannot tell them apart
-        waits = self._port_waits.get(port_id)
-        if not waits or not all(is_host_agent(a) for a in waits):
+        if port_id not in self._host_ports:
             return True
         # HOST: a pod's host agent, which holds the host pair instead of the client's secret.
         return self.mailbox.sender_role in (CLIENT, HOST, SELF)
 
     def open_port(self, handler: PortHandler, waits_on: list[str] | tuple = ()) -> PortRef:
         """A port routing answers to ``handler``; fails it if a peer in ``waits_on`` dies."""
+        waits_on = tuple(waits_on)
+        host_only = bool(waits_on) and all(is_host_agent(a) for a in waits_on)
+        dead = None
         with self._lock:
             # Random ids (63 bits: telemetry keeps them as int64): a peer cannot guess the port of
             # an answer another one waits for.
             pid = _random_port_id()
             while pid in self._ports:
                 pid = _random_port_id()
-        if hasattr(handler, "port_id"):
-            handler.port_id = pid
-        with self._lock:
+            if hasattr(handler, "port_id"):  # set before any answer can find the port
+                handler.port_id = pid
             self._ports[pid] = handler
-            self._port_waits[pid] = tuple(waits_on)
-            dead = None
+            self._port_waits[pid] = waits_on
+            if host_only:
+                self._host_ports.add(pid)
             for a in waits_on:
                 if a in self._death:
                     dead = (a, self._death[a])
@@ -297,6 +300,7 @@ class Runtime:
     def close_port(self, port_id: int) -> None:
         with self._lock:
             self._ports.pop(port_id, None)
+            self._host_ports.discard(port_id)
             for a in self._port_waits.pop(port_id, ()):
                 s = self._waiting.get(a)
                 if s is not None:
@@ -402,8 +406,31 @@ class Runtime:
                 log.exception("death watcher failed")
 
 
+#: Random bytes for port ids, drawn from the kernel 4 KiB at a time (a getrandom call per call was
+#: ~1% of a busy client), and dropped in a forked child, which must not draw the ids its parent will.
+_random_pool: list = [b"", 0]
+_random_lock = threading.Lock()
+
+
 def _random_port_id() -> int:
-    return (int.from_bytes(os.urandom(8), "big") >> 1) or 1
+    """A fresh random 63-bit id."""
+    pool = _random_pool
+    with _random_lock:
+        buf, pos = pool
+        if pos >= len(buf):
+            buf, pos = os.urandom(4096), 0
+            pool[0] = buf
+        pool[1] = pos + 8
+    return (int.from_bytes(buf[pos:pos + 8], "big") >> 1) or 1
+
+
+def _forget_random_pool() -> None:
+    global _random_lock
+    _random_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+    _random_pool[:] = [b"", 0]
+
+
+os.register_at_fork(after_in_child=_forget_random_pool)
 
 
 def _hostname() -> str:

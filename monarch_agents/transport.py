@@ -816,6 +816,21 @@ class Mailbox:
         # sees it (no length or memo index in it may make us allocate more than it is).  A runtime
         # with a policy (a host agent, a `monarch` command's) checks the type before decoding too.
         guarded = self._guard_procs and role in PROC_ROLES
+        if not fds and not guarded and self._admit is None:
+            # The hot path (a call, an answer): nothing to check before decoding, no descriptors.
+            try:
+                msg = wire.decode(frames)
+            except wire.WireError as e:
+                self.stats_dropped += 1
+                log.warning("%s: dropped a malformed message: %s", self.name, e)
+                return
+            self.stats_received += 1
+            self.sender_role = role
+            try:
+                self.on_message(msg)
+            except Exception:
+                log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+            return
         cls = None
         fds = list(fds)
         try:

@@ -29,14 +29,14 @@ import os
 import pickle
 import struct
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import cloudpickle
 
 from monarch_agents import shm
 
 MAGIC = b"MNRC"
-VERSION = 2
+VERSION = 3  # 3: compact calls and answers (register_compact)
 _HEADER = struct.Struct("!4sHI")  # magic, version, number of out-of-band buffers
 
 #: Buffers at least this large leave the pickle stream as their own frame.
@@ -414,11 +414,60 @@ def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
     segments whose descriptors are appended to it; the caller sends them with
     the frames, or closes them.  Messages are our own dataclasses, so the plain
     C pickler does; user values inside them are already
-    :class:`~monarch_agents.messages.Pickled`.
+    :class:`~monarch_agents.messages.Pickled`.  A type with a compact form
+    (:func:`register_compact`) goes as a tuple of plain values instead.
     """
     buffers: list[pickle.PickleBuffer] = []
+    compact = _compact_out.get(type(obj))
+    if compact is not None:
+        values = compact[1](obj)
+        if values is not None:
+            body = pickle.dumps(values, protocol=5, buffer_callback=_keep_into(buffers))
+            return encode_parts(body, buffers, fds, compact[0])
     body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
     return encode_parts(body, buffers, fds, _type_name(type(obj)))
+
+
+#: The compact forms of the messages of the hot path (a call, its answer): type -> (its header
+#: name, to_values); header name -> (type, from_values).  See :func:`register_compact`.
+_compact_out: dict[type, tuple[bytes, Callable[[Any], Any]]] = {}
+_compact_in: dict[bytes, tuple[type, Callable[[tuple], Any]]] = {}
+#: What a compact form's header names instead of ``module:name`` (no module name starts so).
+_COMPACT_MARK = "="
+
+
+def register_compact(cls: type, to_values: Callable[[Any], tuple | None], from_values: Callable[[tuple], Any]) -> None:
+    """Send ``cls`` as the tuple of plain values (str, int, bytes, dict, list, None) that
+    ``to_values(obj)`` returns, rebuilt by ``from_values(values)``; ``to_values`` returns None for an
+    instance that must go as a usual pickle.
+
+    Why: the pickler reduces a dataclass (and each dataclass in it) by calls into Python, and the
+    unpickler looks its class up through the envelope's checks: ~10 us a call and its answer, per
+    message, on both ends.  A tuple of plain values is one C call each way, and names no class at
+    all, so its body is read by an unpickler that refuses every global.  ``from_values`` gets what
+    a peer sent: anything it cannot take apart raises, and the message is dropped as malformed."""
+    name = (_COMPACT_MARK + cls.__qualname__).encode()
+    _compact_out[cls] = (name, to_values)
+    _compact_in[name] = (cls, from_values)
+    _compact_headers[_plain_header(name)] = from_values
+
+
+#: The whole header of a compact message without buffers -> its from_values (decode's fast path).
+_compact_headers: dict[bytes, Callable[[tuple], Any]] = {}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """The unpickler of a compact body: plain values only, no class or function of any module."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise EnvelopeError(f"a compact message may not name {module}.{name}")
+
+
+def _loads_compact(body: Any, buffers: Sequence[Any], from_values: Callable[[tuple], Any]) -> Any:
+    values = _PlainUnpickler(io.BytesIO(body), buffers=buffers).load()
+    if type(values) is not tuple:
+        raise WireError(f"a compact message's body is a {type(values).__name__}, not a tuple")
+    return from_values(values)
 
 
 _type_names: dict[type, bytes] = {}
@@ -441,7 +490,11 @@ def message_type(frames: Sequence[Any]) -> type:
         raise WireError(f"bad header: {e}") from None
     if magic != MAGIC or version != VERSION:
         raise WireError("bad magic or wire version")
-    module, _, name = header[_HEADER.size + nbuf:].decode("ascii", "replace").partition(":")
+    type_name = header[_HEADER.size + nbuf:]
+    compact = _compact_in.get(type_name)
+    if compact is not None:
+        return compact[0]
+    module, _, name = type_name.decode("ascii", "replace").partition(":")
     key = (module, name)
     cls = _envelope_globals.get(key)
     if cls is None:
@@ -471,6 +524,8 @@ def frames_size(frames: Sequence[Any]) -> int:
 
 def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[int] | None = None,
                  type_name: bytes = b"") -> list[Any]:
+    if not buffers:
+        return [_plain_header(type_name), body]
     kinds = bytearray()
     frames: list[Any] = [b"", body]
     made = 0
@@ -495,12 +550,34 @@ def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[
     return frames
 
 
+#: The header of a message without buffers, per type name (most messages: one made per type).
+_plain_headers: dict[bytes, bytes] = {}
+
+
+def _plain_header(type_name: bytes) -> bytes:
+    h = _plain_headers.get(type_name)
+    if h is None:
+        h = _plain_headers[type_name] = _HEADER.pack(MAGIC, VERSION, 0) + type_name
+    return h
+
+
 def decode(frames: Sequence[Any], fds: Sequence[int] = (), check: bool = False) -> Any:
     """The message in ``frames`` (and its segments' ``fds``, which it takes over).
 
     ``check``: the sender holds only a proc's key; its body is checked (:func:`check_pickle`)
     before the unpickler sees it.  Raises :class:`WireError` if they are not one.
     """
+    if not fds and not check and len(frames) == 2:
+        # The hot path: a compact call or answer without buffers, known by its whole header.
+        from_values = _compact_headers.get(frames[0]) if type(frames[0]) is bytes else None
+        if from_values is not None:
+            body = frames[1]
+            if body[:2] != _PROTO_5:
+                raise WireError("body is not a protocol 5 pickle")
+            try:
+                return _loads_compact(body, (), from_values)
+            except Exception as e:  # a malformed pickle can raise nearly anything
+                raise WireError(f"undecodable body: {type(e).__name__}: {e}") from None
     fds = list(fds)
     try:
         return _decode(frames, fds, check)
@@ -534,6 +611,7 @@ def _decode(frames: Sequence[Any], fds: list[int], check: bool = False) -> Any:
         raise WireError("body is not a protocol 5 pickle")
     if check:
         check_pickle(body)
+    compact = _compact_in.get(bytes(header[_HEADER.size + nbuf:]))
     buffers = []
     try:
         for kind, f in zip(kinds, frames[2:]):
@@ -546,6 +624,8 @@ def _decode(frames: Sequence[Any], fds: list[int], check: bool = False) -> Any:
                 buffers.append(shm.read(fds.pop(0), length))
             else:
                 raise WireError(f"unknown buffer kind {kind}")
+        if compact is not None:
+            return _loads_compact(body, buffers, compact[1])
         return loads_envelope(body, buffers)
     except WireError:
         raise

@@ -18,6 +18,7 @@ from monarch_agents.endpoints import EndpointProperty
 from monarch_agents.errors import SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.messages import Call, Pickled, PortRef, Reply
+from monarch_agents import runtime
 from monarch_agents.runtime import pickling_for
 from monarch.actor import _telemetry
 from monarch.actor._shape import Shape, ValueMesh
@@ -54,17 +55,22 @@ def concurrent_endpoint(method: Callable | None = None, *, propagate: Any = None
 class _Gather:
     """Collects one answer per rank into a ValueMesh."""
 
-    __slots__ = ("rt", "port_id", "future", "shape", "values", "left", "label", "ranks_by_addr")
+    __slots__ = ("rt", "port_id", "future", "shape", "values", "left", "endpoint", "ranks_by_addr")
 
-    def __init__(self, rt: Any, future: Future, shape: Shape, label: str, ranks_by_addr: dict):
+    def __init__(self, rt: Any, future: Future, shape: Shape, endpoint: "Endpoint | str", ranks_by_addr: dict):
         self.rt = rt
         self.port_id = 0
         self.future = future
         self.shape = shape
         self.values: list[Any] = [None] * len(shape)
         self.left = len(shape)
-        self.label = label
+        self.endpoint = endpoint  # a label, or the endpoint whose label is made only if the call fails
         self.ranks_by_addr = ranks_by_addr
+
+    @property
+    def label(self) -> str:
+        e = self.endpoint
+        return e if isinstance(e, str) else e._label
 
     def deliver(self, reply: Reply) -> None:
         if not reply.ok:
@@ -84,14 +90,18 @@ class _Gather:
 
 
 class _One:
-    __slots__ = ("rt", "port_id", "future", "label", "rank")
+    __slots__ = ("rt", "port_id", "future", "endpoint", "rank")
 
-    def __init__(self, rt: Any, future: Future, label: str, rank: int | None):
+    def __init__(self, rt: Any, future: Future, endpoint: "Endpoint", rank: int | None):
         self.rt = rt
         self.port_id = 0
         self.future = future
-        self.label = label
+        self.endpoint = endpoint  # its label is made only if the call fails (a str subclass each time)
         self.rank = rank
+
+    @property
+    def label(self) -> str:
+        return self.endpoint._label
 
     def deliver(self, reply: Reply) -> None:
         self.rt.close_port(self.port_id)
@@ -203,11 +213,15 @@ class Endpoint(Generic[R]):
     def _label(self) -> str:
         return _Label(f"{self._mesh._name}.{self._name}()", getattr(self._mesh, "_names", None) or {})
 
-    def _send(self, args: tuple, kwargs: dict, reply: PortRef | None, shape: Shape) -> None:
+    def _send(self, args: tuple, kwargs: dict, reply: PortRef | None, shape: Shape, rt: Any = None) -> None:
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
-        rt = mesh._rt()
-        with pickling_for(rt):  # a client's port in the arguments reaches this job's actors
+        if rt is None:
+            rt = mesh._rt()
+        if runtime._client_runtimes:
+            with pickling_for(rt):  # a client's port in the arguments reaches this job's actors
+                payload = Pickled.of((args, kwargs))
+        else:  # one runtime: no port in the arguments can be another's
             payload = Pickled.of((args, kwargs))
         _telemetry.sent(rt, mesh, self._name, shape, reply)
         extent, points = shape.send_plan()
@@ -225,8 +239,8 @@ class Endpoint(Generic[R]):
         rt = self._mesh._rt()
         fut: Future = Future(lambda payloads: ValueMesh(shape, _load_values(payloads)))
         targets = self._targets(shape)
-        port = rt.open_port(_Gather(rt, fut, shape, self._label, targets), list(targets))
-        self._send_or_fail(args, kwargs, port, shape, fut)
+        port = rt.open_port(_Gather(rt, fut, shape, self, targets), list(targets))
+        self._send_or_fail(args, kwargs, port, shape, fut, rt)
         return fut
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -248,13 +262,14 @@ class Endpoint(Generic[R]):
         fut: Future = Future(_load_value)
         addr = self._mesh._procs[shape.indices[0]].addr
         # The rank of a one-actor slice is always 0; leave it to the error to say which proc it was.
-        port = rt.open_port(_One(rt, fut, self._label, None), (addr,))
-        self._send_or_fail(args, kwargs, port, shape, fut)
+        port = rt.open_port(_One(rt, fut, self, None), (addr,))
+        self._send_or_fail(args, kwargs, port, shape, fut, rt)
         return fut
 
-    def _send_or_fail(self, args: tuple, kwargs: dict, port: PortRef, shape: Shape, fut: Future) -> None:
+    def _send_or_fail(self, args: tuple, kwargs: dict, port: PortRef, shape: Shape, fut: Future,
+                      rt: Any = None) -> None:
         try:
-            self._send(args, kwargs, port, shape)
+            self._send(args, kwargs, port, shape, rt)
         except SupervisionError as e:
             self._mesh._rt().close_port(port.port_id)
             fut.set_exception(_call_failed(self._label, None, e))

@@ -187,6 +187,41 @@ def test_nested_pickled_values_survive_forwarding():
     assert again.payload.load() == inner.load()
 
 
+def test_calls_and_answers_travel_compact():
+    """A call and an answer carrying a Pickled go as a tuple of plain values; any other answer as a
+    pickle of the message; every form comes back equal, big bodies and buffers out of band."""
+    small = _call(1)
+    big = m.Call("a", "f", m.Pickled.of(("x" * 100_000, np.arange(20_000))), {}, {}, None, 0, "s")
+    answers = [m.Reply(5, 2, True, m.Pickled.of([1, 2])), m.Reply(5, 0, False, m.Pickled.of(ValueError("no"))),
+               m.Reply(6, 0, True, True), m.Reply(6, 1, False, RuntimeError("agent says no"))]
+    for msg in [small, big, *answers]:
+        frames = wire.encode(msg)
+        compact = type(msg.payload) is m.Pickled
+        assert frames[0].endswith(b"=" + type(msg).__name__.encode()) == compact
+        assert wire.message_type(frames) is type(msg)
+        got = wire.decode([memoryview(bytes(f)) if not isinstance(f, bytes) else f for f in frames])
+        assert type(got) is type(msg)
+        if isinstance(msg.payload, m.Pickled):
+            a, b = got.payload.load(), msg.payload.load()
+            assert repr(a) == repr(b) and type(got.payload.body) in (bytes, memoryview)
+        else:
+            assert repr(got.payload) == repr(msg.payload)
+        assert all(getattr(got, k) == getattr(msg, k) for k in msg.__dataclass_fields__ if k != "payload")
+    assert len(wire.encode(big)) == 4  # the 100 kB body and the array: frames of their own, not in the tuple
+
+
+def test_compact_bodies_name_no_class():
+    """A peer that puts a class (or any global) into a compact body has its message dropped as
+    malformed before anything is imported or called; so does one whose values do not fit."""
+    header = wire.encode(_call(1))[0]
+    evil = b"\x80\x05\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."  # os.system("true")
+    for body in [evil, pickle.dumps((1, 2), protocol=5), pickle.dumps([1] * 10, protocol=5)]:
+        with pytest.raises(wire.WireError):
+            wire.decode([header, body])
+    with pytest.raises(wire.WireError):  # the slow path (with buffers) refuses it the same way
+        wire.decode([header[:6] + struct.pack("!I", 1) + b"\0" + header[10:], evil, b"x"])
+
+
 def test_segment_path_takes_over_descriptors():
     value = os.urandom(2 << 20)
     before = _busy_segment_fds()
