@@ -34,8 +34,8 @@ from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.hardening import not_dumpable
 from monarch_agents.keys import CLIENT, LOCAL_PROC
 from monarch_agents.runtime import Runtime, install
-from monarch_agents.services import (Child, SerialWorker, Service, debug, killpg, procs, relay, runs, shells, telemetry,
-                                     workspace)
+from monarch_agents.services import (Child, SerialWorker, Service, debug, fanout, killpg, procs, relay, runs, shells,
+                                     telemetry, workspace)
 from monarch_agents.transport import JobKeys, route_ip
 from monarch_agents.zygote import ALWAYS_PRELOAD, ZygoteClient
 
@@ -52,6 +52,7 @@ SERVICES: tuple[type[Service], ...] = (
     runs.RunsService,
     shells.ShellsService,
     relay.RelayService,  # listens only where --relay-port is given (a client behind a port-forward)
+    fanout.FanoutService,  # control messages to many hosts through a tree of agents
 )
 
 #: What any member of the job may send a host agent (procs announce themselves; a reply only
@@ -176,6 +177,26 @@ class HostAgent:
             self.owners.add(owner)
         self.rt.watch(owner, lambda err: self._owner_lost(owner))
         self.rt.mailbox.connect(owner)
+
+    def track_owner_via(self, owner: str, via: str) -> None:
+        """Like :meth:`track_owner` for a command ``via`` forwarded (a fan-out tree's parent agent):
+        watch ``via``, which this agent is connected to already, rather than open a connection to
+        ``owner`` from every host; once ``via`` is gone, watch ``owner`` itself (which may be gone too)."""
+        if via == owner:
+            self.track_owner(owner)
+            return
+        with self.lock:
+            if owner in self.owners:
+                return
+            self.owners.add(owner)
+
+        def via_lost(err: Any) -> None:
+            with self.lock:
+                self.owners.discard(owner)
+            self.track_owner(owner)
+
+        self.rt.watch(via, via_lost)
+        self.rt.mailbox.connect(via)
 
     def child_env(self, extra: dict) -> dict[str, str]:
         """The environment of a child: the agent's, ``extra`` on top, and ``MONARCH_HOSTNAME``."""

@@ -232,6 +232,10 @@ class RunCommand(Message):
     reply: PortRef
     rank: int
     owner: str
+    #: Where the rank's end goes instead of a RunExited on ``reply``: a ``Reply`` whose payload is
+    #: ``(exit_code, reason, log_error, output bytes sent)`` (a fan-out tree collects the ends; output
+    #: still streams to ``reply``).  None: RunExited on ``reply``, as before.
+    exit_to: PortRef | None = None
 
 
 @message
@@ -280,6 +284,23 @@ class SignalRun(Message):
 @message
 class Shutdown(Message):
     reply: PortRef | None
+
+
+@message
+class Fanout(Message):
+    """Deliver control messages to many host agents through a tree of them (``monarch_agents.fanout``).
+
+    ``items`` are ``(index, addr, host, message)``; the first is for the receiver itself, the rest
+    are its subtree, which it cuts into at most ``degree`` subtrees and forwards, one Fanout to the
+    first host of each.  Each message's answer (or why there is none) goes up the tree as
+    ``Reply(reply.port_id, 0, True, {index: (ok, value)})``, several indices per Reply, until every
+    index of the subtree is answered, or ``timeout_s`` (None: no deadline, a run) has passed.
+    """
+
+    items: list
+    degree: int
+    timeout_s: float | None
+    reply: PortRef
 
 
 @message

@@ -5,10 +5,11 @@ The engine behind ``monarch status`` and ``monarch logs``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from monarch_agents import messages as m
+from monarch_agents.fanout import FanoutCall, fan_out
 from monarch._workbench.state import HostRecord, JobRecord
 
 
@@ -25,17 +26,40 @@ class AgentStatus:
         return self.info is not None
 
 
+#: What a message sent through :func:`fan_out_hosts` names as its answer port: the tree gives it one.
+NO_PORT = m.PortRef("", 0)
+#: How long past its own deadline a fan-out is waited for (its nodes answer by then, or say why not).
+_FANOUT_GRACE_S = 1.0
+
+
+def fan_out_hosts(record: JobRecord, hosts: list[HostRecord], make: Callable[[int, HostRecord], Any], *,
+                  timeout_s: float | None, on_result: Callable[[int, tuple], None] | None = None) -> FanoutCall:
+    """Send ``make(index, host)`` to each of ``hosts`` through the reservation's tree of host agents
+    (``monarch_agents.fanout``): answers by index as ``(ok, value or why)``.  A pod's host agent
+    holds no client key, so it could not forward: a Kubernetes reservation is asked straight."""
+    targets = [(h.addr, h.host, make(i, h)) for i, h in enumerate(hosts)]
+    direct = True if record.spec.scheduler == "kubernetes" else None
+    return fan_out(record.runtime(), targets, timeout_s=timeout_s, on_result=on_result, direct=direct)
+
+
+def ask_hosts(record: JobRecord, hosts: list[HostRecord], make: Callable[[int, HostRecord], Any],
+              timeout_s: float) -> list[tuple]:
+    """:func:`fan_out_hosts` and wait: one ``(ok, value or why)`` per host, in order."""
+    call = fan_out_hosts(record, hosts, make, timeout_s=timeout_s)
+    call.wait(timeout_s + _FANOUT_GRACE_S)
+    results = dict(call.results)
+    return [results.get(i, (False, f"no answer within {timeout_s:g} s")) for i in range(len(hosts))]
+
+
 def ping_agents(record: JobRecord, timeout: float) -> list[AgentStatus]:
     """Ping every host agent of ``record`` at once; all answers (or failures) within ``timeout`` seconds."""
-    rt = record.runtime()
-    t0 = time.monotonic()
-    futures = [(h, rt.request(h.addr, lambda port: m.Ping(port))) for h in record.hosts]
+    hosts = list(record.hosts)
     out = []
-    for h, f in futures:
-        try:
-            out.append(AgentStatus(h, f.get(timeout=max(0.1, timeout - (time.monotonic() - t0)))))
-        except Exception as e:
-            out.append(AgentStatus(h, error=(str(e).splitlines() or [type(e).__name__])[0]))
+    for h, (ok, value) in zip(hosts, ask_hosts(record, hosts, lambda i, h: m.Ping(NO_PORT), timeout)):
+        if ok and isinstance(value, m.HostInfo):
+            out.append(AgentStatus(h, value))
+        else:
+            out.append(AgentStatus(h, error=str(value) if not ok else f"unexpected answer {type(value).__name__}"))
     return out
 
 

@@ -44,6 +44,10 @@ _STOP_REPORT_S = 5.0
 _TIME_RECHECK_S = 60.0
 #: How long a failed run waits for a job that is COMPLETING to show why it ended.
 _ENDING_WAIT_S = 3.0
+#: How long a rank's end, come through the tree, waits for the rest of its output (which comes straight).
+_OUTPUT_WAIT_S = 2.0
+#: How long a signal to every rank waits to hear which host agents were told.
+_SIGNAL_WAIT_S = 5.0
 #: How long a run that lost a host agent watches it before calling it frozen rather than dead.
 _DYING_WAIT_S = 1.0
 #: The client acknowledges a rank's output (RunAck) each time it consumed this much more: its host
@@ -251,14 +255,12 @@ def run_history(record: JobRecord) -> list[dict]:
 
 def signal_run(record: JobRecord, run_id: str, signum: int = signal.SIGTERM) -> list[str]:
     """Send ``signum`` to every rank of run ``run_id`` (one started by any client); the hosts that could not be told."""
-    rt = record.runtime()
-    missed = []
-    for h in record.hosts:
-        try:
-            rt.send(h.addr, m.SignalRun(run_id, signum))
-        except SupervisionError:
-            missed.append(h.host)
-    return missed
+    from monarch._workbench.hosts import fan_out_hosts
+
+    hosts = list(record.hosts)
+    call = fan_out_hosts(record, hosts, lambda i, h: m.SignalRun(run_id, signum), timeout_s=_SIGNAL_WAIT_S)
+    call.wait(_SIGNAL_WAIT_S + 1.0)
+    return [h.host for i, h in enumerate(hosts) if not call.results.get(i, (False,))[0]]
 
 
 class RemoteRun:
@@ -294,22 +296,32 @@ class RemoteRun:
         self._consumed = [0] * len(hosts)  # bytes of output printed, per rank
         self._acked = [0] * len(hosts)
         self._output_lost = False
+        #: Ranks whose end came (through the tree) before all their output (straight from the host):
+        #: rank -> (bytes it sent, code, reason).
+        self._ends: dict[int, tuple[int, int, str]] = {}
+        self._fanout = None
 
     def start(self) -> None:
+        """Start every rank, through the reservation's tree of host agents (``monarch_agents.fanout``):
+        each rank's end comes back up the tree; its output comes straight here, on our stream port."""
+        from monarch._workbench.hosts import NO_PORT, fan_out_hosts
+
         rt = self.rt
         port = self.pick_master_port()
         if self.detach:
             reply, owner = m.PortRef("", 0), ""  # output only in the hosts' logs; it outlives us
         else:
-            # Our own port: other runs and shells of this process have theirs.
-            self._stream = rt.open_stream(self._on_stream, self._agent_lost, [h.addr for h in self.hosts])
+            # Our own port: other runs and shells of this process have theirs.  A host agent lost is
+            # told by the tree, which is where the rank's end comes from.
+            self._stream = rt.open_stream(self._on_stream)
             reply, owner = self._stream.ref, rt.addr
-        for i, h in enumerate(self.hosts):
+
+        def command(i: int, h: HostRecord) -> m.RunCommand:
             env = run_env(self.record, self.hosts, i, self.run_id, port, self.env)
-            try:
-                rt.send(h.addr, m.RunCommand(self.run_id, self.argv_for(i, env), env, self.cwd, reply, i, owner))
-            except SupervisionError as e:
-                self._finish(i, ExitCode.AGENT, f"host agent on {h.host} does not answer ({e})", agent_lost=True)
+            return m.RunCommand(self.run_id, self.argv_for(i, env), env, self.cwd, reply, i, owner, NO_PORT)
+
+        self._fanout = fan_out_hosts(self.record, self.hosts, command, timeout_s=None,
+                                     on_result=None if self.detach else self._on_end)
 
     def argv_for(self, index: int, env: dict[str, str]) -> list[str]:
         if self.expand is None:
@@ -322,6 +334,37 @@ class RemoteRun:
     def pick_master_port(self) -> int:
         return pick_port(self.hosts[0])
 
+    def _on_end(self, rank: int, result: tuple) -> None:
+        """A rank's end, from the tree (IO thread): ``(True, (code, reason, log_error, bytes sent))``, or
+        ``(False, why)`` when its host agent was lost.  Its output comes on another path (straight
+        from its host): the rank is finished once that many bytes were printed here too."""
+        ok, value = result
+        if not 0 <= rank < len(self.hosts):
+            return
+        if not ok:
+            self._finish(rank, ExitCode.AGENT, f"{value} during the run", agent_lost=True)
+            return
+        try:
+            code, reason, log_error, sent = value
+        except (TypeError, ValueError):
+            self._finish(rank, ExitCode.AGENT, f"host agent on {self.hosts[rank].host} sent a malformed end",
+                         agent_lost=True)
+            return
+        self.outcome.results[rank].log_error = str(log_error)
+        with self.lock:
+            if self._consumed[rank] < sent and rank not in self._ends:
+                self._ends[rank] = (sent, int(code), str(reason))
+                self.rt.mailbox.call_later(_OUTPUT_WAIT_S, lambda: self._end_waited(rank))
+                return
+        self._finish(rank, int(code), str(reason))
+
+    def _end_waited(self, rank: int) -> None:
+        """A rank's end waited for its output; past :data:`_OUTPUT_WAIT_S` it ends without the rest."""
+        with self.lock:
+            end = self._ends.pop(rank, None)
+        if end is not None:
+            self._finish(rank, end[1], end[2])
+
     def _on_stream(self, msg: m.RunOutput | m.RunExited) -> None:
         if type(msg) is m.RunOutput:
             try:
@@ -332,6 +375,14 @@ class RemoteRun:
                     self._output_lost = True
                     threading.Thread(target=self.stop, name="output-lost", daemon=True).start()
             self._ack(msg.rank, len(msg.data))
+            with self.lock:
+                end = self._ends.get(msg.rank)
+                if end is not None and self._consumed[msg.rank] >= end[0]:
+                    del self._ends[msg.rank]
+                else:
+                    end = None
+            if end is not None:
+                self._finish(msg.rank, end[1], end[2])
         elif type(msg) is m.RunExited:
             if 0 <= msg.rank < len(self.outcome.results):
                 self.outcome.results[msg.rank].log_error = msg.log_error
@@ -349,12 +400,6 @@ class RemoteRun:
                 self.rt.send(self.hosts[rank].addr, m.RunAck(self.run_id, rank, self._consumed[rank]))
             except SupervisionError:
                 pass  # its loss is reported by _agent_lost
-
-    def _agent_lost(self, addr: str, err: SupervisionError) -> None:
-        for rank, h in enumerate(self.hosts):
-            if h.addr == addr:
-                self._finish(rank, ExitCode.AGENT, f"host agent on {h.host} stopped answering during the run ({err})",
-                             agent_lost=True)
 
     def _finish(self, rank: int, code: int, reason: str, agent_lost: bool = False) -> None:
         with self.lock:
@@ -376,11 +421,10 @@ class RemoteRun:
             self.done.set()
 
     def signal(self, signum: int) -> None:
-        for h in self.hosts:
-            try:
-                self.rt.send(h.addr, m.SignalRun(self.run_id, signum))
-            except SupervisionError:
-                pass
+        """Send ``signum`` to every rank (through the tree; returns at once)."""
+        from monarch._workbench.hosts import fan_out_hosts
+
+        fan_out_hosts(self.record, self.hosts, lambda i, h: m.SignalRun(self.run_id, signum), timeout_s=_SIGNAL_WAIT_S)
 
     def stop(self) -> None:
         """Stop every rank: SIGTERM, then SIGKILL after a short grace."""

@@ -43,20 +43,17 @@ class QueryResult:
 
 def _fan_out(record: JobRecord, make: Callable[[Any], Any], timeout_s: float,
              hosts: list[HostRecord] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-    """Send ``make(port)`` to every host; ({host: answer}, {host: why it gave none})."""
-    rt = record.runtime()
+    """Send ``make(port)`` to every host (through the tree of host agents); ({host: answer}, {host: why it gave none})."""
+    from monarch._workbench.hosts import NO_PORT, ask_hosts
+
     targets = sorted(hosts if hosts is not None else record.hosts, key=lambda h: h.host_rank)
-    deadline = time.monotonic() + timeout_s
-    futures = [(h, rt.request(h.addr, make)) for h in targets]
     answers: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    for h, f in futures:
-        try:
-            answers[h.host] = f.get(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            errors[h.host] = f"no answer within {timeout_s:g} s"
-        except Exception as e:
-            errors[h.host] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    for h, (ok, value) in zip(targets, ask_hosts(record, targets, lambda i, h: make(NO_PORT), timeout_s)):
+        if ok:
+            answers[h.host] = value
+        else:
+            errors[h.host] = str(value)
     return answers, errors
 
 

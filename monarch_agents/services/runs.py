@@ -100,6 +100,8 @@ class CommandChild(Child):
         #: Signals that came before the zygote said the command started (a rank that fails at once
         #: makes the client stop the others while theirs may still be starting).
         self.early_signals: list[int] = []
+        #: Where the end goes instead of a RunExited on ``reply`` (``RunCommand.exit_to``): a fan-out tree.
+        self.exit_to: m.PortRef | None = None
 
     def on_started(self, pid: int) -> None:
         with self.lock:
@@ -162,10 +164,19 @@ class CommandChild(Child):
             self.ended(code, reason)
         except Exception:  # the client must hear of the end whatever happened here
             log.exception("run %s rank %d: ending", self.run_id, self.rank)
-        if self.reply.addr:
+        with self.lock:
+            exit_to = self.exit_to
+        if exit_to is not None:
+            self.service.agent.send(exit_to.addr, m.Reply(exit_to.port_id, self.rank, True, self.end_report()))
+        elif self.reply.addr:
             self.service.agent.send(self.reply.addr, m.RunExited(self.reply.port_id, self.run_id, self.rank, code,
                                                                  reason, self.log_error))
         self.service.finished(self)
+
+    def end_report(self) -> tuple:
+        """How it ended, as an ``exit_to`` Reply carries it: (code, reason, log_error, output bytes sent)."""
+        code, reason = self.exit or (1, "")
+        return (code, reason, self.log_error, self.sent_bytes)
 
     def ended(self, code: int, reason: str) -> None:
         """Called once, before ``RunExited`` goes out."""
@@ -211,6 +222,8 @@ class RunsService(Service):
         self.done = threading.Condition(self.lock)
         self.runs: dict[str, _Run] = {}  # run id -> its rank here, until it finished
         self.exits: dict[tuple[str, int], RankExit] = {}  # (run id, rank) -> how it ended, the latest ones
+        #: (run id, rank) -> its end report (see CommandChild.end_report), for a fan-out that asks again.
+        self.reports: dict[tuple[str, int], tuple] = {}
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {m.RunCommand: self.on_run, m.SignalRun: self.on_signal_run, m.ReadLog: self.on_read_log,
@@ -234,6 +247,9 @@ class RunsService(Service):
         with self.done:
             if self.runs.get(run.run_id) is run:
                 del self.runs[run.run_id]
+            self.reports[(run.run_id, run.rank)] = run.end_report()
+            while len(self.reports) > _KEEP_EXITS:
+                del self.reports[next(iter(self.reports))]
             idle = not self.runs
             self.done.notify_all()
         if idle:
@@ -246,6 +262,25 @@ class RunsService(Service):
             while len(self.exits) > _KEEP_EXITS:
                 del self.exits[next(iter(self.exits))]
 
+    def _again(self, msg: m.RunCommand) -> bool:
+        """A rank this agent has started already (a fan-out tree sends a subtree again when the agent
+        that forwarded it died): its end goes to the new ``exit_to`` too; True when it was one."""
+        with self.lock:
+            run = self.runs.get(msg.run_id)
+            if run is not None and run.rank == msg.rank:
+                with run.lock:
+                    if not run.sent_exit:
+                        run.exit_to = msg.exit_to
+                        return True
+                report = run.end_report()
+            else:
+                report = self.reports.get((msg.run_id, msg.rank))
+                if report is None:
+                    return False
+        if msg.exit_to is not None:
+            self.agent.send(msg.exit_to.addr, m.Reply(msg.exit_to.port_id, msg.rank, True, report))
+        return True
+
     # -- messages ------------------------------------------------------------
 
     def on_run(self, msg: m.RunCommand) -> None:
@@ -253,10 +288,13 @@ class RunsService(Service):
         if type(msg.rank) is not int or msg.rank < 0:  # it names the rank's log files
             log.warning("refused a run with rank %r", msg.rank)
             return
+        if self._again(msg):
+            return
         if msg.owner:
             agent.track_owner(msg.owner)
         run_dir = os.path.join(agent.log_dir, "runs", path_component(msg.run_id))
         run = _Run(self, msg, run_dir)
+        run.exit_to = msg.exit_to
         try:
             # A folder that is not safely ours (UnsafeFolder) or cannot be made: the run goes on with
             # nothing written there, and its end says why.

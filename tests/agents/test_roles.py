@@ -93,6 +93,38 @@ def test_a_proc_key_cannot_run_a_command_or_shell_on_its_host(client, agent, tmp
     assert done.pid == agent.pid
 
 
+@pytest.mark.parametrize("keys_of", ["proc", "pod"])
+def test_a_fan_out_is_the_clients_alone(client, agent, tmp_path, keys_of):
+    """A Fanout (a control message the agent forwards down a tree and runs itself) carries the
+    client's authority: a proc's key, or a pod's host key over TCP, is refused it whatever it carries."""
+    marker = tmp_path / "ran"
+    keys = client.keys.for_procs() if keys_of == "proc" else client.keys.for_hosts()
+    box = Box(keys, f"{keys_of}-user")
+    box.mb._local_ipc = keys_of == "proc"  # a pod's key reaches the agent over TCP (see the test below)
+    try:
+        port = m.PortRef(box.addr, 1)
+        run = m.RunCommand("r1", ["touch", str(marker)], {}, None, port, 0, box.addr)
+        box.mb.send(agent.addr, m.Fanout([(0, agent.addr, "roles", run), (1, agent.addr, "roles", m.Shutdown(None))],
+                                         2, None, port))
+        got = box.received.get(timeout=T)
+        assert isinstance(got, m.Reply) and not got.ok and "Fanout" in str(got.payload)
+        time.sleep(NOTHING_S)
+        assert not marker.exists() and agent.proc.poll() is None
+    finally:
+        box.close()
+    # Nor does the client's own key make a fan-out carry what fan-outs do not carry (a shell).
+    stream = client.open_stream(lambda msg: None)
+    try:
+        shell = m.OpenShell("s1", ["sh", "-c", f"touch {marker}"], {}, None, 24, 80, stream.ref, client.addr)
+        client.send(agent.addr, m.Fanout([(0, agent.addr, "roles", shell)], 2, 5.0, stream.ref))
+        time.sleep(NOTHING_S)
+        assert not marker.exists()
+    finally:
+        stream.close()
+    done = client.request(agent.addr, lambda port: m.Ping(port)).get(timeout=T)
+    assert done.pid == agent.pid
+
+
 @pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
 def test_a_pods_host_key_cannot_run_a_command_or_stop_a_host_agent(client, agent, tmp_path, local_ipc):
     """What user code in a Kubernetes pod can read (its host agent's keys, JobKeys.for_hosts) does not

@@ -43,7 +43,7 @@ def test_status_has_every_service(client, plugged):
     run_id = _run(client, plugged, stream, ["sh", "-c", "echo up; exec sleep 30"])
     assert stream.next(m.RunOutput).data == b"up\n"
     info = _ping(client, plugged)
-    assert set(info.services) == {"echo", "workspace", "debug", "procs", "runs", "shells", "telemetry", "relay"}
+    assert set(info.services) == {"echo", "workspace", "debug", "procs", "runs", "shells", "telemetry", "relay", "fanout"}
     assert [r["run_id"] for r in info.runs] == [run_id] and info.procs == []
     assert info.services["shells"] == {"shells": 0} and info.services["echo"] == {"echoed": 0}
     client.send(plugged.addr, m.SignalRun(run_id, signal.SIGKILL))

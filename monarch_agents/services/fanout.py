@@ -1,0 +1,105 @@
+"""The fan-out service: a host agent's place in a tree that carries one control message per host.
+
+A ``Fanout`` (``monarch_agents.fanout``) names this agent's own message first and then its
+subtree: the service forwards the subtree's parts to their first hosts, hands its own message
+to this agent's handler as if it had come alone (with the answer port replaced by one of the
+tree's), and sends the answers up as they come, merged per index.  It runs on the IO thread:
+forwarding is a few sends, and a message's real work is its own service's.
+
+Who may send one: the client (its key; the host agents the client started hold it too, so their
+forwards are the client's).  Procs and pods' host agents may not (``HostAgent._admit``), and each
+message inside must be one of :data:`CARRIED`, checked here before anything is forwarded.
+
+A run's owner: a rank started through the tree is owned, as any, by the client that asked; but
+rather than each host connecting back to the client to watch it, an agent watches the agent it
+got the run from (``HostAgent.track_owner_via``) and turns to the client itself only once that
+one is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from monarch_agents import messages as m
+from monarch_agents.fanout import Node
+from monarch_agents.services import Service
+
+log = logging.getLogger("monarch.host_agent")
+
+#: What a fan-out may carry: the control messages a client sends every host.
+CARRIED = (m.Ping, m.SignalRun, m.RunCommand, m.TelemetryScan, m.TakeStacks, m.Shutdown, m.StopProcs)
+#: A tree deeper than this many items per message, or wider than this degree, is refused.
+_MAX_ITEMS = 1 << 16
+_MAX_DEGREE = 256
+#: The longest deadline a fan-out may ask for (seconds).
+_MAX_TIMEOUT_S = 24 * 3600.0
+
+
+class FanoutService(Service):
+    """Forwards fan-outs down the tree and their answers up."""
+
+    name = "fanout"
+    blocking = False  # forwarding is a few sends: done on the IO thread, in arrival order
+
+    def __init__(self, agent: Any):
+        super().__init__(agent)
+        self.active = 0
+        self.forwarded = 0
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {m.Fanout: self.on_fanout}
+
+    def info(self) -> dict:
+        return {"active": self.active, "forwarded": self.forwarded}
+
+    def on_fanout(self, msg: m.Fanout) -> None:
+        why = _invalid(msg)
+        if why:
+            log.warning("refused a fan-out: %s", why)
+            return
+        agent = self.agent
+        parent = msg.reply
+
+        def report(results: dict) -> None:
+            agent.send(parent.addr, m.Reply(parent.port_id, 0, True, results))
+
+        def done() -> None:
+            self.active -= 1
+
+        own = msg.items[0][3]
+        if type(own) is m.RunCommand and own.owner:
+            agent.track_owner_via(own.owner, parent.addr)
+        timeout = None if msg.timeout_s is None else min(float(msg.timeout_s), _MAX_TIMEOUT_S)
+        node = Node(agent.rt, msg.items, msg.degree, timeout, report, done, local=self._local)
+        self.active += 1
+        self.forwarded += len(msg.items) - 1
+        node.start()
+
+    def _local(self, msg: Any) -> None:
+        # Through the runtime, as any message to this agent: the handler runs where it always does
+        # (its service's worker), in order with the others.
+        self.agent.rt.send(self.agent.rt.addr, msg)
+
+
+def _invalid(msg: m.Fanout) -> str:
+    """Why ``msg`` is not a fan-out this agent carries out ('' when it is)."""
+    if not isinstance(msg.reply, m.PortRef) or not msg.reply.addr:
+        return "no answer port"
+    if type(msg.degree) is not int or not 1 <= msg.degree <= _MAX_DEGREE:
+        return f"degree {msg.degree!r}"
+    if msg.timeout_s is not None and (type(msg.timeout_s) not in (int, float) or msg.timeout_s < 0):
+        return f"timeout {msg.timeout_s!r}"
+    if type(msg.items) is not list or not 1 <= len(msg.items) <= _MAX_ITEMS:
+        return "no items"
+    seen = set()
+    for it in msg.items:
+        if type(it) is not tuple or len(it) != 4:
+            return "an item is not (index, addr, host, message)"
+        index, addr, host, inner = it
+        if type(index) is not int or index in seen or type(addr) is not str or type(host) is not str:
+            return "an item's index, address or host"
+        seen.add(index)
+        if type(inner) not in CARRIED:
+            return f"{type(inner).__name__} is not carried by a fan-out"
+    return ""

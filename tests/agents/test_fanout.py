@@ -1,0 +1,158 @@
+"""Control messages through a tree of real host agents (``monarch_agents.fanout``).
+
+A local reservation of 12 hosts with a fan-out degree of 2 (so the tree is 3 levels deep below
+the client), driven through the real ``monarch`` command: answers match the direct path, a rank's
+failure stops every rank, and an inner agent killed with -9 in the middle of a command is one
+host's error, never a hang nor the loss of the hosts below it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from monarch_agents import messages as m
+from monarch_agents.fanout import fan_out, split
+from tests.cli.conftest import monarch
+from tests.helpers import wait_gone
+
+pytestmark = pytest.mark.timeout(300)
+
+HOSTS = 12
+TREE = {"MONARCH_FANOUT_DEGREE": "2", "MONARCH_FANOUT_DIRECT_MAX": "0"}
+DIRECT = {"MONARCH_FANOUT_DEGREE": "0"}
+
+
+def test_split_cuts_contiguous_subtrees():
+    assert split(list(range(7)), 2) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert split(list(range(3)), 8) == [[0], [1], [2]]
+    assert split([], 4) == []
+    assert sum(split(list(range(100)), 8), []) == list(range(100))
+
+
+@pytest.fixture
+def reservation(tmp_path):
+    """12 local hosts, served as a user would; stopped (and every agent gone) at the end."""
+    r = monarch("serve", "--hosts", str(HOSTS), "--json", cwd=tmp_path, timeout=180, env=TREE)
+    assert r.returncode == 0, r.stderr
+    pids = [h["pid"] for h in json.loads(monarch("status", "--json", cwd=tmp_path, env=TREE).stdout)["hosts"]]
+    assert len(pids) == HOSTS
+    yield tmp_path, pids
+    monarch("stop", "--force", cwd=tmp_path, timeout=120)
+    assert wait_gone(pids) == []
+
+
+def _record(workdir):
+    from monarch._workbench.state import load_state
+
+    return load_state(os.path.join(workdir, ".monarch", "job_state.pkl"))
+
+
+def _status(workdir, env):
+    r = monarch("status", "--json", cwd=workdir, env=env)
+    return r, json.loads(r.stdout)
+
+
+def test_status_and_query_through_the_tree_match_the_direct_path(reservation):
+    workdir, pids = reservation
+    assert monarch("run", "--", "true", cwd=workdir, env=TREE).returncode == 0
+    r_tree, tree = _status(workdir, TREE)
+    r_direct, direct = _status(workdir, DIRECT)
+    assert r_tree.returncode == r_direct.returncode == 0
+    key = [(h["host"], h["pid"], h.get("agent")) for h in tree["hosts"]]
+    assert key == [(h["host"], h["pid"], h.get("agent")) for h in direct["hosts"]]
+    sql = "SELECT host, count(*) AS n, max(exit_code) AS hi FROM run_ranks GROUP BY host ORDER BY host"
+    q_tree = monarch("query", "--json", sql, cwd=workdir, env=TREE)
+    q_direct = monarch("query", "--json", sql, cwd=workdir, env=DIRECT)
+    assert q_tree.returncode == 0, q_tree.stderr
+    assert json.loads(q_tree.stdout) == json.loads(q_direct.stdout)
+    assert len(json.loads(q_tree.stdout)["rows"]) == HOSTS
+
+
+def test_the_tree_is_a_tree(reservation):
+    """Inner agents forward; the client sends to `degree` roots only."""
+    workdir, _ = reservation
+    from monarch._workbench.hosts import NO_PORT
+
+    record = _record(workdir)
+    rt = record.runtime()
+    hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+    call = fan_out(rt, [(h.addr, h.host, m.Ping(NO_PORT)) for h in hosts], timeout_s=30, degree=2, direct=False)
+    assert call.wait(60)
+    infos = [call.results[i] for i in range(HOSTS)]
+    assert all(ok for ok, _ in infos), infos
+    assert [v.host for _, v in infos] == [h.host for h in hosts]
+    forwarded = {v.host: v.services["fanout"]["forwarded"] for _, v in infos}
+    # 12 hosts, degree 2: the client sends to host0 and host6, each forwards its 5 others; ...
+    assert forwarded["host0"] >= 5 and forwarded["host6"] >= 5 and forwarded["host11"] == 0
+
+
+def test_an_inner_agent_killed_mid_ping_is_one_hosts_error(reservation):
+    workdir, pids = reservation
+    os.kill(pids[1], signal.SIGKILL)  # host1 forwards for host2 and host3 (degree 2, 12 hosts)
+    assert wait_gone([pids[1]]) == []
+    t0 = time.monotonic()
+    r, doc = _status(workdir, TREE)
+    assert time.monotonic() - t0 < 60
+    by_host = {h["host"]: h for h in doc["hosts"]}
+    assert "host1" in r.stderr or by_host["host1"].get("agent") != "up"
+    assert [h for h, v in by_host.items() if v.get("agent") == "up"] == [f"host{i}" for i in range(HOSTS) if i != 1]
+
+
+def test_an_inner_agent_killed_mid_run_loses_only_its_rank(reservation):
+    """exec (each rank stands alone): host2 and host3, whose ends went up through host1, still report."""
+    workdir, pids = reservation
+    import subprocess
+
+    from tests.cli.conftest import MONARCH, ROOT
+
+    p = subprocess.Popen([*MONARCH, "exec", "--all", "--", "sh", "-c", "echo go; sleep 4; echo done $NODE_RANK"],
+                         cwd=workdir, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **TREE},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_ranks(pids, "sleep 4")
+    os.kill(pids[1], signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 5, err  # a host agent lost
+    done = sorted(line for line in out.splitlines() if " done " in line)
+    assert done == sorted(f"[host{i}] done {i}" for i in range(HOSTS) if i != 1), out
+
+
+def test_a_failed_rank_stops_every_rank_through_the_tree(reservation):
+    workdir, pids = reservation
+    last = HOSTS - 1
+    r = monarch("run", "--", "sh", "-c", f'[ "$NODE_RANK" = "{last}" ] && exit 3; exec sleep 300',
+                cwd=workdir, env=TREE, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert f"rank {last} on host{last} exited with code 3" in r.stderr
+    assert _ranks(pids, "sleep 300") == []
+
+
+def test_stop_through_the_tree(reservation):
+    workdir, pids = reservation
+    r = monarch("stop", cwd=workdir, env=TREE, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert wait_gone(pids) == []
+
+
+def _ranks(pids: list[int], cmd: str) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            for c in psutil.Process(pid).children(recursive=True):
+                if cmd in " ".join(c.cmdline()):
+                    found.append(c.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _wait_for_ranks(pids: list[int], cmd: str) -> None:
+    deadline = time.monotonic() + 60
+    while len(_ranks(pids, cmd)) < len(pids):
+        assert time.monotonic() < deadline, "the ranks did not all start"
+        time.sleep(0.1)
