@@ -293,6 +293,8 @@ class FanoutCall:
         self.on_result = on_result
         self.cond = threading.Condition()
         self.node: Node | None = None
+        #: Set once every message has been handed to the transport (or found undeliverable).
+        self.sent = threading.Event()
 
     def _report(self, results: dict) -> None:
         with self.cond:
@@ -336,8 +338,16 @@ def fan_out(rt: Any, targets: list[tuple[str, str, Any]], *, timeout_s: float | 
     call = FanoutCall(len(targets), on_result)
     items = [(i, addr, host, msg) for i, (addr, host, msg) in enumerate(targets)]
     if not items:
+        call.sent.set()
         return call
     node = Node(rt, items, max(1, degree), timeout_s, call._report, direct=direct)
     call.node = node
-    rt.mailbox.call_soon(node.start)
+
+    def start() -> None:
+        try:
+            node.start()
+        finally:
+            call.sent.set()
+
+    rt.mailbox.call_soon(start)
     return call

@@ -322,6 +322,9 @@ class RemoteRun:
 
         self._fanout = fan_out_hosts(self.record, self.hosts, command, timeout_s=None,
                                      on_result=None if self.detach else self._on_end)
+        if self.detach:
+            # Nothing more comes back to us: only see that the commands have left before we do.
+            self._fanout.sent.wait(_SIGNAL_WAIT_S)
 
     def argv_for(self, index: int, env: dict[str, str]) -> list[str]:
         if self.expand is None:
