@@ -453,7 +453,9 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
         # and imports the runtime once, instead of twice (about a third of a first run's CPU).
         from monarch_agents.zygote import _preload
 
-        _preload(preload)
+        # A shared agent's procs belong to other scripts than the one that started it: what sets
+        # thread counts at import is left out here, and each proc sets its own (zygote._adopt_environment).
+        _preload(preload, neutral=bool(args.shared_socket))
         fork_zygote = True
     # The zygote before any key is in this process: a forked zygote shares this process's memory, and
     # every proc is a fork of it, so user code must find no key of ours there; and it stays dumpable

@@ -52,7 +52,7 @@ IDLE_ENV = "MONARCH_AGENT_IDLE_S"
 DEFAULT_IDLE_S = 300.0
 #: ``MONARCH_*`` variables that differ per process and say nothing about how an agent behaves.
 _PER_PROCESS_ENV = frozenset({"MONARCH_TEST_SESSION", "MONARCH_RUN_JOB", "MONARCH_ROOT", "MONARCH_SYS_PATH",
-                              "MONARCH_ENV_UNSET", "MONARCH_CEILING_DIRECTORIES"})
+                              "MONARCH_ENV_UNSET", "MONARCH_CEILING_DIRECTORIES", "MONARCH_NOFILE_SOFT"})
 #: What the agent's code is made of: a change to any of these files means another agent.
 _CODE_DIRS = ("monarch_agents", "monarch_agents/services", "monarch/actor", "monarch_telemetry")
 _MAX_MSG = 1 << 20

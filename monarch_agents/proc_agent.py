@@ -36,6 +36,7 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
+from monarch_agents.zygote import ENV_UNSET  # noqa: F401  (re-exported: monarch.actor names it here; the zygote applies it)
 from monarch_agents import actor_logging, actor_telemetry, supervision
 from monarch_agents import messages as m
 from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
@@ -57,8 +58,6 @@ _WAKE = object()  # a supervision event waits in ``ActorSlot.events``
 child_stop_s: Callable[[], float] = lambda: 5.0
 #: How many stopped actors a proc remembers, to say "stopped" rather than "no such actor".
 _GONE_KEPT = 10_000
-#: Names of variables a spawner removed from its environment (comma-separated).
-ENV_UNSET = "MONARCH_ENV_UNSET"
 
 
 _specs: dict[tuple[type, str], Any] = {}
@@ -832,10 +831,8 @@ def main(config: dict) -> None:
     # script's directory, say) first, in its order, so its modules import here by name too.
     extra = [p for p in os.environ.get("MONARCH_SYS_PATH", "").split(os.pathsep) if p]
     sys.path[:0] = [p for p in extra if p not in sys.path]
-    # Variables the spawner removed from its environment since the host agent started.
-    for name in os.environ.pop(ENV_UNSET, "").split(","):
-        if name:
-            os.environ.pop(name, None)
+    # Variables the spawner removed from its environment since the host agent started are gone
+    # already: the zygote removed them (ENV_UNSET) before anything read the environment.
     os.environ["MONARCH_HOST_AGENT"] = config["host_agent"]
     os.environ["MONARCH_HOST_RANK"] = str(config["host_rank"])
     from monarch_agents import debug_rank

@@ -49,6 +49,7 @@ import zmq
 
 from monarch_agents import bulk, ipc, shm, tunnel, wire
 from monarch_agents.zap import KeyGate
+from monarch_agents.zygote import NOFILE_ENV
 from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
 log = logging.getLogger("monarch.transport")
@@ -954,7 +955,8 @@ def raise_fd_limit() -> None:
 
     The usual soft limit (1,024) is what an unauthenticated flood of idle connections exhausts
     first: a listener then cannot accept its own job's peers, nor open files.  The hard limit is
-    the administrator's; going up to it needs no privilege.
+    the administrator's; going up to it needs no privilege.  The limit it had is kept in
+    ``MONARCH_NOFILE_SOFT`` for the commands the agents start (``zygote._restore_fd_limit``).
     """
     global _fd_limit_raised
     if _fd_limit_raised:
@@ -966,6 +968,10 @@ def raise_fd_limit() -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
         if soft != resource.RLIM_INFINITY and soft < want:
+            # What the user had, for the commands started below us (the zygote gives it back to
+            # them): a program using select() breaks with descriptors above 1,024.  The first
+            # process of the tree to raise it sets this; those below inherit it.
+            os.environ.setdefault(NOFILE_ENV, str(soft))
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     except (OSError, ValueError) as e:
         log.debug("could not raise the descriptor limit: %s", e)

@@ -28,6 +28,16 @@ import time
 import traceback
 
 _PR_SET_PDEATHSIG = 1
+#: The descriptor soft limit this process tree had before an agent raised it (``transport.raise_fd_limit``):
+#: a command or shell started here gets it back, as if started from the user's shell.
+NOFILE_ENV = "MONARCH_NOFILE_SOFT"
+#: Names a spawner removed from its environment, comma-separated (``monarch.actor``'s env_changes).
+ENV_UNSET = "MONARCH_ENV_UNSET"
+#: What sets the intra-op thread count of a library imported here (torch, numpy's BLAS) at its import.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: torch's thread count as this process imported it (None: torch was not preloaded): a child whose
+#: environment sets none gets this one back, one that sets OMP_NUM_THREADS gets its own.
+_preload_threads: int | None = None
 #: What every zygote imports, whatever ``--preload`` names (asyncio: async actors, imported lazily).
 ALWAYS_PRELOAD = ("monarch_agents.proc_agent", "asyncio")
 _MAX_FDS = 4
@@ -185,6 +195,12 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
+            # Variables the spawner removed from its environment since the host agent started
+            # (its request carries the agent's environment plus the spawner's changes).
+            for name in os.environ.pop(ENV_UNSET, "").split(","):
+                os.environ.pop(name, None)
+            _adopt_environment()
+        _restore_fd_limit()
         if req.get("cwd"):
             try:
                 os.chdir(req["cwd"])
@@ -338,14 +354,76 @@ def main() -> None:
     Zygote(sock).serve()
 
 
-def _preload(preload: list[str]) -> None:
+def _preload(preload: list[str], *, neutral: bool = False, who: str = "monarch zygote") -> None:
     """Everything a proc agent needs, imported once here instead of once per proc; the API its user
-    code imports is named by whoever started the host agent (--preload), a layer above this one."""
-    for mod in [*ALWAYS_PRELOAD, *preload]:
+    code imports is named by whoever started the host agent (--preload), a layer above this one.
+
+    ``neutral``: import without :data:`THREAD_ENV` (a shared agent, whose procs belong to scripts of
+    other environments than the one that started it): each proc then sets torch's thread count from
+    its own environment (:func:`_adopt_environment`) instead of inheriting the first script's."""
+    global _preload_threads
+    saved = {k: os.environ.pop(k) for k in THREAD_ENV if k in os.environ} if neutral else {}
+    try:
+        for mod in [*ALWAYS_PRELOAD, *preload]:
+            try:
+                importlib.import_module(mod)
+            except Exception as e:  # a missing optional library only costs speed
+                print(f"{who}: could not preload {mod}: {e}", file=sys.stderr)
+        torch = sys.modules.get("torch")
+        if torch is not None and _preload_threads is None:
+            try:
+                _preload_threads = int(torch.get_num_threads())
+            except Exception:  # noqa: S110  (a torch without it: nothing to give back)
+                pass
+    finally:
+        os.environ.update(saved)
+
+
+def _thread_count(env: dict | os._Environ) -> int | None:
+    """The intra-op thread count ``env`` asks for (``OMP_NUM_THREADS=4``, or ``4,2``: the outer level)."""
+    for k in THREAD_ENV:
+        first = str(env.get(k, "")).split(",")[0].strip()
+        if first.isdigit() and int(first) > 0:
+            return int(first)
+    return None
+
+
+def _adopt_environment() -> None:
+    """Make this child's environment (just put in ``os.environ``) count where modules imported by the
+    zygote read theirs at import: torch's thread count, the time zone, tempfile's folder, the
+    bytecode flag.  What cannot follow (see the README's "Procs and their environment"): numpy's
+    BLAS threads, ``PYTHONHASHSEED``, ``PYTHONWARNINGS``, and anything else a preloaded module
+    cached at import."""
+    import time as _time
+
+    _time.tzset()  # TZ
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = None  # TMPDIR, read again at the next use
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        want = _thread_count(os.environ) or _preload_threads
         try:
-            importlib.import_module(mod)
-        except Exception as e:  # a missing optional library only costs speed
-            print(f"monarch zygote: could not preload {mod}: {e}", file=sys.stderr)
+            if want and torch.get_num_threads() != want:
+                torch.set_num_threads(want)
+        except Exception as e:  # the proc runs on with the zygote's count, and says so
+            print(f"monarch: could not set torch's thread count to {want}: {e}", file=sys.stderr)
+
+
+def _restore_fd_limit() -> None:
+    """The soft descriptor limit the user had (:data:`NOFILE_ENV`), not the one an agent raised."""
+    text = os.environ.get(NOFILE_ENV, "")
+    if not text.isdigit():
+        return
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = int(text)
+        if want < soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError):
+        pass  # the raised one stays: more descriptors than asked for, never fewer
 
 
 if __name__ == "__main__":

@@ -191,3 +191,51 @@ def test_the_owner_listener_stops_its_threads_by_its_deadline(tmp_path):
         assert not (tmp_path / "agent.sock").exists()
     finally:
         owner.close()
+
+
+ENV_SCRIPT = r"""
+import os, sys, time
+import torch  # before this_host(): the shared agent's zygote preloads it
+from monarch.actor import Actor, endpoint, this_host
+
+class Env(Actor):
+    @endpoint
+    def env(self):
+        import tempfile
+        return (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"), time.localtime().tm_gmtoff,
+                tempfile.gettempdir(), os.getppid())
+
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+print("ANSWERS", repr([v for _, v in procs.spawn("env", Env).env.call().get(timeout=60)]), flush=True)
+"""
+
+
+def test_procs_of_later_scripts_get_their_own_environment_not_the_first_scripts(shared_env, tmp_path):
+    """The shared agent's zygote imported torch under the first script's OMP_NUM_THREADS (and time
+    zone, TMPDIR): procs of later scripts inherited them.  Each proc now sets them from its own."""
+    pytest.importorskip("torch")
+    env, rt_dir, wd = shared_env
+    (wd / "envprog.py").write_text(ENV_SCRIPT)
+    tmp_a, tmp_b = tmp_path / "tmp-a", tmp_path / "tmp-b"
+    tmp_a.mkdir()
+    tmp_b.mkdir()
+
+    def run(**extra):
+        e = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TZ", "TMPDIR")}
+        r = subprocess.run([sys.executable, "envprog.py"], cwd=wd, env={**e, **extra}, capture_output=True, text=True,
+                           timeout=180)
+        assert r.returncode == 0, r.stderr
+        return _answers(r.stdout)[0]
+
+    first = run(OMP_NUM_THREADS="1", TZ="UTC0", TMPDIR=str(tmp_a))
+    second = run(OMP_NUM_THREADS="3", TZ="JST-9", TMPDIR=str(tmp_b))
+    third = run()
+    assert first[4] == second[4] == third[4]  # one zygote forked them all
+    assert len(_agent_pids(rt_dir)) == 1
+    assert first[:4] == (1, "1", 0, str(tmp_a))
+    assert second[:4] == (3, "3", 9 * 3600, str(tmp_b))
+    # No OMP_NUM_THREADS: torch's own default, as a fresh interpreter has it.
+    e = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=e,
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert third[0] == int(fresh.stdout) and third[1] is None
