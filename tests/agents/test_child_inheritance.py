@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.cli.conftest import monarch, workdir  # noqa: F401  (a fixture)
+from tests.cli.conftest import monarch
 from tests.helpers import ROOT
 
 _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -24,6 +24,12 @@ def _low_limit() -> None:
 PROBE = ("import os, resource, select; "
          "r = select.select([0], [], [], 5)[0]; data = os.read(0, 10) if r else b'blocked'; "
          "print('PROBE', resource.getrlimit(resource.RLIMIT_NOFILE)[0], os.readlink('/proc/self/fd/0'), data)")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    yield tmp_path
+    monarch("stop", "--force", cwd=tmp_path, timeout=60)
 
 
 def _raised_limit() -> None:
