@@ -12,17 +12,26 @@ import errno
 import os
 import sys
 import traceback
-
-import click
+from typing import TYPE_CHECKING
 
 from monarch.errors import ExitCode, MonarchError, UnsafeFolder
 from monarch_cli.output import err as err_console
 from monarch_cli.output import escape as _escape
 from monarch_cli.output import print_json
 
+if TYPE_CHECKING:
+    import click
+
 
 def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> click.exceptions.Exit:
     """Print ``e`` as one line (plus hint) and return the Exit to raise."""
+    import click
+
+    return click.exceptions.Exit(report(e, verbose, as_json))
+
+
+def report(e: BaseException, verbose: bool = False, as_json: bool = False) -> int:
+    """Print ``e`` as one line (plus hint) and return its exit code (no Click: the lean ``monarch run``'s)."""
     from monarch.errors import missing_part
 
     missing = missing_part(e)
@@ -50,11 +59,13 @@ def fail(e: BaseException, verbose: bool = False, as_json: bool = False) -> clic
     if verbose and not isinstance(e, KeyboardInterrupt):
         # No local variables: keys live in locals.
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-    return click.exceptions.Exit(int(code))
+    return int(code)
 
 
 def report_click_error(e: click.ClickException, as_json: bool) -> int:
     """A usage error Click found (unknown option, missing argument): Click's words, our table."""
+    import click
+
     code = ExitCode.USAGE if isinstance(e, click.UsageError) else ExitCode.FAILED
     if as_json:
         hint = ""

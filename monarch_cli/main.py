@@ -1,163 +1,17 @@
-"""The ``monarch`` command: a lazy group over the subcommands in monarch_cli/commands/.
+"""The ``monarch`` command's entry point: the lean ``monarch run`` first, else the Click app.
 
-Built on Click directly, not Typer: ``monarch run`` starts a Python process every time, and
-Typer's imports and per-start command building cost ~50 ms of each.  A subcommand's module is
-imported only when that subcommand runs (or when help lists it), and Rich only when there is
-something to draw: ``monarch run`` pays for neither the other commands nor the help.
+``monarch run -- CMD`` is typed again and again, and Python starts afresh each time: what it
+imports before the run starts is most of its cost.  A plain ``monarch run`` command line (the
+options it takes every day, see :mod:`monarch_cli.lean`) therefore skips Click, Rich and the
+other commands altogether and goes straight to the same run code the Click command calls; every
+other command line (help, --json, a typo, a script.py, any other command) goes to the Click app
+in :mod:`monarch_cli.app`, which gives its help text and its errors.  Both end through the same
+exit-code table.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-
-import click
-
-import monarch
-from monarch.errors import ExitCode
-from monarch_cli.help import QUICK_START, RichContext
-from monarch_cli.options import Options
-
-#: name -> "module:attribute", in the order help lists them.
-COMMANDS = {
-    "serve": "monarch_cli.commands.serve:serve",
-    "run": "monarch_cli.commands.run:run",
-    "sync": "monarch_cli.commands.sync:sync",
-    "status": "monarch_cli.commands.status:status",
-    "logs": "monarch_cli.commands.logs:logs",
-    "shell": "monarch_cli.commands.shell:shell",
-    "stop": "monarch_cli.commands.stop:stop",
-    "context": "monarch_cli.commands.context:app",
-    "version": "monarch_cli.commands.version:version",
-    "query": "monarch_cli.commands.query:query",
-    "why": "monarch_cli.commands.why:why",
-    "stack": "monarch_cli.commands.stack:stack",
-    "debug": "monarch_cli.commands.debug:debug",
-    "dashboard": "monarch_cli.commands.dashboard:dashboard",
-    "tui": "monarch_cli.commands.dashboard:tui",
-    # PyTorch Monarch's own verbs (its agent guide teaches them), on the same machinery.
-    "apply": "monarch_cli.commands.apply:apply",
-    "exec": "monarch_cli.commands.exec_:exec_",
-    "kill": "monarch_cli.commands.kill:kill",
-    "profile": "monarch_cli.commands.profile:profile",
-    "guide": "monarch_cli.commands.guide:guide",
-}
-
-
-def _global_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    if not value or ctx.resilient_parsing:
-        return
-    o = ctx.find_object(Options)
-    if o is None:
-        return
-    setattr(o, param.name, True)
-    if param.name == "verbose":
-        logging.basicConfig(level=os.environ.get("MONARCH_LOG", "INFO"))
-
-
-def _global_params() -> list[click.Option]:
-    return [
-        click.Option(["--verbose", "-v"], is_flag=True, expose_value=False, callback=_global_flag,
-                     help="Show details and tracebacks on errors."),
-        click.Option(["--json"], "json", is_flag=True, expose_value=False, callback=_global_flag,
-                     help="Print one JSON document on stdout (errors too)."),
-    ]
-
-
-def _also_global_json(own):
-    def callback(ctx: click.Context, param: click.Parameter, value):
-        if value and not ctx.resilient_parsing and ctx.find_object(Options) is not None:
-            ctx.find_object(Options).json = True
-        return own(ctx, param, value) if own is not None else value
-
-    callback._sets_global_json = True
-    return callback
-
-
-def _adopt(cmd: click.Command) -> click.Command:
-    """Give a loaded command (and a group's subcommands) the global flags and the Rich help."""
-    cmd.context_class = RichContext
-    names = {n for p in cmd.params for n in getattr(p, "opts", [])}
-    cmd.params.extend(p for p in _global_params() if not names & set(p.opts))
-    for p in cmd.params:
-        # A command's own --json (query, why, stack, debug list) is also the global one: an error
-        # raised under it must be the JSON document on stdout too.
-        if "--json" in getattr(p, "opts", []) and p.callback is not _global_flag and \
-                not getattr(p.callback, "_sets_global_json", False):
-            p.callback = _also_global_json(p.callback)
-    if isinstance(cmd, click.Group):
-        for sub in cmd.commands.values():
-            _adopt(sub)
-    return cmd
-
-
-class LazyGroup(click.Group):
-    """Click's lazy group: a subcommand's module is imported when it is asked for."""
-
-    context_class = RichContext
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
-
-    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # Name exactly the schedulers there are (help must not promise one `serve` refuses).
-        from monarch._workbench.reserve import scheduler_names as names
-
-        labels = {"local": "this machine", "slurm": "Slurm", "kubernetes": "Kubernetes"}
-        where = [labels.get(n, n) for n in sorted(names(), key=lambda n: n != "local")]
-        text = ", ".join(where[:-1]) + f" or {where[-1]}" if len(where) > 1 else where[0]
-        old, self.help = self.help, (self.help or "").replace("{schedulers}", text)
-        try:
-            super().format_help_text(ctx, formatter)
-        finally:
-            self.help = old
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # Each command's whole first sentence: Rich wraps it to the terminal (Click would cut it
-        # to fit 80 columns with "...", even on a wide one).
-        rows = []
-        for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd.get_short_help_str(limit=1000)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = COMMANDS.get(name)
-        if target is None:
-            return None
-        import importlib
-
-        module, attr = target.split(":")
-        return _adopt(getattr(importlib.import_module(module), attr))
-
-
-def _exit_code_epilog() -> str:
-    rows = "\n".join(f"  {int(c):>3}  {c.meaning}" for c in ExitCode)
-    return f"\b\nExit codes:\n{rows}\n\n{QUICK_START}"
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
-@click.version_option(monarch.__version__, "--version", "-V", prog_name="monarch", message="%(prog)s %(version)s")
-@click.option("--verbose", "-v", is_flag=True, expose_value=False, callback=_global_flag,
-              help="Show details and tracebacks on errors.")
-@click.option("--json", "json", is_flag=True, expose_value=False, callback=_global_flag,
-              help="Print one JSON document on stdout (errors too).")
-def app() -> None:
-    """Reserve hosts once, run many times: distributed PyTorch jobs on {schedulers} hosts.
-
-    `monarch serve` reserves hosts and starts an agent on each; `monarch run` runs on them, again and
-    again. --json and --verbose go before or after the subcommand.
-    """
-
-
-def _json_requested(argv: list[str]) -> bool:
-    """--json among monarch's own arguments (not after `--`, where the run's command begins)."""
-    own = argv[: argv.index("--")] if "--" in argv else argv
-    return "--json" in own
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -165,7 +19,12 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the console script: every way out goes through one exit-code table."""
+    """Entry point of the console script: every way out goes through one exit-code table.
+
+    ``argv`` None: this process is the command (the console script, ``python -m``), and a lean run
+    ends it without the interpreter's teardown (:func:`_exit_now`); given (a caller in-process,
+    tests), it ends with ``SystemExit`` as any command does."""
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     import warnings
 
@@ -174,18 +33,52 @@ def main(argv: list[str] | None = None) -> None:
 
     command_process()  # this process hears only its host agents (an actor program runs in a child)
     try:
-        code = app.main(args=argv, prog_name="monarch", standalone_mode=False, obj=Options())
-    except click.ClickException as e:  # usage errors Click found before any command ran
-        from monarch_cli.errors import report_click_error
+        from monarch_cli.lean import lean_run
 
-        code = report_click_error(e, as_json=_json_requested(argv))
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        from monarch_cli.errors import fail
+        code = lean_run(argv)
+        lean = code is not None
+        if code is None:
+            from monarch_cli.app import run_app
 
-        code = fail(KeyboardInterrupt(), as_json=_json_requested(argv)).exit_code
+            code = run_app(argv)
     finally:
         command_process(False)  # main() called in-process (tests) leaves later runtimes as they were
-    sys.exit(code if isinstance(code, int) else ExitCode.OK)
+    if lean and own_process:
+        _exit_now(code)
+    sys.exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """End this process with ``code`` without tearing the interpreter down: freeing every module and
+    object costs a finished ``monarch run`` 5-10 ms it has no use for.  What must happen at exit still
+    does: the atexit functions (messages still queued to the hosts leave, logging flushes), then
+    stdout and stderr are flushed.  A thread the interpreter would wait for: the usual exit."""
+    import atexit
+    import os
+    import threading
+
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a reader gone: nothing left to say it on
+            pass
+    os._exit(code)
+
+
+def __getattr__(name: str):
+    # `monarch_cli.main.app` (and the rest of the Click app) as before the lean entry point.  Never
+    # for dunder names: the import system asks for `__path__` and the like, and must not load Click.
+    if name.startswith("__"):
+        raise AttributeError(f"module 'monarch_cli.main' has no attribute {name!r}")
+    import monarch_cli.app
+
+    try:
+        return getattr(monarch_cli.app, name)
+    except AttributeError:
+        raise AttributeError(f"module 'monarch_cli.main' has no attribute {name!r}") from None
 
 
 if __name__ == "__main__":

@@ -147,7 +147,8 @@ def test_piped_status_keeps_whole_addresses(workdir):
 
 def test_run_imports_only_what_it_uses(workdir):
     # Lazy command loading and lazy Rich: `monarch run` loads its own module, not the others', and
-    # no Rich when it has nothing to draw.
+    # no Rich when it has nothing to draw; a plain run line takes the lean path (no Click), and a
+    # local reservation's hosts are reached over Unix sockets only (no pyzmq).
     import subprocess
     import sys
 
@@ -156,14 +157,15 @@ def test_run_imports_only_what_it_uses(workdir):
     _agent_pids(workdir)
     code = ("import sys\nfrom monarch_cli.main import main\n"
             "try:\n    main(['run', '--', 'true'])\nexcept SystemExit as e:\n    rc = e.code\n"
-            "mods = sorted(m for m in sys.modules if m.startswith(('rich', 'monarch_cli.commands.')))\n"
+            "mods = sorted(m for m in sys.modules if m.startswith(('rich', 'monarch_cli.commands.', 'click', 'zmq')))\n"
             "print(rc, mods, file=sys.stderr)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": ROOT})
-    assert r.stderr.strip().splitlines()[-1] == "0 ['monarch_cli.commands._common', 'monarch_cli.commands.run']"
+    assert r.stderr.strip().splitlines()[-1] == "0 ['monarch_cli.commands.run_core']"
     r = subprocess.run([sys.executable, "-c", code.replace("'run', '--', 'true'", "'run', '--help'")], cwd=workdir,
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
-    assert "'rich'" in r.stderr.splitlines()[-1] and "Usage: monarch run" in r.stdout
+    assert "'rich'" in r.stderr.splitlines()[-1] and "'click'" in r.stderr.splitlines()[-1]
+    assert "Usage: monarch run" in r.stdout
 
 
 def test_serve_replace_over_an_unreadable_state_file_stops_what_it_had_reserved(workdir):
