@@ -18,7 +18,7 @@ from monarch_agents.errors import MonarchError
 from monarch_agents import keys as keys_mod
 from monarch_agents.keys import CLIENT, HOST, JobKeys
 from monarch_agents.runtime import Runtime
-from monarch_agents.transport import addr_host, route_ip
+from monarch_agents.transport import addr_host, is_relayed, is_same_host, lacks_client_key, route_ip
 
 _lock = threading.RLock()
 #: The control stream that keeps a runtime's relayed address open, by runtime (see :func:`_relayed_address`).
@@ -45,6 +45,14 @@ def bind_address(reach: Iterable[str] = ()) -> str:
     for addr in reach:
         return route_ip(addr_host(addr))
     return "127.0.0.1"
+
+
+def _unix_only(reach: list[str]) -> bool:
+    """Whether a runtime may listen on its Unix socket only: a `monarch` command (it hears only its
+    host agents, monarch_agents.keys) whose host agents are all processes of this host, which reach
+    it there.  No TCP port then: no ZeroMQ context, no CURVE gate, not even pyzmq imported."""
+    return bool(reach) and keys_mod.agents_only() and all(
+        is_same_host(a) and not is_relayed(a) and not lacks_client_key(a) for a in reach)
 
 
 def _from_agents(msg_type: type, role: str) -> bool:
@@ -76,8 +84,9 @@ def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route
         keys = keys or JobKeys.generate()
         # A second runtime needs a ZeroMQ context of its own: each context has one ZAP handler,
         # which admits one job's keys.
+        unix_only = not route and _unix_only(reach)
         ctx = None
-        if current is not None:
+        if current is not None and not unix_only:
             from monarch_agents import transport
 
             ctx = transport.new_context()
@@ -90,7 +99,7 @@ def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route
                          advertise=lambda endpoint: _relayed_address(holder, route["control"], endpoint))
             holder.append(rt)
         else:
-            rt = Runtime(keys, bind_host=bind_address(reach), name=name, ctx=ctx, admit=admit)
+            rt = Runtime(keys, bind_host=bind_address(reach), name=name, ctx=ctx, admit=admit, tcp=not unix_only)
         _routes[id(rt)] = route
         supervision.install(rt)
         rt.register(m.ActorDebugWaiting, _debug_waiting)

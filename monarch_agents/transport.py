@@ -43,16 +43,34 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable
-
-import zmq
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents import bulk, ipc, shm, tunnel, wire
-from monarch_agents.zap import KeyGate
 from monarch_agents.zygote import NOFILE_ENV
 from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
 log = logging.getLogger("monarch.transport")
+
+
+class _ZmqOnFirstUse:
+    """Stands for the ``zmq`` module until something here uses it, then imports it and puts the module
+    itself in its place (so later uses cost nothing more): a process whose peers are all on this host
+    talks over Unix sockets only (a ``monarch`` command of a local reservation, a local host's agent),
+    and pyzmq costs ~7 ms to import, a tenth of a warm ``monarch run``."""
+
+    def __getattr__(self, name: str) -> Any:
+        import zmq as module
+
+        globals()["zmq"] = module
+        return getattr(module, name)
+
+
+if TYPE_CHECKING:
+    import zmq
+
+    from monarch_agents.zap import KeyGate
+else:
+    zmq = _ZmqOnFirstUse()
 
 _HWM = 1_000_000
 _COPY_THRESHOLD = 1 << 20
@@ -243,7 +261,7 @@ class Mailbox:
         self.addr = ""
         # One mailbox per process shares the process context; another one in the same process
         # (tests) needs a context of its own, as each context has a single ZAP handler.
-        self._ctx = ctx or context()
+        self._ctx_given = ctx
         self._auth: KeyGate | None = None
         self._router: zmq.Socket | None = None
         self._peers: dict[str, _Peer | ipc.Link] = {}
@@ -288,14 +306,24 @@ class Mailbox:
 
     # -- lifecycle ---------------------------------------------------------
 
+    @property
+    def _ctx(self) -> zmq.Context:
+        """The ZeroMQ context (made on first use: a Unix-socket-only mailbox with only same-host peers
+        never needs one)."""
+        if self._ctx_given is None:
+            self._ctx_given = context()
+        return self._ctx_given
+
     def start(self) -> str:
         """Bind and start the IO thread; returns the bound address."""
-        self._auth = KeyGate(self._ctx, {k.encode(): role for k, role in self.keys.admitted().items()})
         public, secret = self.keys.host_server if self.host else (self.keys.server_public, self.keys.server_secret)
         if not secret:
             raise ValueError(f"{self.name}: these keys cannot listen as a {'host agent' if self.host else 'member'}")
         if not self.tcp:
             return self._start_unix_only()
+        from monarch_agents.zap import KeyGate  # CURVE's gate: only for a TCP listener
+
+        self._auth = KeyGate(self._ctx, {k.encode(): role for k, role in self.keys.admitted().items()})
         r = self._ctx.socket(zmq.ROUTER)
         r.curve_server = True
         r.curve_secretkey = secret.encode()
