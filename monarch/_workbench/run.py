@@ -23,7 +23,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator
@@ -142,7 +141,8 @@ def select_hosts(record: JobRecord, ranks: list[int] | None) -> list[HostRecord]
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    # os.urandom, not uuid: uuid imports platform, ~2 ms of every `monarch run`'s start.
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
 
 
 def run_env(record: JobRecord, hosts: list[HostRecord], index: int, run_id: str, master_port: int,
