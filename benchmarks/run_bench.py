@@ -1,6 +1,13 @@
 """`monarch run` overhead, in one run: monarch vs the bare command vs torchrun cold start.
 
-    .venv/bin/python benchmarks/run_bench.py [--n 15] [--json] [--baseline GIT-REF] [--netns]
+    .venv/bin/python benchmarks/run_bench.py [--n 15] [--json] [--baseline GIT-REF] [--netns] [--timeline]
+
+The floor beside it, in the same rounds: `true`, `python -S -c pass` and `python -c pass` (what
+Python itself costs to start here; `monarch run` cannot start faster than its interpreter).  The
+machine's load average is printed before and after (wall times mean little at a high load; the CPU
+times below do).  --timeline: one more `monarch run -- true`, traced: where its wall and CPU time
+go, from the process's start through its imports, the reservation read, the connection, the ranks
+(their host agents' own clocks: the RunCommand's arrival to the exit file) to its exit.
 
 Also the CPU time each command used itself (user + system, from wait4): little moved by
 other load, it compares a before/after on a busy machine where wall times drown in noise.
@@ -95,8 +102,101 @@ def summary(xs: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(xs) * 1000, 1), "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1000, 1)}
 
 
-_THIS = "this tree: python -m monarch_cli.main run"
-_BASE = "baseline: python -m monarch_cli.main run"
+_THIS = "this tree: python -m monarch_cli.main run -- true"
+_BASE = "baseline: python -m monarch_cli.main run -- true"
+RUN_TRUE = "monarch run -- true (2 hosts)"
+#: issue 29's goal for a warm `monarch run -- true` on 2 hosts, CLI start included.
+GOAL_MS = 60.0
+
+#: Runs `monarch run ARGS` as the console script does, noting (wall clock, CPU) at each step; the
+#: steps go to the descriptor named by argv[1] as JSON.  Wraps the engine's functions from outside:
+#: nothing in monarch is there for the benchmark.
+_TRACER = r"""
+import json, os, sys, time
+marks = [("python started, first line run", time.time(), time.process_time())]
+def mark(step): marks.append((step, time.time(), time.process_time()))
+fd = int(sys.argv[1])
+import monarch_cli.main, monarch_cli.lean
+mark("imported the entry point (monarch_cli.main, .lean)")
+import monarch_cli.commands.run_core
+mark("imported run_core (monarch.errors, output)")
+import monarch._workbench.reserve as reserve, monarch._workbench.run as run, monarch._workbench.state as state
+mark("imported the run engine (reserve, run: messages, runtime, transport)")
+def wrap(owner, name, before=None, after=None):
+    orig = getattr(owner, name)
+    def f(*a, **k):
+        if before: mark(before)
+        r = orig(*a, **k)
+        if after: mark(after)
+        return r
+    setattr(owner, name, f)
+wrap(reserve, "load_live", after="read the reservation (state file, scheduler's describe)")
+wrap(state.JobRecord, "runtime", after="runtime up (mailbox listening)")
+wrap(run.RemoteRun, "start", after="RunCommand sent to every host (connect + key handshake)")
+fin = run.RemoteRun._finish
+def finish(self, rank, *a, **k):
+    mark(f"RunExited of rank {rank} here")
+    return fin(self, rank, *a, **k)
+run.RemoteRun._finish = finish
+rc = run.run_command
+def run_command(*a, **k):
+    out = rc(*a, **k)
+    mark("run_command returned (run noted as ended)")
+    os.environ["_BENCH_RUN_ID"] = out.run_id
+    return out
+run.run_command = run_command
+def dump():
+    mark("atexit: interpreter shutting down")
+    os.write(fd, json.dumps({"marks": marks, "run_id": os.environ.get("_BENCH_RUN_ID", "")}).encode())
+import atexit
+atexit.register(dump)
+sys.argv = ["monarch", *sys.argv[2:]]
+monarch_cli.main.main()
+"""
+
+
+def timeline(cwd: str) -> list[dict]:
+    """One traced warm `monarch run -- true` (after one untraced, so that it is warm), step by step;
+    the ranks' steps from their host agents' run records (same clock: one machine)."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    subprocess.run([*MONARCH, "run", "--", "true"], cwd=cwd, env=env, check=True, capture_output=True)
+    r, w = os.pipe()
+    t0 = time.time()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", _TRACER, str(w), "run", "--", "true"], cwd=cwd, env=env,
+                             pass_fds=(w,), stdout=subprocess.DEVNULL)
+    finally:
+        os.close(w)
+    with os.fdopen(r) as f:
+        data = json.loads(f.read() or "{}")
+    p.wait()
+    t_end = time.time()
+    steps = [(step, t, c) for step, t, c in data.get("marks", [])]
+    events = [(t, step, c) for step, t, c in steps]
+    run_id = data.get("run_id", "")
+    logs = os.path.join(cwd, ".monarch", "jobs", "default", "logs")
+    for host in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        run_dir = os.path.join(logs, host, "runs", run_id)
+        for name in sorted(os.listdir(run_dir)) if run_id and os.path.isdir(run_dir) else []:
+            if name.endswith(".json"):
+                rank = name[:-5]
+                try:
+                    with open(os.path.join(run_dir, name)) as f:
+                        events.append((json.load(f)["started"], f"{host}: RunCommand in, rank {rank} starting", None))
+                    with open(os.path.join(run_dir, f"{rank}.exit")) as f:
+                        events.append((json.load(f)["ended"], f"{host}: rank {rank} exited, output drained", None))
+                except (OSError, ValueError, KeyError):
+                    pass
+    events.append((t_end, "process exited (the benchmark saw it)", None))
+    events.sort(key=lambda e: e[0])
+    out, prev_t, prev_c = [], t0, 0.0
+    for t, step, c in [(t0, "process started (Popen)", None), *events]:
+        out.append({"step": step, "at_ms": round((t - t0) * 1000, 1), "took_ms": round((t - prev_t) * 1000, 1),
+                    "cpu_ms": None if c is None else round((c - prev_c) * 1000, 1)})
+        prev_t = t
+        if c is not None:
+            prev_c = c
+    return out
 
 
 def main() -> None:
@@ -105,6 +205,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--baseline", metavar="GIT-REF", help="also time the monarch of this commit, side by side")
     ap.add_argument("--netns", action="store_true", help="also 2 hosts in network namespaces (root)")
+    ap.add_argument("--timeline", action="store_true", help="also trace one warm `monarch run -- true`, step by step")
     a = ap.parse_args()
     compile_sources()
     with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as dn:
@@ -115,7 +216,10 @@ def main() -> None:
                            stderr=subprocess.DEVNULL)
         try:
             cmds = {
+                "floor: true": ["true"],
+                "floor: python -S -c pass": [sys.executable, "-S", "-c", "pass"],
                 "bare python -c pass": [sys.executable, "-c", "pass"],
+                RUN_TRUE: [*MONARCH, "run", "--", "true"],
                 "monarch run -- python -c pass (2 hosts)": [*MONARCH, "run", "--", sys.executable, "-c", "pass"],
                 "monarch status": [*MONARCH, "status"],
             }
@@ -123,18 +227,21 @@ def main() -> None:
             if a.baseline:
                 # Both as `python -m monarch_cli.main`, so that only the code differs.
                 base, base_env = baseline_command(a.baseline, os.path.join(d, "_bench"))
-                cmds[_THIS] = [sys.executable, "-m", "monarch_cli.main", "run", "--", sys.executable, "-c", "pass"]
-                cmds[_BASE] = [*base, "run", "--", sys.executable, "-c", "pass"]
+                cmds[_THIS] = [sys.executable, "-m", "monarch_cli.main", "run", "--", "true"]
+                cmds[_BASE] = [*base, "run", "--", "true"]
                 envs[_BASE] = base_env
             cwds = {}
             if a.netns:  # the same command in the netns reservation's folder
                 cmds[NETNS_RUN] = [*MONARCH, "run", "--", sys.executable, "-c", "pass"]
                 cwds[NETNS_RUN] = dn
+            load_before = os.getloadavg()
             times = timed(cmds, d, a.n, envs, cwds)
             times.update(timed({"torchrun --standalone cold start": [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--no-python", "true"]},
                 d, max(3, a.n // 3)))
             res = {k: summary(v) for k, v in times.items()}
+            load_after = os.getloadavg()
+            steps = timeline(d) if a.timeline else []
         finally:
             subprocess.run([*MONARCH, "stop"], cwd=d, env=env, stderr=subprocess.DEVNULL)
             if a.netns:
@@ -143,7 +250,10 @@ def main() -> None:
     mon = res["monarch run -- python -c pass (2 hosts)"]["p50_ms"]
     tr = res["torchrun --standalone cold start"]["p50_ms"]
     ratios = {"monarch overhead over bare (ms, p50)": round(mon - bare, 1),
-              "monarch run / torchrun cold start": round(mon / tr, 3)}
+              "monarch run / torchrun cold start": round(mon / tr, 3),
+              f"monarch run -- true p50 / goal {GOAL_MS:.0f} ms": round(res[RUN_TRUE]["p50_ms"] / GOAL_MS, 3),
+              "monarch run -- true p50 / python -c pass p50": round(res[RUN_TRUE]["p50_ms"] / bare, 3)}
+    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}
     cpu = {k: round(statistics.median(v) * 1000, 1) for k, v in CPU.items()}
     if a.baseline:
         this, base = res[_THIS]["p50_ms"], res[_BASE]["p50_ms"]
@@ -154,12 +264,19 @@ def main() -> None:
     if NETNS_RUN in res:
         ratios["inter-host run / same-host run (p50)"] = round(res[NETNS_RUN]["p50_ms"] / mon, 3)
     if a.json:
-        print(json.dumps({"results": res, "cpu_p50_ms": cpu, "ratios": ratios}, indent=2))
+        print(json.dumps({"results": res, "cpu_p50_ms": cpu, "ratios": ratios, "load": load, "timeline": steps},
+                         indent=2))
         return
+    print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']} on {os.cpu_count()} CPUs")
     for k, v in res.items():
         print(f"{k:45s} p50 {v['p50_ms']:8.1f} ms   p90 {v['p90_ms']:8.1f} ms   CPU p50 {cpu[k]:7.1f} ms")
     for k, v in ratios.items():
         print(f"{k:45s} {v}")
+    if steps:
+        print("\ntimeline of one warm `monarch run -- true` (ms from the process's start; CPU: this process's)")
+        for st in steps:
+            cpu_s = f"cpu +{st['cpu_ms']:5.1f}" if st.get("cpu_ms") is not None else " " * 10
+            print(f"  {st['at_ms']:7.1f}  +{st['took_ms']:6.1f}  {cpu_s}  {st['step']}")
 
 
 if __name__ == "__main__":
