@@ -56,6 +56,12 @@ _CHILD_SHARE = 0.9
 #: ...and this many seconds less.
 _CHILD_MARGIN_S = 0.02
 
+#: A node without a deadline (a run's ends) pings each child it still waits on this often, and takes
+#: one it has not heard from (answers or pings) for :data:`_SILENT_S` for lost: an agent stopped
+#: (SIGSTOP) or hung closes no connection, and a run would wait for it forever.
+_PING_EVERY_S = float(os.environ.get("MONARCH_FANOUT_PING_S", "5"))
+_SILENT_S = float(os.environ.get("MONARCH_FANOUT_SILENT_S", "30"))
+
 #: Messages a node hands its own agent only once its subtree has answered (a Shutdown: an inner
 #: agent must stay up until what it forwarded has been answered through it).
 _LOCAL_LAST = (m.Shutdown,)
@@ -92,18 +98,38 @@ def _one_line(e: BaseException | str) -> str:
 class _Port:
     """A port of a node: answers from one child (or from this agent itself) to ``node``."""
 
-    __slots__ = ("node", "child", "port_id")
+    __slots__ = ("node", "child", "port_id", "heard", "pong")
 
     def __init__(self, node: "Node", child: str):
         self.node = node
         self.child = child
         self.port_id = 0
+        self.heard = time.monotonic()  # when the child last answered anything
+        self.pong = 0  # the port of the ping it has not answered yet
 
     def deliver(self, reply: m.Reply) -> None:
+        self.heard = time.monotonic()
         self.node._delivered(self, reply)
 
     def lost(self, addr: str, error: SupervisionError) -> None:
         self.node._child_lost(self, error)
+
+
+class _Pong:
+    """The answer to a liveness ping: the child is there."""
+
+    __slots__ = ("port", "port_id")
+
+    def __init__(self, port: _Port):
+        self.port = port
+        self.port_id = 0
+
+    def deliver(self, reply: m.Reply) -> None:
+        self.port.heard = time.monotonic()
+        self.port.node.rt.close_port(self.port_id)
+
+    def lost(self, addr: str, error: SupervisionError) -> None:
+        pass  # its child's own port hears it too
 
 
 class Node:
@@ -152,7 +178,32 @@ class Node:
                 self._run_local(it)
         if self.deadline is not None:
             self.rt.mailbox.call_later(max(0.0, self.deadline - time.monotonic()), self._expired)
+        else:
+            self.rt.mailbox.call_later(_PING_EVERY_S, self._probe)
         self._check_done()
+
+    def _probe(self) -> None:
+        """Ping every child still owing answers; one silent for :data:`_SILENT_S` is lost."""
+        if self.finished:
+            return
+        now = time.monotonic()
+        for port, _ in list(self.ports.values()):
+            if not port.child:
+                continue
+            if now - port.heard > _SILENT_S:
+                self._child_lost(port, SupervisionError(f"no answer for {_SILENT_S:g} s: stopped or hung?"))
+                continue
+            if port.pong:
+                self.rt.close_port(port.pong)
+            pong = _Pong(port)
+            ref = self.rt.open_port(pong, (port.child,))
+            port.pong = ref.port_id
+            try:
+                self.rt.send(port.child, m.Ping(ref))
+            except Exception as e:  # known dead: its port hears it
+                log.debug("fan-out: ping to %s: %s", port.child, e)
+        if not self.finished:
+            self.rt.mailbox.call_later(_PING_EVERY_S, self._probe)
 
     def _child_timeout(self) -> float | None:
         if self.deadline is None:
@@ -276,6 +327,8 @@ class Node:
     def _close(self, port: _Port) -> None:
         self.ports.pop(port.port_id, None)
         self.rt.close_port(port.port_id)
+        if port.pong:
+            self.rt.close_port(port.pong)
 
 
 def _error_of(payload: Any) -> BaseException:

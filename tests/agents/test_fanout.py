@@ -24,7 +24,9 @@ from tests.helpers import wait_gone
 pytestmark = pytest.mark.timeout(300)
 
 HOSTS = 12
-TREE = {"MONARCH_FANOUT_DEGREE": "2", "MONARCH_FANOUT_DIRECT_MAX": "0"}
+#: Degree 2, every size through the tree; a child silent for 3 s is lost (the agents get it at serve).
+TREE = {"MONARCH_FANOUT_DEGREE": "2", "MONARCH_FANOUT_DIRECT_MAX": "0", "MONARCH_FANOUT_PING_S": "0.5",
+        "MONARCH_FANOUT_SILENT_S": "3"}
 DIRECT = {"MONARCH_FANOUT_DEGREE": "0"}
 
 
@@ -118,6 +120,27 @@ def test_an_inner_agent_killed_mid_run_loses_only_its_rank(reservation):
     os.kill(pids[1], signal.SIGKILL)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 5, err  # a host agent lost
+    done = sorted(line for line in out.splitlines() if " done " in line)
+    assert done == sorted(f"[host{i}] done {i}" for i in range(HOSTS) if i != 1), out
+
+
+def test_an_inner_agent_stopped_mid_run_is_lost_not_waited_for(reservation):
+    """SIGSTOP closes no connection: its parent's pings find it silent, and the hosts below it report."""
+    workdir, pids = reservation
+    import subprocess
+
+    from tests.cli.conftest import MONARCH, ROOT
+
+    p = subprocess.Popen([*MONARCH, "exec", "--all", "--", "sh", "-c", "sleep 2; echo done $NODE_RANK"],
+                         cwd=workdir, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **TREE},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_ranks(pids, "sleep 2")
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    assert p.returncode == 5, err
     done = sorted(line for line in out.splitlines() if " done " in line)
     assert done == sorted(f"[host{i}] done {i}" for i in range(HOSTS) if i != 1), out
 
