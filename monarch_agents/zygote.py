@@ -200,7 +200,8 @@ def _child(req: dict, fds: list[int], zsock: socket.socket) -> None:
             for name in os.environ.pop(ENV_UNSET, "").split(","):
                 os.environ.pop(name, None)
             _adopt_environment()
-        _restore_fd_limit()
+        if req["kind"] == "exec":  # a user's command; the agent's own helpers ("call") keep the agent's
+            _restore_fd_limit()
         if req.get("cwd"):
             try:
                 os.chdir(req["cwd"])
