@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -178,11 +179,11 @@ def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpa
     for _ in range(3):
         sock = _try_connect(path)
         if sock is None:
-            lock_fd = os.open(os.path.join(d, f"agent-{key}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            lock_fd = _lock_starter(os.path.join(d, f"agent-{key}.lock"))  # one starter; the others wait, then connect
             try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one starter; the others wait, then connect
                 sock = _try_connect(path)
                 if sock is None:
+                    sweep(d, keep=key)  # what dead agents left here, now that one more is to start
                     _start(path, preload, bind, hostname, log_dir, pythonpath, start_timeout)
                     sock = _try_connect(path)
             finally:
@@ -204,6 +205,103 @@ def connect(preload: list[str], bind: str, hostname: str, log_dir: str, pythonpa
             return SharedAgent(sock, info["addr"], info["host"], info["pid"], info["keys"], info["env"])
         sock.close()
     return None
+
+
+def _lock_starter(path: str) -> int:
+    """The starter's lock of one agent key, held (LOCK_EX) on the file that is at ``path`` now: a
+    lock taken on a file :func:`sweep` removed meanwhile would exclude nobody, so that is taken again."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass  # removed while we waited for it: take the new one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+_SUFFIXES = (".lock", ".log", ".sock")
+
+
+def sweep(d: str, keep: str = "") -> list[str]:
+    """Remove from the runtime folder ``d`` the files of shared agents that are gone: ``agent-KEY``'s
+    ``.sock``, ``.log`` and ``.lock`` (each new code tree or setting makes a new KEY, so they pile up).
+
+    A KEY's files go only when all of these hold: they are ours (owner, plain file or socket, no
+    link); nobody is starting its agent (its ``.lock`` is free, and held by us while we remove);
+    no agent of it lives (its agent holds a shared lock on its ``.log`` for its whole life, and its
+    socket, if any, refuses connections).  Returns what it removed."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    keys = {n[len("agent-"):-len(suf)] for n in names if n.startswith("agent-") for suf in _SUFFIXES if n.endswith(suf)}
+    removed: list[str] = []
+    for key in sorted(keys - {keep}):
+        base = os.path.join(d, f"agent-{key}")
+        try:
+            lock_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.fstat(lock_fd)
+            if st.st_uid != os.getuid() or st.st_ino != os.stat(base + ".lock", follow_symlinks=False).st_ino:
+                continue
+            if not _agent_gone(base):
+                continue
+            for suf in (".sock", ".log", ".lock"):  # the lock last, while we hold it
+                p = base + suf
+                try:
+                    pst = os.stat(p, follow_symlinks=False)
+                    if pst.st_uid == os.getuid() and (stat.S_ISREG(pst.st_mode) or stat.S_ISSOCK(pst.st_mode)):
+                        os.unlink(p)
+                        removed.append(p)
+                except FileNotFoundError:
+                    pass
+        except OSError:
+            continue  # held by a starter (EWOULDBLOCK), or not ours to judge
+        finally:
+            os.close(lock_fd)
+    if removed:
+        log.info("removed %d files of shared agents that are gone from %s", len(removed), d)
+    return removed
+
+
+def _agent_gone(base: str) -> bool:
+    """No agent of ``base`` lives: its log is not locked by one, and its socket answers nobody."""
+    try:
+        fd = os.open(base + ".log", os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = -1
+    except OSError:
+        return False
+    try:
+        if fd >= 0:
+            if os.fstat(fd).st_uid != os.getuid():
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # its agent (or the zygote forked from it) holds it
+        # An agent of older code holds no lock on its log: its socket says whether it lives.
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(base + ".sock")
+            return False
+        except (FileNotFoundError, ConnectionRefusedError):
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _try_connect(path: str) -> socket.socket | None:
@@ -234,6 +332,9 @@ def _start(path: str, preload: list[str], bind: str, hostname: str, log_dir: str
            "--log-dir", log_dir]
     log_fd = os.open(path[:-len(".sock")] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
+        # Shared, on the open file the agent inherits as its stdout and stderr: held for as long as
+        # it (and its zygote) lives, it is how sweep() tells a live agent's files from a dead one's.
+        fcntl.flock(log_fd, fcntl.LOCK_SH)
         # Its own session, stdio and cwd: nothing ties it to the script that happened to start it.
         agent = HelperProcess(cmd, env={**os.environ, "PYTHONPATH": pythonpath}, ready_fd_flag="--info-fd",
                               stdout=log_fd, stderr=log_fd, cwd="/")

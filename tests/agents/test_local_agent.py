@@ -239,3 +239,60 @@ def test_procs_of_later_scripts_get_their_own_environment_not_the_first_scripts(
     fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=e,
                            capture_output=True, text=True, timeout=120, check=True)
     assert third[0] == int(fresh.stdout) and third[1] is None
+
+
+def test_files_of_gone_agents_are_swept_and_a_live_ones_are_kept(shared_env):
+    """Each code tree or setting makes a new agent key, and each left its .lock and .log (40 of them
+    here once).  Starting an agent removes those of keys whose agent is gone; never a live agent's,
+    one a starter holds, or another user's."""
+    import fcntl
+    import socket as socketlib
+
+    from monarch_agents.local_agent import sweep
+
+    env, rt_dir, wd = shared_env
+    first = _run(env, wd)
+    assert first.returncode == 0, first.stderr
+    live = sorted(p.name for p in rt_dir.iterdir())
+    assert [n.rsplit(".", 1)[1] for n in live] == ["lock", "log", "sock"], live
+    # Gone agents: a pair of a clean exit, and a killed one's socket that refuses connections.
+    for name in ("agent-0000dead.lock", "agent-0000dead.log", "agent-1111dead.log"):
+        (rt_dir / name).write_text("")
+    dead = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_SEQPACKET)
+    dead.bind(str(rt_dir / "agent-1111dead.sock"))
+    dead.close()
+    # Being started right now: its lock is held.
+    (rt_dir / "agent-2222busy.lock").write_text("")
+    (rt_dir / "agent-2222busy.log").write_text("")
+    busy = os.open(rt_dir / "agent-2222busy.lock", os.O_RDWR)
+    fcntl.flock(busy, fcntl.LOCK_EX)
+    # Another user's (root only: chown).
+    theirs = []
+    if os.geteuid() == 0:
+        for suffix in ("lock", "log"):
+            p = rt_dir / f"agent-3333them.{suffix}"
+            p.write_text("")
+            os.chown(p, 65534, 65534)
+            theirs.append(p.name)
+    try:
+        # A script with another setting: another key, so an agent starts, and sweeps first.
+        second = _run({**env, "MONARCH_AGENT_IDLE_S": "61"}, wd)
+        assert second.returncode == 0, second.stderr
+        left = sorted(p.name for p in rt_dir.iterdir())
+        assert not [n for n in left if "dead" in n], left
+        assert set(live) <= set(left)  # the first agent lives on (its log is locked by it)
+        assert {"agent-2222busy.lock", "agent-2222busy.log", *theirs} <= set(left)
+        assert len(_agent_pids(rt_dir)) == 2
+        assert _run(env, wd).returncode == 0  # the first agent still answers
+    finally:
+        os.close(busy)
+    # Once the busy starter let go, and every agent stopped: everything of ours goes.
+    pids = _agent_pids(rt_dir)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    assert wait_gone(pids, 10) == []
+    deadline = time.monotonic() + 10  # their zygotes follow them (parent-death signal), and let go of the logs
+    while sorted(p.name for p in rt_dir.iterdir()) != sorted(theirs) and time.monotonic() < deadline:
+        sweep(str(rt_dir))
+        time.sleep(0.1)
+    assert sorted(p.name for p in rt_dir.iterdir()) == sorted(theirs)
