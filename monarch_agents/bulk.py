@@ -57,8 +57,10 @@ STREAMS = int(os.environ.get("MONARCH_BULK_STREAMS", "2"))
 MIN_BYTES = 4 << 20
 #: A frame at least this large is a big one.
 MIN_FRAME = 1 << 20
-#: Sealed unit: big enough that the Python calls per chunk cost nothing beside it.
-CHUNK = 1 << 20
+#: Sealed unit (``MONARCH_BULK_CHUNK``): big enough that the Python calls per chunk cost nothing beside
+#: it; the descriptor says it, so the two ends need not agree beforehand.
+CHUNK = int(os.environ.get("MONARCH_BULK_CHUNK", 1 << 20))
+_CHUNK_RANGE = (4 << 10, 64 << 20)
 TAG = 16
 #: A stream that moves no byte for this long has failed (a host that vanished sends no reset).
 STALL_S = 30.0
@@ -74,8 +76,8 @@ _VERSION = 1
 _FLAG_INLINE = 1  # the big frames are in this message after all (the bulk fetch failed)
 CIPHER_AES256GCM = 1
 CIPHER_CHACHA20POLY1305 = 2
-# magic, version, flags, cipher, streams, port, transfer id, key, number of big frames
-_DESC = struct.Struct("!4sBBBBH16s32sH")
+# magic, version, flags, cipher, streams, port, chunk size, transfer id, key, number of big frames
+_DESC = struct.Struct("!4sBBBBHI16s32sH")
 _BIG = struct.Struct("!HQ")  # frame index (in the message's frames), length
 _HELLO = struct.Struct("!16sB")  # transfer id, stream index
 _ACK = b"\x01"
@@ -176,9 +178,9 @@ def _nonce(i: int) -> bytes:
     return struct.pack("<Q4x", i)
 
 
-def _layout(lengths: list[int]) -> list[tuple[int, int, int]]:
+def _layout(lengths: list[int], chunk: int) -> list[tuple[int, int, int]]:
     """The chunks of the big frames: (which big frame, offset, length), in nonce order."""
-    return [(j, off, min(CHUNK, n - off)) for j, n in enumerate(lengths) for off in range(0, n, CHUNK)]
+    return [(j, off, min(chunk, n - off)) for j, n in enumerate(lengths) for off in range(0, n, chunk)]
 
 
 # -- the descriptor --------------------------------------------------------------------------------
@@ -193,10 +195,11 @@ class Descriptor:
     port: int
     big: list[tuple[int, int]]  # (frame index, length)
     inline: bool = False
+    chunk: int = CHUNK
 
     def pack(self) -> bytes:
         head = _DESC.pack(MAGIC, _VERSION, _FLAG_INLINE if self.inline else 0, self.cipher, self.streams,
-                          self.port, self.tid, self.key, len(self.big))
+                          self.port, self.chunk, self.tid, self.key, len(self.big))
         return head + b"".join(_BIG.pack(i, n) for i, n in self.big)
 
 
@@ -208,7 +211,7 @@ def parse(frame: Any, nframes: int, max_frame: int) -> Descriptor:
     """The descriptor in ``frame``, checked against the ``nframes`` frames after it.  Raises BulkError."""
     raw = bytes(memoryview(frame))
     try:
-        magic, version, flags, cipher, streams, port, tid, key, nbig = _DESC.unpack_from(raw)
+        magic, version, flags, cipher, streams, port, chunk, tid, key, nbig = _DESC.unpack_from(raw)
     except struct.error:
         raise BulkError("a short bulk descriptor") from None
     if version != _VERSION:
@@ -223,9 +226,9 @@ def parse(frame: Any, nframes: int, max_frame: int) -> Descriptor:
         if n > max_frame:
             raise BulkError(f"a {n}-byte bulk frame is over the {max_frame}-byte limit")
         seen.add(i)
-    if not 1 <= streams <= 64 or not port:
-        raise BulkError("a bulk descriptor with no streams or no port")
-    return Descriptor(tid, key, cipher, streams, port, big, bool(flags & _FLAG_INLINE))
+    if not 1 <= streams <= 64 or not port or not _CHUNK_RANGE[0] <= chunk <= _CHUNK_RANGE[1]:
+        raise BulkError("a bulk descriptor with no streams, no port or a chunk size out of range")
+    return Descriptor(tid, key, cipher, streams, port, big, bool(flags & _FLAG_INLINE), chunk)
 
 
 # -- the sender's side -----------------------------------------------------------------------------
@@ -320,7 +323,7 @@ class Outbox:
                 sources.append(_Pinned(s, frames[i]))
             lengths = [p.nbytes for p in sources]
             desc = Descriptor(os.urandom(16), os.urandom(32), s.preferred, STREAMS, port, list(zip(big, lengths)))
-            t = _Transfer(desc, peer, sources, _layout(lengths))
+            t = _Transfer(desc, peer, sources, _layout(lengths, desc.chunk))
             with self._lock:
                 self._transfers[desc.tid] = t
             try:
@@ -434,7 +437,7 @@ class Outbox:
         s = self._sodium
         assert s is not None
         enc = s.ciphers[t.desc.cipher][0]
-        out = bytearray(CHUNK + TAG)
+        out = bytearray(t.desc.chunk + TAG)
         out_addr = s.address(out)
         view = memoryview(out)
         key, tid, n_streams = t.desc.key, t.desc.tid, t.desc.streams
@@ -480,7 +483,7 @@ class Outbox:
 
 def inline_frames(desc: Descriptor, frames: list[Any]) -> list[Any]:
     """The whole message on the CURVE connection, marked with its transfer id (see the module docstring)."""
-    d = Descriptor(desc.tid, b"\0" * 32, desc.cipher, desc.streams, desc.port, desc.big, inline=True)
+    d = Descriptor(desc.tid, b"\0" * 32, desc.cipher, desc.streams, desc.port, desc.big, True, desc.chunk)
     return [d.pack(), *frames]
 
 
@@ -504,7 +507,7 @@ class Inbox:
         if s is None or desc.cipher not in s.ciphers:
             raise BulkError(f"this host cannot open cipher {desc.cipher}")
         dec = s.ciphers[desc.cipher][1]
-        layout = _layout([n for _, n in desc.big])
+        layout = _layout([n for _, n in desc.big], desc.chunk)
         pins = [_Pinned(s, d) for d in dsts]
         errors: list[str] = []
 
