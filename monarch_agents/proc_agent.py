@@ -33,6 +33,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -125,6 +126,8 @@ class ActorSlot:
         self.children: list[Any] = []
         self.tasks: set["asyncio.Task"] = set()
         self.thread = threading.Thread(target=self._run, name=f"actor-{msg.name}", daemon=True)
+        #: An async actor's mailbox pump (``actor-<name>-pump``), once its loop runs.
+        self.pump: threading.Thread | None = None
         actor_telemetry.created(self)
 
     @property
@@ -205,7 +208,8 @@ class ActorSlot:
                 except RuntimeError:  # the loop closed: the actor was stopped
                     return
 
-        threading.Thread(target=pump, name=f"actor-{self.msg.name}-pump", daemon=True).start()
+        self.pump = threading.Thread(target=pump, name=f"actor-{self.msg.name}-pump", daemon=True)
+        self.pump.start()
         try:
             while True:
                 item = await q.get()
@@ -484,6 +488,23 @@ class ActorSlot:
         self.stop_reason = reason or "stopped by itself"
         self.agent.on_stop_actor(m.StopActor(self.msg.actor_id, m.PortRef("", 0), self.info.rank if self.info else 0))
 
+    def stop(self, deadline: float) -> bool:
+        """Stop this actor (``__cleanup__``, then the meshes it made, after the messages already
+        queued) and join its threads by ``deadline`` (``time.monotonic()``); True if they ended."""
+        self.begin_stop()
+        self.post(m.StopActor(self.msg.actor_id, m.PortRef("", 0), self.info.rank if self.info else 0))
+        return self.join(deadline)
+
+    def join(self, deadline: float) -> bool:
+        """Wait by ``deadline`` for this actor's thread (and an async actor's pump) to end; True if
+        they did.  One in ``__init__`` reads no mailbox yet: not waited for (its thread is a daemon)."""
+        me = threading.current_thread()
+        for t in (self.thread, self.pump):
+            if t is None or t is me or not t.is_alive() or self.constructing:
+                continue
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t is not None and t.is_alive() for t in (self.thread, self.pump))
+
     def begin_stop(self) -> None:
         """A stop is on its way: supervision events from now on are dropped, as in Monarch."""
         self.stopping = True
@@ -668,36 +689,36 @@ class ProcAgent:
         self.send_reply(msg.reply, {"env": env, "runtime": runtime})
 
     def on_stop_proc(self, msg: m.StopProc) -> None:
-        threading.Thread(target=self._stop_all, args=(msg,), daemon=True).start()
+        # Off the runtime's thread (the actors' __cleanup__ may call out and wait for answers); it
+        # ends by itself, bounded by stop()'s deadline.
+        threading.Thread(target=self._stop_all, args=(msg,), name="proc-stop", daemon=True).start()
 
-    def _stop_all(self, msg: m.StopProc) -> None:
-        from monarch_agents.future import Future
-        from monarch_agents.runtime import OneShot
-
+    def stop(self, deadline: float) -> list[str]:
+        """Stop every actor of this proc against one ``deadline`` (``time.monotonic()``): each runs
+        ``__cleanup__`` and stops the meshes it made, and its threads are joined by then.  Returns
+        the actors whose threads were still running at the deadline (hung in user code)."""
         with self.lock:
             slots, self.actors = list(self.actors.values()), {}
+        for s in slots:  # every stop posted first: they run at once, not one after another
+            s.begin_stop()
+            s.post(m.StopActor(s.msg.actor_id, m.PortRef("", 0), s.info.rank if s.info else 0))
+        late = [s.display_name for s in slots if not s.join(deadline)]
+        if late:
+            # A stop that fails or hangs in user code must not keep this proc from stopping.
+            log.debug("actors still running at the stop's deadline: %s", ", ".join(late))
+        return late
+
+    def _stop_all(self, msg: m.StopProc) -> None:
+        with self.lock:
+            owners = {s.msg.owner for s in self.actors.values()}
         # Owners other than the one stopping us hear it is a stop, not a failure.
-        owners = {s.msg.owner for s in slots} - {msg.reply.addr if msg.reply is not None else "", self.rt.addr}
+        owners -= {msg.reply.addr if msg.reply is not None else "", self.rt.addr}
         for owner in owners:
             try:
                 self.rt.send(owner, m.ProcStopping(self.rt.addr))
             except Exception as e:
                 log.debug("ProcStopping not sent to %s (already gone): %s", owner, e)
-        futs = []
-        wait_s = child_stop_s()
-        for s in slots:
-            s.begin_stop()
-            f: Future = Future()
-            port = self.rt.open_port(OneShot(self.rt, f))
-            s.post(m.StopActor(s.msg.actor_id, port))
-            if not s.constructing:  # one stuck in __init__ never reads its mailbox
-                futs.append(f)
-        for f in futs:
-            try:
-                f.get(timeout=wait_s)
-            except Exception as e:
-                # A child that fails or hangs in its stop must not keep this proc from stopping.
-                log.debug("an actor's stop: %s", e)
+        self.stop(time.monotonic() + child_stop_s())
         if not self.in_client:
             finalize()
         if msg.reply is not None:

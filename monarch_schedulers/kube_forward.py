@@ -32,6 +32,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 
 from monarch_agents import tunnel
 from monarch_agents.files import runtime_dir, write_atomic
@@ -46,6 +47,8 @@ MESH_LABEL = "monarch.pytorch.org/mesh-name"
 INDEX_LABEL = "apps.kubernetes.io/pod-index"
 #: How often it checks that its reservation still exists (the job folder and the pods' owner).
 _CHECK_EVERY_S = 2.0
+#: How long its threads get to end once it stops (a stream blocked in the API server may take longer).
+_STOP_S = 2.0
 
 
 class Forwarder:
@@ -65,6 +68,11 @@ class Forwarder:
         self._relay_pod = ("", "")  # host rank 0's (name, IP)
         self._lock = threading.Lock()
         self.stopped = threading.Event()
+        #: What stop() wakes and joins: the listeners, every thread started here, every socket in use.
+        self._tlock = threading.Lock()
+        self._listeners: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._live: set[socket.socket] = set()
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -104,7 +112,59 @@ class Forwarder:
                 conn, _ = ls.accept()
             except OSError:
                 return
-            threading.Thread(target=handle, args=(conn,), name=name, daemon=True).start()
+            self._track(conn)
+            self._spawn(handle, (conn,), name)
+
+    # -- threads and their stop -------------------------------------------------------------
+
+    def start(self, socks: socket.socket, control: socket.socket) -> None:
+        """Serve the SOCKS proxy on ``socks`` and the relay control on ``control`` (both listening)."""
+        with self._tlock:
+            self._listeners = [socks, control]
+        self._spawn(self.serve, (socks, self.socks, "socks"), "socks")
+        self._spawn(self.serve, (control, self.client, "relay-client"), "relay-client")
+
+    def stop(self, deadline: float) -> list[str]:
+        """Stop accepting, shut every connection and stream in use, and join every thread started
+        here by ``deadline`` (``time.monotonic()``).  Returns the names of those still running then
+        (one blocked in a call to the API server); may be called again."""
+        self.stopped.set()
+        with self._tlock:
+            listeners, live, threads = list(self._listeners), list(self._live), list(self._threads)
+            self._listeners = []
+        for s in [*listeners, *live]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes a thread in accept() or recv(); close() alone does not
+            except OSError:
+                pass  # closed already, or never connected
+        for s in listeners:
+            s.close()
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me:
+                t.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in threads if t.is_alive() and t is not me]
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads started here that still run."""
+        with self._tlock:
+            return [t for t in self._threads if t.is_alive()]
+
+    def _spawn(self, target, args: tuple, name: str) -> threading.Thread:
+        return self._adopt(threading.Thread(target=target, args=args, name=name, daemon=True), start=True)
+
+    def _adopt(self, t: threading.Thread, start: bool = False) -> threading.Thread:
+        with self._tlock:
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        if start:
+            t.start()
+        return t
+
+    def _track(self, *socks) -> None:
+        """Sockets stop() shuts (closed ones are dropped as new ones come)."""
+        with self._tlock:
+            self._live = {x for x in self._live if x.fileno() != -1}
+            self._live.update(x for x in socks if x is not None)
 
     def socks(self, conn: socket.socket) -> None:
         """One SOCKS5 connection: authenticated, then carried to the pod it names."""
@@ -147,9 +207,10 @@ class Forwarder:
             except Exception as e:  # the API refused (the pod is gone, not running)
                 log.warning("cannot port-forward to %s:%d: %s", pod, port, e)
                 return self._refuse(conn, 5)
+            self._track(stream)
             conn.sendall(b"\x05\x00\x00\x01" + b"\x00" * 6)
             conn.settimeout(None)
-            tunnel.pipe(conn, stream, name="socks")
+            self._adopt(tunnel.pipe(conn, stream, name="socks"))
         except (OSError, ValueError, struct.error):
             conn.close()
 
@@ -177,6 +238,7 @@ class Forwarder:
                 pod, ip = self._relay_pod
             try:
                 control = self.open_stream(pod, self.relay_port)
+                self._track(control)
                 tunnel.send_line(control, {"token": self.token, "listen": True})
                 answer = tunnel.read_line(control)
             except Exception as e:
@@ -185,13 +247,13 @@ class Forwarder:
             if not answer or "port" not in answer:
                 return tunnel.send_line(conn, {"error": f"the relay on pod {pod or '(none)'} does not answer"})
             tunnel.send_line(conn, {"advertise": f"tcp://{ip}:{answer['port']}"})
-            threading.Thread(target=self._client_gone, args=(conn, control), daemon=True).start()
+            self._spawn(self._client_gone, (conn, control), "relay-client-gone")
             while True:
                 ev = tunnel.read_line(control)
                 if ev is None:
                     break
                 if isinstance(ev.get("conn"), int):
-                    threading.Thread(target=self._back, args=(pod, ev["conn"], local), daemon=True).start()
+                    self._spawn(self._back, (pod, ev["conn"], local), "relay-back")
         except OSError:
             pass
         finally:
@@ -219,6 +281,7 @@ class Forwarder:
         """Connection ``n`` a pod made to the relay: carried to the client's own endpoint."""
         try:
             stream = self.open_stream(pod, self.relay_port)
+            self._track(stream)
             tunnel.send_line(stream, {"token": self.token, "accept": n})
         except Exception as e:
             log.warning("cannot open the way back for connection %d: %s", n, e)
@@ -228,8 +291,9 @@ class Forwarder:
         except OSError:
             stream.close()  # the client process is gone
             return
+        self._track(mine)
         mine.settimeout(None)
-        tunnel.pipe(stream, mine, name="relay-back")
+        self._adopt(tunnel.pipe(stream, mine, name="relay-back"))
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -289,8 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     control.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: fw.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: fw.stopped.set())
-    threading.Thread(target=fw.serve, args=(socks, fw.socks, "socks"), daemon=True).start()
-    threading.Thread(target=fw.serve, args=(control, fw.client, "relay-client"), daemon=True).start()
+    fw.start(socks, control)
     write_atomic(os.path.join(a.job_dir, ROUTE_FILE), json.dumps(
         {"via": "port-forward", "socks": "127.0.0.1:%d" % socks.getsockname()[1], "control": control_path,
          "pid": os.getpid(), "api": fw.core.api_client.configuration.host}).encode())
@@ -299,8 +362,9 @@ def main(argv: list[str] | None = None) -> None:
         if not fw.alive():
             log.info("the reservation is gone: exiting")
             break
-    socks.close()
-    control.close()
+    late = fw.stop(time.monotonic() + _STOP_S)
+    if late:
+        log.info("threads still running at exit: %s", ", ".join(late))
     try:
         os.unlink(control_path)
     except OSError:

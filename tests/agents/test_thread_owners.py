@@ -1,0 +1,131 @@
+"""Threads with an owner that stops them by a deadline (the README's "Threads" table): a proc's actor
+threads (``ProcAgent.stop``, ``ActorSlot.stop``) and the Kubernetes port-forward's (``Forwarder.stop``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.helpers import ROOT
+
+ACTORS = r"""
+import sys, threading, time
+from monarch.actor import Actor, endpoint, this_proc
+from monarch_agents.proc_agent import current_agent
+
+release = threading.Event()
+cleaned = []
+# The actors run in this process (this_proc()), but their classes travel pickled: they find these
+# two through the module, not as globals pickled with them (a lock cannot be pickled).
+here = lambda: sys.modules["__main__"]
+
+class Sync(Actor):
+    @endpoint
+    def ping(self):
+        return "sync"
+    def __cleanup__(self, exc):
+        here().cleaned.append("sync")
+
+class Async(Actor):
+    @endpoint
+    async def ping(self):
+        return "async"
+    async def __cleanup__(self, exc):
+        here().cleaned.append("async")
+
+class Stuck(Actor):
+    @endpoint
+    def wait(self):
+        here().release.wait()
+        return "released"
+
+s, a, k = this_proc().spawn("s", Sync), this_proc().spawn("a", Async), this_proc().spawn("k", Stuck)
+print(s.ping.call_one().get(timeout=60), a.ping.call_one().get(timeout=60), flush=True)
+stuck = k.wait.call_one()
+names = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("actor-"))
+print("BEFORE", names(), flush=True)
+late = current_agent().stop(time.monotonic() + 1.0)
+print("LATE", late, flush=True)
+print("AFTER", names(), sorted(cleaned), flush=True)
+release.set()
+deadline = time.monotonic() + 30
+while names() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("END", names(), flush=True)
+"""
+
+
+def _line(out: str, tag: str):
+    line = [x for x in out.splitlines() if x.startswith(tag + " ")]
+    assert line, out
+    return eval(line[-1][len(tag) + 1:])
+
+
+def test_a_proc_stops_its_actors_and_joins_their_threads_by_one_deadline(tmp_path):
+    (tmp_path / "prog.py").write_text(ACTORS)
+    env = {**os.environ, "MONARCH_SHARED_AGENT": "0", "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert _line(r.stdout, "BEFORE") == ["actor-a", "actor-a-pump", "actor-k", "actor-s"]
+    assert _line(r.stdout, "LATE") == ["k[0]"]  # hung in user code: named, not waited for past the deadline
+    after = [x for x in r.stdout.splitlines() if x.startswith("AFTER ")][-1]
+    assert after == "AFTER ['actor-k'] ['async', 'sync']", r.stdout  # the others ran __cleanup__ and ended
+    assert _line(r.stdout, "END") == []  # and the stuck one once its call returned
+
+
+# -- the Kubernetes port-forward --------------------------------------------------------------
+
+
+@pytest.fixture
+def forwarder(tmp_path):
+    """A Forwarder of a reservation whose API server is not there: its listeners and threads are real
+    (what stop() owns); nothing here reaches the cluster."""
+    pytest.importorskip("kubernetes")
+    from monarch_agents.keys import JobKeys
+    from monarch_schedulers.kube_forward import Forwarder
+
+    job = tmp_path / "job"
+    job.mkdir(mode=0o700)
+    (job / "keys.json").write_text(json.dumps(JobKeys.generate().as_dict()))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "down",
+        "clusters": [{"name": "down", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "down", "context": {"cluster": "down", "user": "u"}}]}))
+    fw = Forwarder(str(job), "mesh", "default", 26600, str(kubeconfig))
+    yield fw
+    fw.stop(time.monotonic() + 5)
+
+
+def test_the_port_forward_stops_its_listeners_and_connections_by_a_deadline(forwarder, tmp_path):
+    fw = forwarder
+    socks = socket.create_server(("127.0.0.1", 0))
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.bind(str(tmp_path / "c.sock"))
+    control.listen(8)
+    fw.start(socks, control)
+    # Connections in the middle of their handshake: a SOCKS client that said nothing yet, a relay
+    # client that never sends its request line.
+    waiting = [socket.create_connection(socks.getsockname()), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)]
+    waiting[1].connect(str(tmp_path / "c.sock"))
+    deadline = time.monotonic() + 30
+    while len([t for t in fw.threads() if t.name in ("socks", "relay-client")]) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    names = sorted(t.name for t in fw.threads())
+    assert names == ["relay-client", "relay-client", "socks", "socks"], names  # two accept loops, two handlers
+    late = fw.stop(time.monotonic() + 5)
+    assert late == [] and [t for t in fw.threads() if t.is_alive()] == []
+    for c in waiting:  # their connections were closed, not left open
+        c.settimeout(5)
+        assert c.recv(1) == b""
+        c.close()
+    assert fw.stop(time.monotonic() + 1) == []  # again: nothing to do
+    assert threading.active_count() >= 1
