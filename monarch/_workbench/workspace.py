@@ -37,6 +37,12 @@ BATCH_BYTES = 8 << 20
 WINDOW = 4
 #: Hosts forward each batch to this many others (1 = a chain).
 FANOUT = 2
+#: ...and this many when all a sync sends is at most :data:`SMALL_BYTES` (an edit): a host's
+#: upload is no concern then, the tree's depth is (256 hosts: 3 hops, not 8).
+SMALL_FANOUT = 8
+#: New chunks up to this many bytes in all go to every host without asking first which it lacks
+#: (when every host had everything the last commit named): one round to every host fewer.
+SMALL_BYTES = 1 << 20
 _TRIES = 3
 
 
@@ -148,17 +154,24 @@ class WorkspacePusher:
         ids = [c for c in (*packed.sources, manifest.id) if c not in self.present]
         if not ids:
             return 0, 0
-        futures = [self.rt.request(t.addr, lambda port: wm.WsMissing(ids, port)) for t in self.targets]
-        missing: dict[str, None] = {}
-        for f, t in zip(futures, self.targets):
-            missing.update(dict.fromkeys(self._get(f, t)))
+        size = sum(packed.sources[c].length if c in packed.sources else len(manifest.data) for c in ids)
+        if self.present and size <= SMALL_BYTES:
+            # An edit: every host had what the last commit named, so these chunks are new to them all
+            # (one that is not is stored once and acknowledged all the same).
+            missing = dict.fromkeys(ids)
+        else:
+            futures = [self.rt.request(t.addr, lambda port: wm.WsMissing(ids, port)) for t in self.targets]
+            missing = {}
+            for f, t in zip(futures, self.targets):
+                missing.update(dict.fromkeys(self._get(f, t)))
         if not missing:
             return 0, 0
 
         def read(cid: str) -> bytes:
             return manifest.data if cid == manifest.id else self.packer.read_chunk(cid, packed.sources[cid])
 
-        return _Transfer(self, list(missing), read).run()
+        fanout = max(self.fanout, SMALL_FANOUT) if size <= SMALL_BYTES and self.fanout == FANOUT else self.fanout
+        return _Transfer(self, list(missing), read, fanout).run()
 
     def _commit(self, manifest_id: str) -> list[dict]:
         futures = [self.rt.request(t.addr, lambda port, t=t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, port))
@@ -182,8 +195,9 @@ class WorkspacePusher:
 class _Transfer:
     """One push of chunks to every host: batches down the fan-out tree, acknowledged per host."""
 
-    def __init__(self, pusher: WorkspacePusher, ids: list[str], read: Callable[[str], bytes]):
+    def __init__(self, pusher: WorkspacePusher, ids: list[str], read: Callable[[str], bytes], fanout: int = FANOUT):
         self.p = pusher
+        self.fanout = fanout
         self.ids = ids
         self.read = read
         self.sync_id = uuid.uuid4().hex[:12]
@@ -266,7 +280,7 @@ class _Transfer:
             self.batches[batch] = (ids, sizes)
         wire = self.p._tamper(batch, payload) if self.p._tamper else payload
         msg = wm.WsChunks(self.sync_id, batch, ids, sizes, wire,
-                          forward, self.p.fanout, self.port)
+                          forward, self.fanout, self.port)
         try:
             self.p.rt.send(addr, msg)
         except SupervisionError:
