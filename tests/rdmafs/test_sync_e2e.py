@@ -82,8 +82,10 @@ def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, a
         assert st["received_bytes"] == r.sent_bytes and st["transport"] == "tcp"
         assert st["mounts"][0]["files"] == 6 and st["mounts"][0]["mode"] == "fuse"
     (ws / "train.py").write_text("print('train v2')\n")
+    asked = _count_questions(p)
     r2 = p.sync()
     assert (r2.sent_chunks, r2.changed) == (2, True)  # the edited file and the new manifest
+    assert asked == {"WsCommit": 4}  # an edit: no host asked which chunks it lacks first
     for mnt in mounts:
         assert open(os.path.join(mnt, "train.py")).read() == "print('train v2')\n"
     r3 = p.sync()
@@ -94,6 +96,26 @@ def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, a
     assert chain.sync().sent_chunks == 2
     for mnt in mounts:
         assert open(os.path.join(mnt, "pkg", "__init__.py")).read() == "VALUE = 2\n"
+
+
+def _count_questions(pusher) -> dict:
+    """{message type: how many} of the requests ``pusher`` sends from now on."""
+    asked: dict = {}
+    rt = pusher.rt
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(rt, name)
+
+        def request(self, addr, make, *a, **k):
+            def counted(port):
+                msg = make(port)
+                asked[type(msg).__name__] = asked.get(type(msg).__name__, 0) + 1
+                return msg
+            return rt.request(addr, counted, *a, **k)
+
+    pusher.rt = Counting()
+    return asked
 
 
 def test_a_chunk_corrupted_in_transit_is_detected_and_sent_again(client, agents, tmp_path):
