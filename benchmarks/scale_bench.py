@@ -15,6 +15,10 @@ host, in a temp folder), then, each as a user types it (one CLI process each):
 * ``sync``: ``monarch sync`` of a one-file edit (after a first sync of a small workspace);
 * ``stop``: ``monarch stop``.
 
+``--direct`` also takes ``run -- true``, ``status`` and the query straight from the client
+(``MONARCH_FANOUT_DEGREE=0``: no tree of host agents), alternated with the tree's, with the client
+process's CPU time beside each.
+
 The agents' footprint is read from /proc: each host agent's RSS, PSS and private (dirty)
 memory with its zygote, when idle after serve and again after the commands above (a query
 loads the telemetry engine), and their CPU use over ``--idle-s`` seconds of idling (percent of
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -59,12 +64,15 @@ class Bench:
         self.verbose = verbose
         self.env = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"}
 
-    def cli(self, *args: str, ok: tuple[int, ...] = (0,), timeout: float = 900) -> float:
-        """Run ``monarch ARGS`` in the workdir; its wall time."""
+    def cli(self, *args: str, ok: tuple[int, ...] = (0,), timeout: float = 900, env: dict | None = None) -> float:
+        """Run ``monarch ARGS`` in the workdir; its wall time (its CPU time in ``last_cpu``)."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        p = subprocess.run([*MONARCH, *args], cwd=self.workdir, env=self.env, capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run([*MONARCH, *args], cwd=self.workdir, env={**self.env, **(env or {})}, capture_output=True,
+                           text=True, timeout=timeout)
         took = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.last_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if p.returncode not in ok:
             raise RuntimeError(f"monarch {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
         if self.verbose:
@@ -180,7 +188,30 @@ def proc_footprint(b: Bench, n_hosts: int) -> dict:
             p.wait()
 
 
-def bench_size(n: int, repeat: int, idle_s: float, netns: bool, procs: bool, verbose: bool) -> dict:
+#: The client's environment for the direct path (every message from the client, no tree of agents).
+DIRECT = {"MONARCH_FANOUT_DEGREE": "0"}
+
+
+def tree_vs_direct(b: Bench, repeat: int) -> dict:
+    """``run -- true``, ``status`` and the query, through the tree and straight from the client,
+    alternated (the load drifts less between the two): p50 wall and the client's CPU seconds."""
+    out: dict = {}
+    for name, args in (("run", ("run", "--", "true")), ("status", ("status",)), ("query", ("query", QUERY))):
+        walls: dict[str, list] = {"tree": [], "direct": []}
+        cpus: dict[str, list] = {"tree": [], "direct": []}
+        for _ in range(repeat):
+            for how, env in (("tree", {}), ("direct", DIRECT)):
+                walls[how].append(b.cli(*args, env=env))
+                cpus[how].append(b.last_cpu)
+        for how in ("tree", "direct"):
+            out[f"{name}_{how}"] = round(statistics.median(walls[how]), 4)
+            out[f"{name}_{how}_cpu"] = round(statistics.median(cpus[how]), 4)
+    out["load"] = _load()
+    return out
+
+
+def bench_size(n: int, repeat: int, idle_s: float, netns: bool, procs: bool, verbose: bool,
+               direct: bool = False) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"scale{n}-")
     b = Bench(workdir, netns, verbose)
     ws = os.path.join(workdir, "ws")
@@ -196,6 +227,8 @@ def bench_size(n: int, repeat: int, idle_s: float, netns: bool, procs: bool, ver
         served = True
         res["load"]["serve"] = _load()
         res["footprint_idle"] = footprint(_agents(workdir), idle_s)
+        if direct:
+            res["tree_vs_direct"] = tree_vs_direct(b, repeat)
         runs = [b.cli("run", "--", "true") for _ in range(repeat)]
         res["run"] = statistics.median(runs)
         res["load"]["run"] = _load()
@@ -262,6 +295,13 @@ def table(results: list[dict]) -> str:
             verdict.append(f"run x{last['run'] / base['run']:.1f} {'ok' if last['run'] <= 2 * base['run'] else 'over'} (goal x2)")
         lines.append("goals at 256 hosts: " + "; ".join(verdict))
     for r in results:
+        c = r.get("tree_vs_direct")
+        if c:
+            lines.append(f"{r['hosts']} hosts, through the tree / straight from the client (p50 wall, client CPU; "
+                         f"load {c['load']}): " + "; ".join(
+                             f"{k} {c[k + '_tree']:.3f}s/{c[k + '_direct']:.3f}s cpu {c[k + '_tree_cpu']:.3f}/"
+                             f"{c[k + '_direct_cpu']:.3f}s" for k in ("run", "status", "query")))
+    for r in results:
         if "proc_footprint" in r:
             p = r["proc_footprint"]
             lines.append(f"proc agent (at {r['hosts']} hosts): rss {p['rss']} MiB, pss {p['pss']} MiB, private "
@@ -276,6 +316,8 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=3.0, help="seconds of idling to measure the agents' CPU over")
     ap.add_argument("--netns", action="store_true", help="hosts in network namespaces (root): every message over TCP")
     ap.add_argument("--no-procs", action="store_true", help="skip the proc agent's footprint")
+    ap.add_argument("--direct", action="store_true",
+                    help="also run, status and query straight from the client (MONARCH_FANOUT_DEGREE=0), alternated")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true", help="each command's time on stderr as it is taken")
     a = ap.parse_args()
@@ -284,7 +326,7 @@ def main() -> None:
     for i, n in enumerate(sizes):
         print(f"{n} hosts (load {_load()}) …", file=sys.stderr, flush=True)
         results.append(bench_size(n, a.repeat, a.idle_s, a.netns, procs=(i == 0 and not a.no_procs),
-                                  verbose=a.verbose))
+                                  verbose=a.verbose, direct=a.direct))
         # Each size as it ends: a run cut short keeps what it measured.
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     if a.json:
