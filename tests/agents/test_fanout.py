@@ -155,6 +155,18 @@ def test_a_failed_rank_stops_every_rank_through_the_tree(reservation):
     assert _ranks(pids, "sleep 300") == []
 
 
+def test_shutdown_through_the_tree_is_answered_by_every_agent_then_stops_it(reservation):
+    """An inner agent stops only once what it forwarded has answered through it."""
+    workdir, pids = reservation
+    record = _record(workdir)
+    hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+    call = fan_out(record.runtime(), [(h.addr, h.host, m.Shutdown(None)) for h in hosts], timeout_s=60, degree=2,
+                   direct=False)
+    assert call.wait(90)
+    assert [call.results[i] for i in range(HOSTS)] == [(True, True)] * HOSTS
+    assert wait_gone(pids) == []
+
+
 def test_stop_through_the_tree(reservation):
     workdir, pids = reservation
     r = monarch("stop", cwd=workdir, env=TREE, timeout=120)
