@@ -20,7 +20,7 @@ import sys, threading, time
 from monarch.actor import Actor, endpoint, this_proc
 from monarch_agents.proc_agent import current_agent
 
-release = threading.Event()
+release, entered = threading.Event(), threading.Event()
 cleaned = []
 # The actors run in this process (this_proc()), but their classes travel pickled: they find these
 # two through the module, not as globals pickled with them (a lock cannot be pickled).
@@ -43,12 +43,14 @@ class Async(Actor):
 class Stuck(Actor):
     @endpoint
     def wait(self):
+        here().entered.set()
         here().release.wait()
         return "released"
 
 s, a, k = this_proc().spawn("s", Sync), this_proc().spawn("a", Async), this_proc().spawn("k", Stuck)
 print(s.ping.call_one().get(timeout=60), a.ping.call_one().get(timeout=60), flush=True)
 stuck = k.wait.call_one()
+assert entered.wait(60)  # in user code now: a stop posted from here on waits behind it
 names = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("actor-"))
 print("BEFORE", names(), flush=True)
 late = current_agent().stop(time.monotonic() + 1.0)
@@ -112,15 +114,16 @@ def test_the_port_forward_stops_its_listeners_and_connections_by_a_deadline(forw
     control.bind(str(tmp_path / "c.sock"))
     control.listen(8)
     fw.start(socks, control)
-    # Connections in the middle of their handshake: a SOCKS client that said nothing yet, a relay
-    # client that never sends its request line.
+    # Connections in the middle of their handshake: a SOCKS client that said nothing yet (its handler
+    # gives up after 10 s by itself), a relay client that never sends its request line (its handler
+    # would wait for it as long as the connection lives).
     waiting = [socket.create_connection(socks.getsockname()), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)]
     waiting[1].connect(str(tmp_path / "c.sock"))
-    deadline = time.monotonic() + 30
-    while len([t for t in fw.threads() if t.name in ("socks", "relay-client")]) < 4 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while [t.name for t in fw.threads()].count("relay-client") < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     names = sorted(t.name for t in fw.threads())
-    assert names == ["relay-client", "relay-client", "socks", "socks"], names  # two accept loops, two handlers
+    assert names.count("relay-client") == 2 and "socks" in names, names  # the accept loops, the relay's handler
     late = fw.stop(time.monotonic() + 5)
     assert late == [] and [t for t in fw.threads() if t.is_alive()] == []
     for c in waiting:  # their connections were closed, not left open
