@@ -19,10 +19,10 @@ host, in a temp folder), then, each as a user types it (one CLI process each):
 (``MONARCH_FANOUT_DEGREE=0``: no tree of host agents), alternated with the tree's, with the client
 process's CPU time beside each.
 
-The agents' footprint is read from /proc: each host agent's RSS, PSS and private (dirty)
-memory with its zygote, when idle after serve and again after the commands above (a query
-loads the telemetry engine), and their CPU use over ``--idle-s`` seconds of idling (percent of
-one core, per host).  At the first size it also spawns one proc per host (``--procs``) and reads
+The agents' footprint is read from /proc: each host's RSS, PSS and private (dirty) memory
+(its agent, the agent's zygote, and the zygote's workspace mount process), when idle after serve
+and again after the commands above (a query, a workspace mounted), and their CPU use over
+``--idle-s`` seconds of idling (percent of one core, per host).  At the first size it also spawns one proc per host (``--procs``) and reads
 a proc agent's memory the same way.
 
 Every figure is printed with the 1-minute load average at the time it was taken: on a shared
@@ -51,6 +51,10 @@ QUERY = "SELECT host, count(*) AS n, min(exit_code) AS lo, max(exit_code) AS hi 
 FIGURES = ("serve", "run", "fail", "status", "query_first", "query", "sync", "stop")
 #: The goals of issue #28 at 256 hosts (seconds; run: a multiple of its 2-host time).
 GOALS = {"serve": 10.0, "query": 0.5, "stop": 3.0, "sync": 0.5}
+
+
+#: The most hosts a --netns reservation holds (one /24, addresses from .11).
+_NETNS_MAX = 243
 
 
 def _load() -> float:
@@ -122,19 +126,39 @@ def _cpu_s(pid: int) -> float:
         return 0.0
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a host: its agent, the zygote, the zygote's workspace mount)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(_children(p))
+    return out
+
+
+def _threads(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
 def footprint(agents: list[int], idle_s: float) -> dict:
-    """Per host (agent + its zygote, MiB): mean RSS / PSS / private memory; idle CPU (% of a core)."""
+    """Per host (agent, its zygote and the zygote's helpers such as the workspace mount; MiB): mean
+    RSS / PSS / private memory, the agent's own PSS and threads; idle CPU (% of a core)."""
     per_host = []
     for pid in agents:
-        procs = [pid, *_children(pid)]
+        procs = _tree(pid)
         mems = [_mem(p) for p in procs]
         per_host.append({k: sum(m[k] for m in mems) / 1024 for k in ("rss", "pss", "private")}
-                        | {"agent_rss": mems[0]["rss"] / 1024, "processes": len(procs)})
-    before = {p: _cpu_s(p) for a in agents for p in [a, *_children(a)]}
+                        | {"agent_rss": mems[0]["rss"] / 1024, "agent_pss": mems[0]["pss"] / 1024,
+                           "processes": len(procs), "agent_threads": _threads(pid)})
+    before = {p: _cpu_s(p) for a in agents for p in _tree(a)}
     time.sleep(idle_s)
     cpu = sum(_cpu_s(p) - c for p, c in before.items())
     n = max(1, len(agents))
-    out = {k: round(statistics.mean(h[k] for h in per_host), 1) for k in ("rss", "pss", "private", "agent_rss")}
+    out = {k: round(statistics.mean(h[k] for h in per_host), 1)
+           for k in ("rss", "pss", "private", "agent_rss", "agent_pss", "agent_threads")}
     out["processes_per_host"] = round(statistics.mean(h["processes"] for h in per_host), 2)
     out["total_pss_mib"] = round(sum(h["pss"] for h in per_host), 1)
     out["idle_cpu_pct_per_host"] = round(100 * cpu / idle_s / n, 3)
@@ -285,8 +309,9 @@ def table(results: list[dict]) -> str:
     for r in results:
         for what, why in (r.get("errors") or {}).items():
             lines.append(f"{r['hosts']} hosts: no {what} figure: {why}")
-    lines.append("cells: seconds, ratio to the first size, 1-min load average then. agent MiB: PSS per host (agent +"
-                 " zygote) idle after serve / after the commands, and RSS after. idle CPU: % of one core per host.")
+    lines.append("cells: seconds, ratio to the first size, 1-min load average then. agent MiB: PSS per host (agent,"
+                 " zygote, workspace mount) idle after serve / after the commands, and RSS after. idle CPU: % of one"
+                 " core per host.")
     last = results[-1]
     if last["hosts"] >= 256:
         verdict = [f"{k} {last[k]:.2f}s {'ok' if last[k] <= g else 'over'} (goal {g:g}s)" for k, g in GOALS.items()
@@ -301,6 +326,13 @@ def table(results: list[dict]) -> str:
                          f"load {c['load']}): " + "; ".join(
                              f"{k} {c[k + '_tree']:.3f}s/{c[k + '_direct']:.3f}s cpu {c[k + '_tree_cpu']:.3f}/"
                              f"{c[k + '_direct_cpu']:.3f}s" for k in ("run", "status", "query")))
+        idle, used = r.get("footprint_idle") or {}, r.get("footprint_used") or {}
+        if idle:
+            lines.append(f"footprint at {r['hosts']} hosts, per host: idle {idle['pss']} MiB PSS ({idle['private']} private;"
+                         f" agent alone {idle.get('agent_pss', 0)} PSS, {idle.get('agent_threads', 0):g} threads),"
+                         f" after the commands {used.get('pss', 0)} MiB PSS ({used.get('private', 0)} private,"
+                         f" {used.get('processes_per_host', 0):g} processes); all hosts {used.get('total_pss_mib', 0):.0f}"
+                         f" MiB PSS; idle CPU {idle['idle_cpu_pct_per_host']}% of a core (load {idle['load']})")
     for r in results:
         if "proc_footprint" in r:
             p = r["proc_footprint"]
@@ -322,6 +354,10 @@ def main() -> None:
     ap.add_argument("-v", "--verbose", action="store_true", help="each command's time on stderr as it is taken")
     a = ap.parse_args()
     sizes = [int(x) for x in a.hosts.split(",") if x.strip()]
+    if a.netns and any(n > _NETNS_MAX for n in sizes):
+        # A --netns reservation's hosts share one /24 (monarch_schedulers/netns.py).
+        print(f"--netns: at most {_NETNS_MAX} hosts; left out: {[n for n in sizes if n > _NETNS_MAX]}", file=sys.stderr)
+        sizes = [n for n in sizes if n <= _NETNS_MAX]
     results = []
     for i, n in enumerate(sizes):
         print(f"{n} hosts (load {_load()}) …", file=sys.stderr, flush=True)
