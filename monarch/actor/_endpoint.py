@@ -199,6 +199,14 @@ def _call_failed(label: str, rank: int | None, error: SupervisionError, addr: st
                             endpoint=str(label))
 
 
+class _Unborn(Exception):
+    """A call to actors spawned on a proc mesh that never came up: its futures raise ``error``."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 class Endpoint(Generic[R]):
     """``mesh.method``: the adverbs that send a message to the actors of a mesh."""
 
@@ -216,6 +224,8 @@ class Endpoint(Generic[R]):
     def _send(self, args: tuple, kwargs: dict, reply: PortRef | None, shape: Shape, rt: Any = None) -> None:
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
+        if mesh._init_error is not None:
+            raise _Unborn(mesh._init_error)
         if rt is None:
             rt = mesh._rt()
         if runtime._client_runtimes:
@@ -273,6 +283,9 @@ class Endpoint(Generic[R]):
         except SupervisionError as e:
             self._mesh._rt().close_port(port.port_id)
             fut.set_exception(_call_failed(self._label, None, e))
+        except _Unborn as e:
+            self._mesh._rt().close_port(port.port_id)
+            fut.set_exception(e.error)
         except BaseException:
             self._mesh._rt().close_port(port.port_id)
             raise
@@ -288,11 +301,18 @@ class Endpoint(Generic[R]):
         except SupervisionError as e:
             for f in handler.futures:
                 f.set_exception(_call_failed(self._label, None, e))
+        except _Unborn as e:
+            rt.close_port(port.port_id)
+            for f in handler.futures:
+                f.set_exception(e.error)
         return iter(handler.futures)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting for answers."""
-        self._send(args, kwargs, None, self._mesh._shape)
+        try:
+            self._send(args, kwargs, None, self._mesh._shape)
+        except _Unborn:
+            pass  # no caller to tell, as in Monarch: the failure is the proc mesh's (its initialized and stop raise it)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
         """Under an active mesh of these actors' procs: each actor's result as a remote tensor
@@ -306,7 +326,10 @@ class Endpoint(Generic[R]):
         if selection == "choose":
             i = random.randrange(len(shape))
             shape = Shape((), (), (shape.indices[i],))
-        self._send(args, kwargs, port._ref if port is not None else None, shape)
+        try:
+            self._send(args, kwargs, port._ref if port is not None else None, shape)
+        except _Unborn as e:
+            raise e.error from None
 
 
 def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Any = None, selection: str = "all") -> None:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Generic, TypeVar
 from monarch_agents import messages as m
 from monarch_agents import supervision
 from monarch_agents.context import current as _current_ctx
-from monarch_agents.errors import MeshFailure, SupervisionError
+from monarch_agents.errors import MeshFailure, SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
 from monarch_agents.proc_agent import _qualname
@@ -115,12 +115,29 @@ class _MeshBase:
         return ""
 
 
+def _proc_death_reason(err: SupervisionError, actors: list[str] | None) -> str:
+    """A dead proc's failure as Monarch words it, the failure of the first actor it ran ("The actor
+    <root>.<mod.Cls name{'gpus': 0/2}> and all its descendants have failed: the process this actor was
+    running on failed: Killed(sig=9)"), then ours (which proc, its pid, how it ended)."""
+    if not actors:
+        return str(err)
+    why = str(err)
+    if err.exit_code is not None and err.exit_code < 0:
+        why = f"the process this actor was running on failed: Killed(sig={-err.exit_code})\n{why}"
+    return actor_failed_text(actors[0], why)
+
+
 def _report(owner_actor: Any, failure: MeshFailure) -> None:
     """To the owning actor's ``__supervise__``, else to ``monarch.actor.unhandled_fault_hook`` (looked up
     at each failure: a program may replace it)."""
     import monarch.actor as api
 
     supervision.report(owner_actor, failure, api.unhandled_fault_hook)
+
+
+#: What ``monarch._src.actor.proc_mesh.register_proc_mesh_spawn_callback`` registered: each is called
+#: with every proc mesh ``spawn_procs`` returns in this process, in registration order.
+_spawn_callbacks: list[Callable[["ProcMesh"], None]] = []
 
 
 class HostMesh(_MeshBase):
@@ -222,6 +239,8 @@ class HostMesh(_MeshBase):
         if proc_bind is not None:
             _hostmesh_extras.bind_procs(pm, proc_bind, count)
         _hostmesh_extras.remember(self, pm)
+        for callback in list(_spawn_callbacks):
+            callback(pm)
         return pm
 
     def _check_owned(self, verb: str) -> None:
@@ -318,6 +337,9 @@ class ProcMesh(_MeshBase):
         self._owner = owner
         self._owner_actor: Any = None  # who is told of its procs' deaths (None: the client)
         self._stopped = False
+        # Monarch's names of the actors spawned on each proc (by address), shared with slices: a
+        # proc's death is reported, as in Monarch, as the failure of the actors it ran.
+        self._actors_on: dict[str, list[str]] = {}
 
     def _first_addr(self) -> str:
         return self._procs[0].addr if self._procs else ""
@@ -353,6 +375,7 @@ class ProcMesh(_MeshBase):
         sub._owner, sub._owner_actor = self._owner, self._owner_actor
         sub._slice_of = self._name
         sub._init_error = self._init_error
+        sub._actors_on = self._actors_on
         return sub
 
     def _watch(self, owner_actor: Any) -> None:
@@ -362,10 +385,11 @@ class ProcMesh(_MeshBase):
             p = self._procs[idx]
             rt.own(p.addr, {"what": f"proc {self._name}[{i}] (pid {p.pid})", "rank": i, "host": p.host})
 
-            def on_death(err: SupervisionError, rank: int = i, host: str = p.host) -> None:
+            def on_death(err: SupervisionError, rank: int = i, host: str = p.host, addr: str = p.addr) -> None:
                 if self._stopped:
                     return
-                _report(owner_actor, MeshFailure(self._name, rank, host, str(err), err.exit_code))
+                reason = _proc_death_reason(err, self.__dict__.get("_actors_on", {}).get(addr))
+                _report(owner_actor, MeshFailure(self._name, rank, host, reason, err.exit_code))
             rt.watch(p.addr, on_death)
 
     def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> "ActorMesh[T]":
@@ -387,7 +411,7 @@ class ProcMesh(_MeshBase):
             raise SupervisionError(f"`ProcMesh` has already been stopped (proc mesh {self._name!r}); "
                                    "spawn on a new one")
         if self._init_error is not None:
-            raise self._init_error  # the mesh never came up (Monarch's calls to such actors raise it)
+            return self._unborn(name, cls)
         rt = self._rt()
         actor_id = f"{name}-{uuid.uuid4().hex[:12]}"
         with rt_pickling_for(rt):  # a client's port in the arguments reaches this job's actors
@@ -405,6 +429,9 @@ class ProcMesh(_MeshBase):
         mesh._names = {self._procs[idx].addr: _qualname(creator, f"{cls.__module__}.{cls.__qualname__}", name,
                                                         shape.point(i), extent)
                        for i, idx in enumerate(shape.indices)}
+        actors_on = self.__dict__.setdefault("_actors_on", {})
+        for addr, qualname in mesh._names.items():
+            actors_on.setdefault(addr, []).append(qualname)
         _telemetry.actor_mesh(rt, self, actor_id, name, cls, shape)
         supervision.watch_actor(actor_id, lambda msg: _report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
@@ -416,6 +443,18 @@ class ProcMesh(_MeshBase):
             rt.send(self._procs[idx].addr, m.SpawnActor(actor_id, name, payload, shape.point(i), extent, port,
                                                         rt.addr, creator))
         _add_child(mesh)
+        return mesh
+
+    def _unborn(self, name: str, cls: type) -> "ActorMesh[Any]":
+        """As in Monarch, spawning on a mesh that never came up returns a mesh at once; its
+        ``initialized`` and every call to it raise the mesh's failure (nothing is sent)."""
+        err = self._init_error
+        assert err is not None
+        initialized: Future = Future()
+        initialized.set_exception(err)
+        mesh: ActorMesh[Any] = ActorMesh(f"{name}-{uuid.uuid4().hex[:12]}", name, cls, self._procs, self._shape,
+                                         self, initialized)
+        mesh._init_error = err
         return mesh
 
     def _share_mocks(self) -> None:
@@ -433,9 +472,10 @@ class ProcMesh(_MeshBase):
             if p.addr == rt.addr:
                 continue  # the client's own proc
 
-            def on_death(err: SupervisionError, rank: int = i, host: str = p.host) -> None:
+            def on_death(err: SupervisionError, rank: int = i, host: str = p.host, addr: str = p.addr) -> None:
                 if not mesh._stopped:
-                    _report(owner_actor, MeshFailure(name, rank, host, str(err), err.exit_code))
+                    reason = _proc_death_reason(err, [mesh._names[addr]] if addr in mesh._names else None)
+                    _report(owner_actor, MeshFailure(name, rank, host, reason, err.exit_code))
             rt.watch(p.addr, on_death)
 
     #: Set on a slice: the name of the mesh it was cut from (a class default: older pickles lack it).
@@ -490,6 +530,10 @@ class ProcMesh(_MeshBase):
                     except Exception as e:
                         # The host agent is gone or busy: its procs were already asked to stop one by one.
                         log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)
+        if self._init_error is not None:
+            # As in Monarch: the procs are stopped all the same, and the stop reports the mesh's failure.
+            fut.set_exception(self._init_error)
+            return
         fut.set_result(None)
 
     async def __aenter__(self) -> "ProcMesh":
@@ -551,6 +595,9 @@ class ActorMesh(_MeshBase, Generic[T]):
         self._initialized = initialized
         self._stopped = False
 
+    #: Why its procs never came up (spawned on a failed proc mesh): each call raises it (a class default).
+    _init_error: BaseException | None = None
+
     def _first_addr(self) -> str:
         return self._procs[0].addr if self._procs else ""
 
@@ -575,6 +622,7 @@ class ActorMesh(_MeshBase, Generic[T]):
         sub: ActorMesh[T] = ActorMesh(self._actor_id, self._name, self._class, self._procs,
                                       self._shape.slice(**dims), self._proc_mesh, self._initialized)
         sub._names = self._names
+        sub._init_error = self._init_error
         return sub
 
     def flatten(self, name: str) -> "ActorMesh[T]":
@@ -582,6 +630,7 @@ class ActorMesh(_MeshBase, Generic[T]):
         flat: ActorMesh[T] = ActorMesh(self._actor_id, self._name, self._class, self._procs,
                                        self._shape.flatten(name), self._proc_mesh, self._initialized)
         flat._names = self._names
+        flat._init_error = self._init_error
         return flat
 
     @property
@@ -593,6 +642,8 @@ class ActorMesh(_MeshBase, Generic[T]):
         """Stop these actors (each runs ``__cleanup__``, then stops the meshes it made);
         later calls raise SupervisionError."""
         self._stopped = True
+        if self._init_error is not None:
+            return Future.completed(None)  # never started: nothing to stop
         rt = self._rt()
         shape = self._shape
         fut: Future = Future(lambda _: None)

@@ -85,8 +85,31 @@ ready still works: [7, 7]
 done
 """
 
+FAILED_MESHES_OUT = """\
+spawn on a failed mesh returned: ActorMesh
+initialized: ActorError (names its cause: True)
+call: ActorError (names its cause: True)
+call_one: ActorError (names its cause: True)
+stream: ActorError (names its cause: True)
+broadcast: dropped
+stop: ActorError (names its cause: True)
+faults so far: 0
+nested proc killed: the report names a proc's actor: True
+nested proc killed: the report names the signal: True
+done
+"""
+
+PRIVATE_PATHS_OUT = """\
+private names missing: []
+the same objects as the public ones: True True True
+answers through its own port: concurrent True plain False
+spawn callbacks saw: 1 True
+done
+"""
+
 BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
-        "proc_mesh_ready.py": PROC_MESH_READY_OUT}
+        "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
+        "private_paths.py": PRIVATE_PATHS_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))

@@ -23,3 +23,10 @@ from monarch.actor import (  # noqa: F401
     send,
     shutdown_context,
 )
+
+IN_PAR = False  # Monarch's: whether it runs from a Meta-internal .par archive; never here
+
+from monarch._src._placeholder import placeholder  # noqa: E402
+
+_client_context = placeholder(__name__, "_client_context")
+_context = placeholder(__name__, "_context")

@@ -1,3 +1,20 @@
-"""Compatibility only: Monarch's ``monarch._src.actor.proc_mesh`` names, aliases of ``monarch.actor``'s."""
+"""Compatibility only: Monarch's ``monarch._src.actor.proc_mesh`` names, aliases of ``monarch.actor``'s,
+and its proc-mesh spawn callbacks (which Monarch's tests use)."""
 
-from monarch.actor import ProcMesh, get_or_spawn_controller  # noqa: F401
+from typing import Callable
+
+from monarch._src._placeholder import placeholder
+from monarch.actor import ProcMesh, _mesh, get_or_spawn_controller  # noqa: F401
+
+HyProcMesh = placeholder(__name__, "HyProcMesh")
+
+
+def register_proc_mesh_spawn_callback(callback: Callable[[ProcMesh], None]) -> None:
+    """Call ``callback(proc_mesh)`` with every proc mesh ``spawn_procs`` returns in this process from now on."""
+    _mesh._spawn_callbacks.append(callback)
+
+
+def unregister_proc_mesh_spawn_callback(callback: Callable[[ProcMesh], None]) -> None:
+    """Stop calling ``callback``; one that is not registered is ignored."""
+    if callback in _mesh._spawn_callbacks:
+        _mesh._spawn_callbacks.remove(callback)

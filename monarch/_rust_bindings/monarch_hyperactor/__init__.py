@@ -1,0 +1,1 @@
+"""Compatibility only (see ``monarch._rust_bindings``)."""
