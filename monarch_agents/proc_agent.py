@@ -88,7 +88,9 @@ def actor_kind(cls: type) -> str:
             kinds.add("async" if inspect.iscoroutinefunction(desc.fn) else "sync")
     if len(kinds) > 1:
         raise ValueError(f"{cls.__name__} mixes both async and sync endpoints; make them all `def` or all `async def`")
-    kind = kinds.pop() if kinds else None
+    has_endpoints = bool(kinds)
+    # An actor with no endpoints is an async one, as in Monarch (its __init__ runs on a loop).
+    kind = kinds.pop() if kinds else "async"
     # As Monarch: the hooks run where the endpoints do (a sync actor's thread has no event loop,
     # an async actor's cleanup is awaited on its loop), so their kind must match.
     hooks = {h: inspect.iscoroutinefunction(getattr(cls, h)) for h in ("__cleanup__", "__supervise__")
@@ -96,13 +98,13 @@ def actor_kind(cls: type) -> str:
     if kind == "sync" and hooks.get("__cleanup__"):
         raise ValueError(f"{cls} has sync endpoints, but an async __cleanup__. Make sure __cleanup__ is also "
                          "synchronous (a sync actor's thread has no event loop)")
-    if kind == "async" and hooks.get("__cleanup__") is False:
+    if has_endpoints and kind == "async" and hooks.get("__cleanup__") is False:
         raise ValueError(f"{cls} has async endpoints, but a synchronous __cleanup__. Make sure __cleanup__ is also "
                          "async (it is awaited on the actor's event loop)")
     if kind == "sync" and hooks.get("__supervise__"):
         raise ValueError(f"{cls} has sync endpoints, but an async __supervise__. Make sure __supervise__ is also "
                          "synchronous (a sync actor's thread has no event loop)")
-    return kind or "sync"
+    return kind
 
 
 class ActorSlot:
@@ -139,15 +141,35 @@ class ActorSlot:
     # -- thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        ok = self._construct()
-        self.constructing = False
-        if ok and self.kind == "async":
+        try:
+            loaded = self.msg.payload.load()
+            kind = actor_kind(loaded[0])
+        except BaseException as e:
+            loaded, kind = e, "sync"  # _construct reports it
+        if kind == "async":
             import asyncio
 
-            asyncio.run(self._run_async())
-            return
-        # A sync actor, or one whose __init__ failed: that one answers every call with
-        # SupervisionError until it is stopped.
+            # As in Monarch, an async actor's __init__ runs on its event loop (it may start tasks).
+            if asyncio.run(self._construct_and_run_async(loaded)):
+                return
+        else:
+            ok = self._construct(loaded)
+            self.constructing = False
+            if ok:
+                self._serve_sync()
+                return
+        # One whose __init__ failed answers every call with SupervisionError until it is stopped.
+        self._serve_sync()
+
+    async def _construct_and_run_async(self, loaded: Any) -> bool:
+        """Construct on this loop, then serve; False when __init__ failed (served without a loop)."""
+        ok = self._construct(loaded)
+        self.constructing = False
+        if ok:
+            await self._run_async()
+        return ok
+
+    def _serve_sync(self) -> None:
         while True:
             item = self.mailbox.get()
             while self.events and not self.stopping:
@@ -157,13 +179,16 @@ class ActorSlot:
             if item is _STOP or self._handle_sync(item):
                 return
 
-    def _construct(self) -> bool:
+    def _construct(self, loaded: Any) -> bool:
+        """``loaded``: the spawn's (class, args, kwargs), or what loading it (or its kind) raised."""
         msg = self.msg
         rt = self.agent.rt
         self.info = ActorSlotInfo(msg.actor_id, msg.name, "", msg.point, msg.extent, _linear(msg.point, msg.extent),
                                   rt.host, rt.addr, msg.owner, self)
         try:
-            cls, args, kwargs = msg.payload.load()
+            if isinstance(loaded, BaseException):
+                raise loaded
+            cls, args, kwargs = loaded
             self.kind = actor_kind(cls)
             self.info.class_name = cls.__name__
             self.info.qualname = _qualname(msg.creator, f"{cls.__module__}.{cls.__qualname__}", msg.name, msg.point, msg.extent)

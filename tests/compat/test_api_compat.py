@@ -107,7 +107,15 @@ spawn callbacks saw: 1 True
 done
 """
 
-BOTH = {"api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
+ACTOR_KINDS_OUT = """\
+async endpoints: __init__ on a loop, a task it started ran: (True, 1)
+def endpoints: __init__ on a loop: False
+quiet: __init__ on a loop True
+quiet: async __cleanup__ awaited True
+done
+"""
+
+BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT}
 
