@@ -33,6 +33,7 @@ from monarch_agents import messages as m
 from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.hardening import not_dumpable
 from monarch_agents.keys import CLIENT, LOCAL_PROC
+from monarch_agents.logcap import LogPump, log_cap
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.services import (Child, SerialWorker, Service, debug, fanout, killpg, procs, relay, runs, shells,
                                      telemetry, workspace)
@@ -65,6 +66,8 @@ _STOP_DEADLINE_S = 5.0
 _ZYGOTE_STOP_S = 1.0
 #: How long a proc whose owner died may take to exit after SIGTERM before it is killed.
 _REAP_GRACE_S = 1.0
+#: How long the procs' log pump may take at least, after the services' stop, to append the files' tails.
+_PROC_LOGS_STOP_S = 1.0
 #: How long the shared agent's owner listener may take to wake and join its threads at exit.
 _LISTENER_STOP_S = 2.0
 
@@ -114,6 +117,8 @@ class HostAgent:
         self.services: list[Service] = [cls(self) for cls in services]
         self._from_local_procs = frozenset().union(*(type(s).from_local_procs for s in self.services))
         self._workers: list[SerialWorker] = []
+        #: Reads procs' output into their capped log files (made at the first proc that logs to a file).
+        self._proc_logs: LogPump | None = None
 
     def service(self, kind: type[S]) -> S | None:
         """This agent's service of type ``kind``, or None when it is not listed: how services find
@@ -221,7 +226,13 @@ class HostAgent:
             return [1, 2]
         path = os.path.join(self.log_dir, rel)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # under the private log folder
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # Through a pipe read by one thread of this agent into the file, so that the file has a cap
+        # (MONARCH_RUN_LOG_MAX, as a rank's log: head and tail kept, the middle left out and said so).
+        with self.lock:
+            if self._proc_logs is None:
+                self._proc_logs = LogPump(log_cap(os.environ)[0])
+            pump = self._proc_logs
+        fd = pump.add(path)
         return [fd, os.dup(fd)]
 
     def start_child(self, request: dict, fds: list[int], child: Child) -> None:
@@ -368,6 +379,8 @@ class HostAgent:
             killpg(c.pid, signal.SIGKILL)
         for w in self._workers:
             w.close(deadline)
+        if self._proc_logs is not None:  # its procs are gone: the last of their output, then the files' tails
+            self._proc_logs.stop(max(deadline, time.monotonic() + _PROC_LOGS_STOP_S))
         self.zygote.stop(time.monotonic() + _ZYGOTE_STOP_S)
         events = getattr(self, "_zygote_events_thread", None)  # ends with the zygote's socket
         if events is not None and events is not threading.current_thread():

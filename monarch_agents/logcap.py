@@ -198,3 +198,221 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+class CappedFile:
+    """One log file (a proc's stdout and stderr together) kept under ``cap`` bytes (0: none), as
+    :class:`CappedLog` keeps a rank's: the head as it comes, then two rotating tail files
+    (``<path>.tail0``/``.tail1``), appended after a one-line note when it is closed."""
+
+    def __init__(self, path: str, cap: int):
+        self.path = path
+        self.cap = cap
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # What an earlier proc of the same name left counts against this one's head.
+        self.head_left = cap // 2 - os.fstat(self.fd).st_size if cap else 0
+        self.head_bytes = 0
+        self.seg_max = max(cap // 4, 1)
+        self.segs: list[list] = []  # [fd, bytes in it, path], oldest first
+        self.dropped = 0
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.segs)
+
+    def write(self, data: bytes) -> None:
+        if not self.cap:
+            _write_all(self.fd, data)
+            return
+        if not self.segs and self.head_left > 0:
+            part = data[:self.head_left]
+            _write_all(self.fd, part)
+            self.head_left -= len(part)
+            self.head_bytes += len(part)
+            data = data[len(part):]
+        if not data:
+            return
+        if len(data) > self.seg_max:
+            self.dropped += len(data) - self.seg_max
+            data = data[len(data) - self.seg_max:]
+        if not self.segs or self.segs[-1][1] + len(data) > self.seg_max:
+            self._rotate()
+        _write_all(self.segs[-1][0], data)
+        self.segs[-1][1] += len(data)
+
+    def _rotate(self) -> None:
+        if len(self.segs) < 2:
+            path = f"{self.path}.tail{len(self.segs)}"
+            self.segs.append([os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600), 0, path])
+            return
+        oldest = self.segs.pop(0)
+        self.dropped += oldest[1]
+        os.ftruncate(oldest[0], 0)
+        oldest[1] = 0
+        self.segs.append(oldest)
+
+    def note(self) -> str:
+        if not self.segs:
+            return ""
+        return (f"this log was cut at {human(self.cap)} ({LOG_MAX_ENV}): kept the first {human(self.head_bytes)} "
+                f"and the last {human(sum(s[1] for s in self.segs))}, left out {human(self.dropped)} between them")
+
+    def close(self) -> None:
+        try:
+            if self.segs:
+                _write_all(self.fd, f"\n[monarch: {self.note()}]\n".encode())
+                for seg in self.segs:
+                    with os.fdopen(os.dup(seg[0]), "rb") as f:
+                        f.seek(0)
+                        while piece := f.read(_COPY):
+                            _write_all(self.fd, piece)
+                    os.close(seg[0])
+                    seg[0] = -1
+                    os.unlink(seg[2])
+        finally:
+            for seg in self.segs:
+                if seg[0] >= 0:
+                    os.close(seg[0])
+                try:
+                    os.unlink(seg[2])
+                except FileNotFoundError:
+                    pass
+            os.close(self.fd)
+
+
+class LogPump:
+    """One thread (``proc-logs``) that reads the output pipes of many children into capped files: a
+    proc's output goes to a pipe instead of straight to its log file, so its file has a cap too.
+    Each pipe ends when its child and everything it started closed it; :meth:`stop` joins the thread."""
+
+    def __init__(self, cap: int):
+        import selectors
+        import threading
+
+        self.cap = cap
+        self.sel = selectors.DefaultSelector()
+        self.lock = threading.Lock()
+        self.pending: list[tuple[int, str]] = []
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="proc-logs", daemon=True)
+        self.thread.start()
+
+    def add(self, path: str) -> int:
+        """A pipe's write end (the caller passes it on and closes it) whose bytes go to ``path``,
+        under the cap.  OSError when the file or the pipe cannot be made."""
+        r, w = os.pipe()
+        with self.lock:
+            self.pending.append((r, path))
+        self._wake()
+        return w
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass  # woken already (the pipe is full), or stopped
+
+    def _run(self) -> None:
+        import logging
+        import selectors
+
+        log = logging.getLogger("monarch.host_agent")
+        files: dict[int, CappedFile | None] = {}
+        try:
+            while True:
+                for key, _ in self.sel.select():
+                    if key.data is None:
+                        os.read(self.wake_r, 4096)
+                        continue
+                    fd = key.fd
+                    data = os.read(fd, 65536)
+                    out = files.get(fd)
+                    if not data:
+                        self.sel.unregister(fd)
+                        os.close(fd)
+                        files.pop(fd, None)
+                        self._close(out, log)
+                        continue
+                    if out is None:
+                        continue  # its file could not be written: the output is dropped, the child runs on
+                    was = out.truncated
+                    try:
+                        out.write(data)
+                    except OSError as e:
+                        log.warning("%s: %s; the rest of this proc's output is dropped", out.path, e.strerror or e)
+                        files[fd] = None
+                        self._close(out, log)
+                        continue
+                    if out.truncated and not was:
+                        log.warning("%s reached its cap of %s: keeping its tail only from here", out.path,
+                                    human(out.cap))
+                with self.lock:
+                    pending, self.pending = self.pending, []
+                    stopping = self.stopping
+                for r, path in pending:
+                    try:
+                        files[r] = CappedFile(path, self.cap)
+                    except OSError as e:
+                        log.warning("%s: %s; this proc's output is dropped", path, e.strerror or e)
+                        files[r] = None
+                    self.sel.register(r, selectors.EVENT_READ, path)
+                if stopping and not pending:
+                    return
+        finally:
+            for fd, out in files.items():
+                self._drain(fd, out)
+                self._close(out, log)
+                try:
+                    self.sel.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
+                os.close(fd)
+            self.sel.close()
+
+    @staticmethod
+    def _drain(fd: int, out: "CappedFile | None") -> None:
+        """What is still in the pipe at stop (bounded: a child still writing cannot hold the stop)."""
+        os.set_blocking(fd, False)
+        for _ in range(64):
+            try:
+                data = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            if out is not None:
+                try:
+                    out.write(data)
+                except OSError:
+                    return
+
+    @staticmethod
+    def _close(out: "CappedFile | None", log) -> None:
+        if out is None:
+            return
+        try:
+            out.close()
+        except OSError as e:
+            log.warning("%s: %s", out.path, e.strerror or e)
+
+    def stop(self, deadline: float) -> bool:
+        """Read what is left, close every file (tails appended) and join the thread by ``deadline``
+        (``time.monotonic()``); the children should be gone already.  True if it ended."""
+        import time
+
+        with self.lock:
+            if self.wake_w < 0:
+                return True  # stopped already
+            self.stopping = True
+        self._wake()
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.thread.is_alive():
+            return False
+        with self.lock:
+            fds, self.wake_r, self.wake_w = (self.wake_r, self.wake_w), -1, -1
+        for fd in fds:
+            os.close(fd)
+        return True

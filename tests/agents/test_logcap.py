@@ -84,3 +84,50 @@ def test_no_cap(tmp_path):
         log.write("stdout", b"x" * 4096)
     log.close()
     assert os.path.getsize(tmp_path / "0.stdout") == 64 * 4096
+
+
+def test_capped_file_keeps_head_note_and_tail(tmp_path):
+    from monarch_agents.logcap import CappedFile
+
+    path = tmp_path / "p.log"
+    f = CappedFile(str(path), 4096)
+    lines = [f"{i:07d}\n".encode() for i in range(5000)]
+    for line in lines:
+        f.write(line)
+    f.close()
+    data = path.read_bytes()
+    head, rest = data.split(b"\n[monarch: this log was cut at 4 KiB", 1)
+    tail = rest.split(b"]\n", 1)[1]
+    whole = b"".join(lines)
+    assert whole.startswith(head) and len(head) == 2048 and whole.endswith(tail) and len(tail) >= 1024
+    assert len(data) <= 4096 + 200 and sorted(p.name for p in tmp_path.iterdir()) == ["p.log"]
+
+
+def test_the_proc_log_pump_caps_what_children_write_and_stops(tmp_path):
+    """Real children writing into the pump's pipes (as procs do): each file capped, whole below the cap,
+    the tails appended once each child is gone, the thread joined by stop()."""
+    import subprocess
+    import sys
+    import time
+
+    from monarch_agents.logcap import LogPump
+
+    pump = LogPump(64 << 10)
+    try:
+        big, small = tmp_path / "big.log", tmp_path / "small.log"
+        children = []
+        for path, n in ((big, 200_000), (small, 10)):
+            w = pump.add(str(path))
+            code = f"import sys\nfor i in range({n}): sys.stdout.write(f'{{i:07d}}\\n')\nprint('END', file=sys.stderr)"
+            children.append(subprocess.Popen([sys.executable, "-c", code], stdout=w, stderr=w))
+            os.close(w)
+        for c in children:
+            assert c.wait(120) == 0
+        assert pump.stop(time.monotonic() + 30)
+    finally:
+        pump.stop(time.monotonic() + 5)
+    assert small.read_bytes() == b"".join(f"{i:07d}\n".encode() for i in range(10)) + b"END\n"
+    data = big.read_bytes()
+    assert len(data) <= (64 << 10) + 200 and b"[monarch: this log was cut at 64 KiB" in data
+    assert data.startswith(b"0000000\n") and data.endswith(b"0199999\nEND\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.log", "small.log"]

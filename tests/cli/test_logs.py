@@ -167,3 +167,36 @@ def test_a_runaway_rank_log_is_capped_head_and_tail_kept_and_said_once(workdir):
     out = got.stdout + got.stderr
     assert b"0000000\n0000001\n" in got.stdout and got.stdout.rstrip().endswith(b"0399999")
     assert b"[monarch: its log was cut at 256 KiB" in out
+
+
+_CHATTY_ACTORS = """
+from monarch.actor import Actor, endpoint
+from monarch.job import job_load
+
+class Chatty(Actor):
+    @endpoint
+    def talk(self, n: int) -> int:
+        for i in range(n):
+            print(f"{i:07d}", flush=(i % 1000 == 0))
+        return n
+
+procs = job_load().state().hosts.spawn_procs(per_host={"gpus": 1})
+print(procs.spawn("chatty", Chatty).talk.call_one(200_000).get(timeout=120))
+procs.stop().get()
+"""
+
+
+def test_a_runaway_procs_log_on_its_host_is_capped_too(workdir):
+    """An actor printing far more than the cap on a served host: its `procs/*.log` keeps head, note, tail."""
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True, env={"MONARCH_RUN_LOG_MAX": "64K"})
+    (workdir / "prog.py").write_text(_CHATTY_ACTORS)
+    r = monarch("run", "prog.py", cwd=workdir, timeout=180)
+    assert r.returncode == 0 and r.stdout.strip().endswith("200000"), r.stderr[-2000:]
+    logs = [os.path.join(d, f) for d, _, files in os.walk(workdir / ".monarch") for f in files
+            if os.path.basename(d) == "procs" and f.endswith(".log")]
+    assert len(logs) == 1, logs
+    data = open(logs[0], "rb").read()
+    assert len(data) <= (64 << 10) + 200, len(data)
+    assert data.startswith(b"0000000\n") and b"\n[monarch: this log was cut at 64 KiB" in data
+    assert data.rstrip().endswith(b"0199999")
+    assert not [f for f in os.listdir(os.path.dirname(logs[0])) if ".tail" in f]
