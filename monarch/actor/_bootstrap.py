@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Sequence, Union
@@ -187,6 +188,22 @@ def start_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address
 _links: dict[str, socket.socket] = {}
 
 
+def _connect_when_up(host: str, port: int, address: str) -> socket.socket:
+    """Connect to a worker, waiting for one that is still starting (as Monarch's attach does: a
+    program may start its workers and attach at once); gives up after ``_ENROLL_TIMEOUT_S``."""
+    deadline = time.monotonic() + _ENROLL_TIMEOUT_S
+    delay = 0.05
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=_ENROLL_TIMEOUT_S)
+        except ConnectionRefusedError:
+            if time.monotonic() + delay > deadline:
+                raise ConnectionRefusedError(f"worker {address}: nothing listens there "
+                                             f"(waited {_ENROLL_TIMEOUT_S:g} s for it to start)") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequence[Any],
                       name: Optional[str] = None) -> Any:
     """A ``HostMesh({hosts: len(workers)})`` of workers that run a worker loop (each a ``tcp://`` address,
@@ -207,7 +224,7 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
     for rank, w in enumerate(workers):
         address = w.get() if isinstance(w, Future) else w
         host, port = _dial_address(address)
-        s = socket.create_connection((host, port), timeout=_ENROLL_TIMEOUT_S)
+        s = _connect_when_up(host, port, address)
         s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
         answer = json.loads(s.makefile("rb").readline() or b"{}")
         if "addr" not in answer:

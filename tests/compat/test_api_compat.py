@@ -253,3 +253,12 @@ def test_workers_started_by_hand_are_attached_used_and_shut_down(tmp_path, no_le
 def test_hosts_from_config_starts_workers_and_shutdown_ends_them(tmp_path, no_leaked_processes):
     r = run_program("config_hosts.py", tmp_path)
     assert r.stdout == "same function: True\n{hosts: 2} ['0', '1']\nshut down\n"
+
+
+@pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
+def test_attach_waits_for_workers_that_are_still_starting(which, tmp_path, no_leaked_processes):
+    py, e = _shell_python(which)
+    r = subprocess.run([py, os.path.join(HERE, "workers_starting.py"), *map(str, _free_ports(2))], cwd=tmp_path,
+                       env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "ranks: [0, 1]\nshut down\n"
