@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.names import open_private
@@ -261,15 +262,12 @@ class LocalScheduler(Scheduler):
             # An agent stopped in order removed its workspace store; one killed earlier (-9, OOM) could not.
             found = self._job_dir(job_id, job_dir)
             if found is not None:
-                from concurrent.futures import ThreadPoolExecutor
-
                 from monarch_rdmafs.location import remove_workspace  # rdmafs: only on stop
 
                 # At once: a killed agent leaves its mount to unmount (a fusermount each), and 256
                 # of them one after the other took ~30 s on a loaded 2-core machine.
                 logs = [os.path.join(found, "logs", f"host{i}") for i in range(len(self._agents(job_id, found)))]
-                with ThreadPoolExecutor(min(16, max(1, len(logs)))) as pool:
-                    list(pool.map(remove_workspace, logs))
+                _each_at_once(remove_workspace, logs, 16)
         finally:
             # Whatever that cleanup met (a broken install, a busy mount), the namespaces and the
             # bridge go: nothing else removes them.
@@ -322,3 +320,31 @@ def _kill_by_argument(arg: str) -> None:
                 p.kill()
         except psutil.Error:
             continue
+
+
+def _each_at_once(fn: Callable[[str], Any], items: list[str], width: int) -> None:
+    """``fn(item)`` for every item, ``width`` at a time, on plain threads: a release also runs at
+    interpreter exit (a job applied with ``cached_path=None``), when a ThreadPoolExecutor refuses
+    new work ("cannot schedule new futures after interpreter shutdown") and the mounts would stay."""
+    todo = list(items)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                item = todo.pop()
+            try:
+                fn(item)
+            except BaseException as e:  # noqa: BLE001 - raised below, in the caller
+                errors.append(e)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(width, max(1, len(items))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
