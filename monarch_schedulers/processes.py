@@ -71,6 +71,36 @@ class OwnedProcess:
         except psutil.Error:
             return None
 
+    def _signal_pidfd(self, sig: int) -> bool:
+        """Signal it through a pidfd (Linux): the fd names one process for good, so a start time read
+        after it was opened proves it is ours, and the signal cannot reach a pid's next owner; a
+        fraction of psutil's cost (``monarch stop`` signals every local host agent: 128 took 0.7 s
+        through psutil on a loaded machine).  False where there are no pidfds (then psutil)."""
+        import signal as _signal
+
+        if not hasattr(os, "pidfd_open") or not hasattr(_signal, "pidfd_send_signal"):
+            return False
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return True  # gone: nothing to signal
+        except OSError:
+            return False  # no pidfd support in this kernel
+        try:
+            proc = _proc_stat(self.pid)
+            if proc is None:
+                return False
+            started, _ = proc  # one exiting still gets it (a SIGKILL ends some waits of an exit)
+            if abs(started - self.started) > _SAME_START_S:
+                return True  # another process has the pid now
+            try:
+                _signal.pidfd_send_signal(fd, sig)
+            except ProcessLookupError:
+                pass  # it exited meanwhile
+            return True
+        finally:
+            os.close(fd)
+
     def alive(self) -> bool:
         proc = _proc_stat(self.pid)
         if proc is not None:  # Linux: read /proc, no psutil (every `monarch run` asks this of each agent)
@@ -80,6 +110,8 @@ class OwnedProcess:
 
     def signal(self, sig: int) -> None:
         """Signal the process if it is still the process we started (never a pid's next owner)."""
+        if self._signal_pidfd(sig):
+            return
         import psutil
 
         p = self._process()
