@@ -40,12 +40,23 @@ setting                         what                                       envir
 ``sync_stall_timeout``          how long a workspace sync waits with no    ``MONARCH_SYNC_STALL_S`` (s)
                                 host answering before it fails
                                 (monarch's own)
+``message_delivery_timeout``    how long a peer may take none of what we   ``HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT``
+                                sent before it counts as gone (calls to it
+                                fail); on another host also its time to
+                                connect and answer heartbeats, where
+                                shorter than 5 s (``monarch_agents/settings``)
+``mesh_orphan_timeout``         how long a client's procs outlive it once  ``HYPERACTOR_MESH_ORPHAN_TIMEOUT``
+                                it is gone (None: until stopped); ours is
+                                0 s: reaped at once
+``mesh_attach_config_timeout``  how long ``attach_to_workers`` waits for    ``HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT``
+                                every worker to take the job
+``mesh_admin_pyspy_*``,         the admin API's waits for a proc's host     ``HYPERACTOR_MESH_ADMIN_...``
+``mesh_admin_config_dump_*``    (stacks, settings) and its longest profile
 ==============================  =========================================  =============================
 
-Monarch's other keys (``message_delivery_timeout``, ``mesh_orphan_timeout``,
-``mesh_attach_config_timeout``, the RDMA, logging and channel tuning, ...) are accepted, checked
+Monarch's other keys (the RDMA, logging, telemetry and channel tuning, ...) are accepted, checked
 and shown by ``get_global_config`` with Monarch's defaults, and govern nothing here
-(:func:`is_applied` says which); the README's compatibility table says why.
+(:func:`is_applied` says which); the README's compatibility table says why, key by key.
 
 As in Monarch, a proc starts with the settings of the process that spawned its mesh, as they were at
 ``spawn_procs`` (carried in ``MONARCH_CLIENT_CONFIG``, below the proc's own ``configure``): an
@@ -110,6 +121,21 @@ _SETTINGS: dict[str, _Setting] = {
     "port_forward_connect_timeout": _Setting("10s", (), "how long a forwarded connection waits for its destination"),
     "serve_agent_start_max_idle": _Setting("300s", ("MONARCH_SERVE_STALL_TIMEOUT",),
                                           "how long serve waits, its job running, with no new host agent up"),
+    "message_delivery_timeout": _Setting("30s", ("HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT",),
+                                         "how long a peer may take none of our messages before it counts as gone"),
+    "mesh_orphan_timeout": _Setting("0s", ("HYPERACTOR_MESH_ORPHAN_TIMEOUT",),
+                                    "how long procs outlive the client that spawned them (None: until stopped)",
+                                    "duration?"),
+    "mesh_attach_config_timeout": _Setting("1m", ("HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT",),
+                                           "how long attach_to_workers waits for every worker to take the job"),
+    "mesh_admin_pyspy_bridge_timeout": _Setting("13s", ("HYPERACTOR_MESH_ADMIN_PYSPY_BRIDGE_TIMEOUT",),
+                                                "how long the admin API waits for a proc's host to dump its stacks"),
+    "mesh_admin_config_dump_bridge_timeout": _Setting(
+        "5s", ("HYPERACTOR_MESH_ADMIN_CONFIG_DUMP_BRIDGE_TIMEOUT",),
+        "how long the admin API waits for a proc to tell its settings"),
+    "mesh_admin_pyspy_max_profile_duration": _Setting(
+        "5m", ("HYPERACTOR_MESH_ADMIN_PYSPY_MAX_PROFILE_DURATION",),
+        "the longest profile the admin API takes (POST /v1/pyspy_profile_svg)"),
     "sync_stall_timeout": _Setting("60s", ("MONARCH_SYNC_STALL_S",),
                                    "how long a workspace sync waits with no host answering before it fails"),
 }
@@ -142,23 +168,17 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
     "max_cast_dimension_size": ("int", 16),
     "max_cast_fanout": ("int", 16),
     "mesh_admin_addr": ("str", "[::]:1729"),
-    "mesh_admin_config_dump_bridge_timeout": ("duration", "5s"),
     "mesh_admin_max_concurrent_resolves": ("int", 2),
-    "mesh_admin_pyspy_bridge_timeout": ("duration", "13s"),
     "mesh_admin_pyspy_client_timeout": ("duration", "20s"),
-    "mesh_admin_pyspy_max_profile_duration": ("duration", "5m"),
     "mesh_admin_pyspy_timeout": ("duration", "10s"),
     "mesh_admin_query_child_timeout": ("duration", "100ms"),
     "mesh_admin_resolve_actor_timeout": ("duration", "200ms"),
     "mesh_admin_single_host_timeout": ("duration", "3s"),
     "mesh_admin_tree_timeout": ("duration", "10s"),
-    "mesh_attach_config_timeout": ("duration", "1m"),
     "mesh_bootstrap_enable_pdeathsig": ("bool", True),
-    "mesh_orphan_timeout": ("duration?", "1m"),
     "mesh_terminate_concurrency": ("int", 16),
     "message_ack_every_n_messages": ("int", 1000),
     "message_ack_time_interval": ("duration", "500ms"),
-    "message_delivery_timeout": ("duration", "30s"),
     "message_latency_sampling_rate": ("float", 0.01),
     "message_ttl_default": ("int", 64),
     "monarch_log_suffix": ("str", ""),
@@ -330,6 +350,18 @@ def seconds(key: str) -> float:
             raise
         # Name the variable: the user set it, perhaps long ago, in another shell's profile.
         raise ConfigValueError(f"{env}={os.environ.get(env)!r} ({key}): {e}") from None
+
+
+def limit(key: str) -> float | None:
+    """Like :func:`seconds`, for a setting that also takes None (no limit): seconds, or None."""
+    setting = _check(key)
+    if setting.kind not in ("duration", "duration?"):
+        raise ValueError(f"{key} is not a duration")
+    with _lock:
+        value = _effective(key)
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    return parse_duration(value)
 
 
 def is_applied(key: str) -> bool:
@@ -530,11 +562,12 @@ def _parametrize(keys: list[str], rows: list[tuple]) -> Callable[[Callable[..., 
 
 
 def _answer_admin() -> None:
-    """Let this process's proc agent answer the admin API's config question with what ``configure``
-    set here (the agents' layer cannot import this module; it asks through this hook)."""
-    from monarch_agents import context
+    """Let the agents' layer (which cannot import this module) read these settings through its hooks:
+    a proc agent's answer to the admin API's config question, and the settings the transport applies."""
+    from monarch_agents import context, settings
 
     context.config_source = _runtime_plain
+    settings.source = limit
 
 
 _answer_admin()

@@ -268,26 +268,53 @@ class HostAgent:
             mine = [c for c in self.children.values() if c.owner == owner]
         for fd in place[0] if place else ():
             os.close(fd)
-        self._owner_lost(owner)
+        self._owner_lost(owner, at_once=True)
         if mine and wait_s > 0:
             self.wait_exited(mine, time.monotonic() + wait_s)
 
-    def _owner_lost(self, owner: str) -> None:
-        log.info("owner %s is gone; reaping what it owned", owner)
+    def _owner_lost(self, owner: str, at_once: bool = False) -> None:
+        """``owner`` is gone: reap its children, each after its ``orphan_s`` (the owner's
+        ``mesh_orphan_timeout``: 0 at once, None never) unless ``at_once`` (it released them)."""
         with self.lock:
             self.owners.discard(owner)
             victims = [c for c in self.children.values() if c.owner == owner]
             last = not self.owners
+        later: dict[float | None, list] = {}
+        for c in victims:
+            later.setdefault(0.0 if at_once else c.orphan_s, []).append(c)
+        log.info("owner %s is gone; reaping what it owned (%s)", owner,
+                 ", ".join(f"{len(cs)} {'never' if d is None else f'after {d:g} s'}" for d, cs in later.items())
+                 or "nothing")
+        self._reap(later.pop(0.0, []))
+        kept = later.pop(None, [])  # mesh_orphan_timeout=None: they run until stopped
+        for delay, cs in later.items():
+            t = threading.Timer(delay, self._reap, args=(cs,))
+            t.daemon = True
+            t.start()
+        if self.ephemeral and last and not kept:
+            if later:  # an agent that only its owner used goes when the last of its orphans does
+                t = threading.Timer(max(later), self._stop_if_ownerless)
+                t.daemon = True
+                t.start()
+            else:
+                self.request_stop()
+
+    def _reap(self, victims: list) -> None:
         # SIGTERM first: a proc pushes its last telemetry rows (half a second at most), then SIGKILL
         # whatever is left, so an owner's death still reaps everything it owned.
+        victims = [c for c in victims if self.children.get(c.pid) is c]  # not one that exited meanwhile
         for c in victims:
             killpg(c.pid, signal.SIGTERM)
         if victims:
             kill = threading.Timer(_REAP_GRACE_S, lambda: [killpg(c.pid, signal.SIGKILL) for c in victims
-                                                            if c.pid in self.children])
+                                                            if self.children.get(c.pid) is c])
             kill.daemon = True
             kill.start()
-        if self.ephemeral and last:
+
+    def _stop_if_ownerless(self) -> None:
+        with self.lock:
+            ownerless = not self.owners
+        if ownerless:
             self.request_stop()
 
     def _zygote_events(self) -> None:

@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import array
 import collections
+import fcntl
 import os
 import socket
 import struct
+import termios
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -216,6 +218,11 @@ class Link:
         self.ready = False
         self.pending: collections.deque[list] = collections.deque()  # [data memoryview, fds]
         self.closed = False
+        #: Bytes handed to the kernel so far (outbound); with the kernel's count of what the reader
+        #: has not taken yet, :meth:`stalled_for` tells whether it reads at all (IO thread).
+        self.written = 0
+        self._seen = (0, 0)  # (written, unread) at the last look
+        self._stall_start: float | None = None
         self._rbuf = bytearray()
         self._rfds: collections.deque[int] = collections.deque()
 
@@ -259,6 +266,7 @@ class Link:
                 _close_fds(fds)
                 raise PeerGone(self.addr) from None
             if sent >= 0:
+                self.written += sent
                 _close_fds(fds)  # the peer has its own copies now
                 fds = []
                 if sent == total:
@@ -301,6 +309,7 @@ class Link:
                     return True
                 except OSError:
                     raise PeerGone(self.addr) from None
+                self.written += sent
                 if fds:
                     _close_fds(fds)
                     entry[1] = []
@@ -309,6 +318,30 @@ class Link:
                     return True
                 self.pending.popleft()
             return bool(self.pending) and not self.closed
+
+    def stalled_for(self, now: float) -> float:
+        """How long what we wrote has waited with the reader taking none of it (0: it takes some,
+        or nothing waits).  IO thread only, called periodically (``message_delivery_timeout``)."""
+        buf = array.array("i", [0])
+        try:
+            # Linux: for a Unix stream socket, the bytes (with their overhead) the reader has not taken.
+            fcntl.ioctl(self.fd, termios.TIOCOUTQ, buf, True)
+        except OSError:
+            return 0.0
+        unread = buf[0]
+        with self.lock:
+            written, waiting = self.written, bool(self.pending) and self.ready
+        seen_written, seen_unread = self._seen
+        self._seen = (written, unread)
+        # Had the reader taken nothing, what is unread would have grown by at least what we wrote since.
+        took = unread == 0 or unread < seen_unread + (written - seen_written)
+        if unread == 0 and not waiting:
+            self._stall_start = None
+            return 0.0
+        if took or self._stall_start is None:
+            self._stall_start = now
+            return 0.0
+        return now - self._stall_start
 
     # -- receiving (IO thread) -----------------------------------------------------
 

@@ -148,6 +148,9 @@ class SpawnProcs(Message):
     env: dict
     preload: tuple = ()
     point_base: int = 0
+    #: How long the procs outlive ``owner`` once it is gone (the owner's ``mesh_orphan_timeout``):
+    #: 0 at once, None never (they run until stopped, or until their host agent stops).
+    orphan_s: float | None = 0.0
 
 
 @message

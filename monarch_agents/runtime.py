@@ -371,7 +371,8 @@ class Runtime:
             return
         d = self._owned.get(addr, {})
         where = d.get("what") or f"peer {addr}"
-        self._mark_dead(addr, SupervisionError(f"{where} is unreachable: connection lost (process or host died)",
+        why = self.mailbox.lost_why.pop(addr, "") or "connection lost (process or host died)"
+        self._mark_dead(addr, SupervisionError(f"{where} is unreachable: {why}",
                                                rank=d.get("rank"), host=d.get("host", "")))
 
     def retire(self, addr: str, err: SupervisionError) -> None:

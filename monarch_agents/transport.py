@@ -45,7 +45,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from monarch_agents import bulk, ipc, shm, tunnel, wire
+from monarch_agents import bulk, ipc, settings, shm, tunnel, wire
 from monarch_agents.zygote import NOFILE_ENV
 from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
@@ -79,8 +79,12 @@ _HEARTBEAT_TIMEOUT_MS = 5000
 #: How long closing (or exiting) waits for messages still queued to same-host peers, as
 #: ZeroMQ's linger does for TCP ones: "send, then exit" must deliver.
 _LINGER_S = 0.5
-#: A peer that has not completed the CURVE handshake by then is treated as gone.
+#: A peer that has not completed the CURVE handshake by then is treated as gone (sooner under a
+#: shorter ``message_delivery_timeout``: see :func:`_liveness_s`).
 _CONNECT_DEADLINE_S = 5.0
+#: Monarch's default ``message_delivery_timeout``: a same-host peer that reads none of what we sent
+#: for that long is lost (see :meth:`Mailbox._check_delivery`).
+_DELIVERY_TIMEOUT_S = 30.0
 #: How long an inbound TCP connection has to complete the CURVE handshake.
 _HANDSHAKE_IVL_MS = 3000
 #: The roles of a proc's key (see ``monarch_agents.keys``): what user code holds.
@@ -121,6 +125,23 @@ def reset_context() -> None:
     global _ctx
     with _ctx_lock:
         _ctx = None
+
+
+def delivery_timeout_s() -> float:
+    """``message_delivery_timeout`` in this process, in seconds."""
+    return settings.seconds("message_delivery_timeout", _DELIVERY_TIMEOUT_S)
+
+
+def _liveness_s(fixed_s: float) -> float:
+    """A peer's time to connect, or to answer heartbeats, before it is lost: ours (``fixed_s``), or
+    ``message_delivery_timeout`` where that is shorter (a vanished host is noticed in seconds whatever
+    the delivery timeout; a shorter one shortens it too)."""
+    return max(0.05, min(fixed_s, delivery_timeout_s()))
+
+
+def _heartbeat_timeout_ms() -> int:
+    # At least a second: a peer must have time to answer a heartbeat sent every _HEARTBEAT_IVL_MS.
+    return int(max(1.0, _liveness_s(_HEARTBEAT_TIMEOUT_MS / 1000)) * 1000)
 
 
 def _monitor_event(frames: list[bytes]) -> int:
@@ -301,6 +322,8 @@ class Mailbox:
         self._held: dict[bytes, list[tuple[list[Any], str]]] = {}
         self._fetched_ids: dict[bytes, None] = {}
         self._local_ips: dict[str, str] = {}
+        #: Why a peer this mailbox declared gone is gone, in words, when it was not a closed connection.
+        self.lost_why: dict[str, str] = {}
         self.stats_received = 0
         self.stats_dropped = 0
 
@@ -332,7 +355,7 @@ class Mailbox:
         # ZeroMQ drops a peer that announces a longer frame before allocating it.
         r.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         r.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-        r.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        r.setsockopt(zmq.HEARTBEAT_TIMEOUT, _heartbeat_timeout_ms())
         # A connection that has not proved a job key by then is closed: anyone who can reach the
         # port may open connections, and idle ones must not hold our descriptors (ZeroMQ's default: 30 s).
         r.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
@@ -384,6 +407,7 @@ class Mailbox:
         self._running = True
         self._thread = threading.Thread(target=self._loop, name=f"{self.name}-io", daemon=True)
         self._thread.start()
+        self.call_later(1.0, self._check_delivery)
         atexit.register(self.linger)
         return self.addr
 
@@ -457,7 +481,8 @@ class Mailbox:
                 else:
                     p = self._zmq_peer(addr)
         self.wake()
-        self.call_later(_CONNECT_DEADLINE_S, lambda: self._check_connected(addr))
+        deadline_s = _liveness_s(_CONNECT_DEADLINE_S)
+        self.call_later(deadline_s, lambda: self._check_connected(addr, deadline_s))
         return p
 
     def _zmq_peer(self, addr: str) -> _Peer:
@@ -470,7 +495,7 @@ class Mailbox:
         s.curve_secretkey = secret.encode()
         s.sndhwm = _HWM
         s.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, _heartbeat_timeout_ms())
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         if self._socks:
             s.setsockopt(zmq.SOCKS_PROXY, self._socks.encode())
@@ -489,13 +514,40 @@ class Mailbox:
         self._new_monitors.append((addr, mon))
         return p
 
-    def _check_connected(self, addr: str) -> None:
+    def _check_connected(self, addr: str, deadline_s: float = _CONNECT_DEADLINE_S) -> None:
         p = self._peers.get(addr)
         if p is not None and not p.connected and addr not in self.dead:
-            log.warning("%s: could not connect to %s within %.0f s", self.name, addr, _CONNECT_DEADLINE_S)
-            self.dead.add(addr)
-            self._close_peer(addr)
-            self.on_peer_lost(addr)
+            log.warning("%s: could not connect to %s within %.1f s", self.name, addr, deadline_s)
+            self._lose(addr, f"could not connect within {deadline_s:g} s")
+
+    def _lose(self, addr: str, why: str) -> None:
+        """Declare ``addr`` gone, saying why (IO thread only)."""
+        self.dead.add(addr)
+        self.lost_why[addr] = why
+        self._close_peer(addr)
+        self.on_peer_lost(addr)
+
+    def _check_delivery(self) -> None:
+        """Every same-host peer we have sent to and that has read none of it for
+        ``message_delivery_timeout`` is lost, as Monarch's channel is (IO thread, periodically).
+
+        A Unix socket tells how much of what we wrote its reader has not taken yet
+        (``Link.stalled_for``); a stopped or wedged process takes nothing, a busy one keeps
+        reading.  Peers on other hosts are watched by ZeroMQ heartbeats (:func:`_liveness_s`)."""
+        if not self._running:
+            return
+        limit = delivery_timeout_s()
+        now = time.monotonic()
+        self._timers.append((now + max(0.05, min(1.0, limit / 4)), self._check_delivery))  # first: whatever fails
+        with self._peers_lock:
+            links = [(a, p) for a, p in self._peers.items() if type(p) is ipc.Link]
+        for addr, link in links:
+            stalled = link.stalled_for(now)
+            if stalled > limit and addr not in self.dead:
+                log.warning("%s: %s took none of our messages for %.1f s (message_delivery_timeout)",
+                            self.name, addr, stalled)
+                self._lose(addr, f"a message was not delivered within message_delivery_timeout ({limit:g} s): "
+                                 "the process took none (stopped or wedged)")
 
     def connect(self, addr: str) -> None:
         """Open the connection to ``addr`` now, so its loss is noticed even before we send."""

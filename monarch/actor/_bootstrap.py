@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Sequence, Union
 
+from monarch import config as _config
 from monarch_agents.future import Future
 
 PrivateKey = Union[bytes, Path, None]
@@ -188,20 +189,24 @@ def start_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address
 _links: dict[str, socket.socket] = {}
 
 
-def _connect_when_up(host: str, port: int, address: str) -> socket.socket:
+def _connect_when_up(host: str, port: int, address: str, left: Callable[[str], float]) -> socket.socket:
     """Connect to a worker, waiting for one that is still starting (as Monarch's attach does: a
-    program may start its workers and attach at once); gives up after ``_ENROLL_TIMEOUT_S``."""
-    deadline = time.monotonic() + _ENROLL_TIMEOUT_S
+    program may start its workers and attach at once); ``left(address)`` is the attach barrier's time
+    left (it raises once there is none: ``mesh_attach_config_timeout``)."""
     delay = 0.05
     while True:
+        remaining = left(address)
         try:
-            return socket.create_connection((host, port), timeout=_ENROLL_TIMEOUT_S)
+            return socket.create_connection((host, port), timeout=remaining)
         except ConnectionRefusedError:
-            if time.monotonic() + delay > deadline:
-                raise ConnectionRefusedError(f"worker {address}: nothing listens there "
-                                             f"(waited {_ENROLL_TIMEOUT_S:g} s for it to start)") from None
+            if delay > left(address):
+                raise ConnectionRefusedError(f"worker {address}: nothing listens there (waited "
+                                             "mesh_attach_config_timeout for it to start)") from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        except OSError:
+            left(address)  # the barrier's time is up: say so; else the connection's own failure
+            raise
 
 
 def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequence[Any],
@@ -216,6 +221,18 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
     from monarch_agents import runtime as rt_mod
 
     _check_security(private_key, ca)
+    # Monarch's attach barrier: every worker takes the job (our keys, where Monarch pushes its
+    # settings) and confirms within mesh_attach_config_timeout, or the attach fails closed.
+    limit = _config.seconds("mesh_attach_config_timeout")
+    deadline = time.monotonic() + limit
+
+    def left(address: str) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"worker {address} did not take the job within mesh_attach_config_timeout "
+                               f"({limit:g} s)")
+        return remaining
+
     # The workers are a job of their own, with keys made for them: what crosses the enrollment
     # connections opens these workers only, not this client's other jobs.
     rt = ensure_runtime(JobKeys.generate())
@@ -224,9 +241,15 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
     for rank, w in enumerate(workers):
         address = w.get() if isinstance(w, Future) else w
         host, port = _dial_address(address)
-        s = _connect_when_up(host, port, address)
-        s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
-        answer = json.loads(s.makefile("rb").readline() or b"{}")
+        s = _connect_when_up(host, port, address, left)
+        try:
+            s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
+            s.settimeout(left(address))
+            answer = json.loads(s.makefile("rb").readline() or b"{}")
+        except OSError:
+            s.close()
+            left(address)  # raises when the barrier's time is up; else it was the connection's own failure
+            raise
         if "addr" not in answer:
             s.close()
             raise RuntimeError(f"worker {address} did not start a host agent: {answer.get('error', 'no answer')}")
@@ -235,7 +258,11 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
         refs.append(HostRef(answer["addr"], answer.get("host", host), rank))
     rt_mod.claim(rt, [r.addr for r in refs])
     for r in refs:  # each agent learns its owner (and stops when it goes away)
-        rt.request(r.addr, lambda port: Ping(port)).get(timeout=_ENROLL_TIMEOUT_S)
+        try:
+            rt.request(r.addr, lambda port: Ping(port)).get(timeout=left(r.addr))
+        except TimeoutError:
+            left(r.addr)
+            raise
     mesh = HostMesh(refs, Shape(("hosts",), (len(refs),)))
     mesh._workers = True  # its shutdown() ends the workers' host agents, as Monarch's does
     return mesh

@@ -215,8 +215,10 @@ class HostMesh(_MeshBase):
             env[ENV_UNSET] = ",".join(unset)
         futures = []
         hosts = self.hosts
+        orphan_s = _config.limit("mesh_orphan_timeout")  # how long they outlive us, should we die
         for h in hosts:
-            futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, env, preload)))
+            futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, env, preload,
+                                                                         orphan_s=orphan_s)))
         procs: list[m.ProcInfo] = []
         for h, f in zip(hosts, futures):
             try:

@@ -86,9 +86,11 @@ class Child:
     ``on_started`` and ``on_exited`` run on the agent's zygote-events thread.
     """
 
-    def __init__(self, kind: str, owner: str):
+    def __init__(self, kind: str, owner: str, orphan_s: float | None = 0.0):
         self.kind = kind
         self.owner = owner
+        #: How long it outlives its owner once the owner is gone (0: at once; None: it is not reaped).
+        self.orphan_s = orphan_s
         self.pid = 0
         self.exited: tuple[int | None, str] | None = None
 

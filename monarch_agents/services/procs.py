@@ -33,7 +33,8 @@ class _PendingSpawn:
 
 class _Proc(Child):
     def __init__(self, service: "ProcsService", msg: m.SpawnProcs, token: str, slot: int, pending: _PendingSpawn):
-        super().__init__("proc", msg.owner)
+        orphan = msg.orphan_s
+        super().__init__("proc", msg.owner, None if orphan is None else max(0.0, float(orphan)))
         self.service = service
         self.mesh_id = msg.mesh_id
         self.token = token

@@ -108,8 +108,10 @@ def test_monarch_keys_and_value_forms_accepted():
     applied = {k for k in config.get_global_config() if config.is_applied(k)}
     assert applied == {"mesh_proc_spawn_max_idle", "host_spawn_ready_timeout", "stop_actor_timeout",
                        "proc_stop_max_idle", "mesh_terminate_timeout", "port_forward_connect_timeout",
-                       "serve_agent_start_max_idle"}
-    assert not config.is_applied("message_delivery_timeout") and not config.is_applied("mesh_orphan_timeout")
+                       "serve_agent_start_max_idle", "sync_stall_timeout", "message_delivery_timeout",
+                       "mesh_orphan_timeout", "mesh_attach_config_timeout", "mesh_admin_pyspy_bridge_timeout",
+                       "mesh_admin_config_dump_bridge_timeout", "mesh_admin_pyspy_max_profile_duration"}
+    assert not config.is_applied("channel_reconnect_timeout") and not config.is_applied("rdma_qps_per_cq")
 
 
 def test_same_keys_as_torchmonarch():

@@ -1,0 +1,162 @@
+"""Monarch's transport and lifetime settings applied: message_delivery_timeout (a proc that takes
+none of our messages fails the call waiting on it), mesh_orphan_timeout (a dead client's procs
+outlive it by that long, or until stopped) and mesh_attach_config_timeout (attach_to_workers fails
+closed when a worker does not take the job).  Real procs, SIGSTOP and kill -9; the asserts are of
+outcome and order, never of speed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from monarch import config
+from monarch.actor import SupervisionError, this_host
+from monarch.actor import attach_to_workers
+from tests.helpers import ROOT, wait_gone
+from tests.monarch.actors import Worker
+
+T = 120
+
+
+@contextlib.contextmanager
+def _stopped(pid: int):
+    """SIGSTOP ``pid`` for the block (it reads nothing meanwhile), SIGCONT after, whatever happens.
+    The block starts once the kernel shows it stopped: a signal is delivered a moment after kill()
+    returns, and a message sent meanwhile may still be read."""
+    os.kill(pid, signal.SIGSTOP)
+    while _state(pid) != "T":
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_message_delivery_timeout_fails_a_call_to_a_proc_that_takes_nothing():
+    """A SIGSTOPped proc reads none of its messages: under "10m" the call is still waiting after
+    seconds; under "1s" it fails while the proc is still stopped, naming the setting."""
+    for limit in ("10m", "1s"):
+        with config.configured(message_delivery_timeout=limit):
+            pm = this_host().spawn_procs(per_host={"gpus": 1})
+            try:
+                w = pm.spawn("w", Worker)
+                pid = w.pid.call_one().get(timeout=T)
+                with _stopped(pid):
+                    call = w.echo.call_one("hello")
+                    if limit == "10m":
+                        with pytest.raises(TimeoutError):
+                            call.get(timeout=3)  # not delivered, and not given up on
+                    else:
+                        with pytest.raises(SupervisionError, match=r"message_delivery_timeout \(1 s\)"):
+                            call.get(timeout=T)
+                if limit == "10m":
+                    assert call.get(timeout=T) == "hello"  # delivered once the proc runs again
+            finally:
+                pm.stop().get(timeout=T)
+
+
+_CLIENT = textwrap.dedent('''
+    import json, sys, time
+    from monarch import config
+    from monarch.job import ProcessJob
+    from tests.monarch.actors import Worker
+
+    config.configure(mesh_orphan_timeout=None if sys.argv[1] == "None" else sys.argv[1])
+    state = ProcessJob({"hosts": 1}).state()
+    pm = state.hosts.spawn_procs(per_host={"gpus": 2})
+    print(json.dumps(sorted(pm.spawn("w", Worker).pid.call().get(timeout=60).values())), flush=True)
+    time.sleep(600)
+''')
+
+
+def _orphans(cwd, limit: str) -> list[int]:
+    """Start a client of the reservation in ``cwd`` under ``mesh_orphan_timeout=limit``, kill -9 it
+    once its procs run; their pids."""
+    p = subprocess.Popen([sys.executable, "-c", _CLIENT, limit], cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], T)
+        line = p.stdout.readline() if ready else ""
+        assert line, f"the client did not report its procs: {p.stderr.read() if p.poll() is not None else ''}"
+        pids = json.loads(line)
+        assert wait_gone(pids, 0) == pids  # running
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
+    return pids
+
+
+@pytest.fixture
+def served(tmp_path):
+    from tests.cli.conftest import monarch
+
+    assert monarch("serve", "--hosts", "1", cwd=tmp_path).returncode == 0
+    yield tmp_path
+    monarch("stop", "--force", cwd=tmp_path)
+
+
+def test_mesh_orphan_timeout_keeps_a_dead_clients_procs_that_long(served):
+    """kill -9 of a client of a reservation: under "8s" its procs are still there when it is gone,
+    then reaped by their host; under None they stay until the reservation stops."""
+    from tests.cli.conftest import monarch
+
+    pids = _orphans(served, "8s")
+    assert wait_gone(pids, 0) == pids  # the client is dead; its procs are not (yet)
+    assert wait_gone(pids, T) == []  # ... and then they are, its host still up
+    kept = _orphans(served, "None")
+    assert wait_gone(kept, 3) == kept  # none reaped
+    assert monarch("stop", cwd=served).returncode == 0
+    assert wait_gone(kept, T) == []
+
+
+def test_mesh_attach_config_timeout_fails_the_attach_closed():
+    """A "worker" that accepts the connection but never takes the job: attach_to_workers gives up
+    after mesh_attach_config_timeout, naming it, while the worker still holds the connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(T)
+        try:
+            held.append(listener.accept()[0])  # and never answer
+        except OSError:
+            pass
+        done.wait(T)
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        with config.configured(mesh_attach_config_timeout="1s"):
+            with pytest.raises(TimeoutError, match=r"mesh_attach_config_timeout \(1 s\)"):
+                attach_to_workers(ca="trust_all_connections",
+                                  workers=[f"tcp://127.0.0.1:{listener.getsockname()[1]}"])
+        assert held and held[0].fileno() >= 0  # it failed while the worker still held on
+    finally:
+        done.set()
+        t.join(T)
+        for s in held:
+            s.close()
+        listener.close()
