@@ -291,6 +291,7 @@ class Link:
                 sent = 0
             except OSError:
                 raise PeerGone(self.addr) from None
+            self.written += sent
             if sent == len(data):
                 return False
             self.pending.append([memoryview(data)[sent:], []])
