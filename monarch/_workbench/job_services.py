@@ -36,6 +36,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -44,24 +45,30 @@ DEFAULT_QUERY_TIMEOUT_S = 10.0
 
 @dataclass
 class _Hosts:
-    """What the telemetry fan-out needs of a job: its hosts (addr, host, host_rank) and runtime."""
+    """What the telemetry fan-out needs of a job: its hosts (addr, host, host_rank), runtime and
+    spec (its scheduler says how the hosts are reached: ``monarch._workbench.hosts``)."""
 
     hosts: list
     rt: Any
+    spec: Any = None
+
+    def __post_init__(self) -> None:
+        if self.spec is None:
+            self.spec = SimpleNamespace(scheduler="")  # meshes of no reservation: the agents' tree
 
     def runtime(self) -> Any:
         return self.rt
 
 
-def hosts_of(meshes: dict[str, Any]) -> _Hosts:
-    """Every host of a job's host meshes, once each."""
+def hosts_of(meshes: dict[str, Any], record: Any = None) -> _Hosts:
+    """Every host of a job's host meshes, once each (``record``: the job's reservation, if any)."""
     seen: dict[str, Any] = {}
     rt = None
     for mesh in meshes.values():
         rt = rt or mesh._rt()
         for h in mesh._hosts:
             seen.setdefault(h.addr, h)
-    return _Hosts(sorted(seen.values(), key=lambda h: h.host_rank), rt)
+    return _Hosts(sorted(seen.values(), key=lambda h: h.host_rank), rt, getattr(record, "spec", None))
 
 
 def run_query(hosts: _Hosts, sql: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Any:

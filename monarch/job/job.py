@@ -221,7 +221,7 @@ class JobTrait(abc.ABC):
         if telemetry is None and admin is None:
             return
         services = self.__dict__.setdefault("_services", {})
-        hosts = js.hosts_of(state._hosts)
+        hosts = js.hosts_of(state._hosts, self.__dict__.get("record"))
         if telemetry is not None:
             if "telemetry" not in services:
                 services["telemetry"] = js.JobServer(hosts, telemetry=True, admin=False)
