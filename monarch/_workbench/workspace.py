@@ -24,7 +24,7 @@ from typing import Any, Callable
 from monarch import config
 from monarch.errors import WorkspaceError
 from monarch_agents.errors import SupervisionError
-from monarch_agents.messages import Reply
+from monarch_agents.messages import PortRef, Reply
 from monarch_agents.runtime import Runtime
 from monarch_rdmafs import messages as wm
 from monarch_rdmafs.errors import SourceChanged, SyncError
@@ -43,7 +43,16 @@ SMALL_FANOUT = 8
 #: New chunks up to this many bytes in all go to every host without asking first which it lacks
 #: (when every host had everything the last commit named): one round to every host fewer.
 SMALL_BYTES = 1 << 20
+#: ...and up to this many, inside each host's message through the tree of host agents (answers
+#: merged on the way up), not down the chunk tree with every host acknowledging to the client on
+#: a connection of its own (64 hosts: ~70 ms of the client accepting them).  Each subtree's message
+#: holds a copy per host: 256 hosts, 8 MiB out of the client at most.
+INLINE_BYTES = 32 << 10
 _TRIES = 3
+#: The answer port of a message sent through the tree (the tree gives it its own).
+_NO_PORT = PortRef("", 0)
+#: How long past its deadline a fan-out is waited for (its nodes answer by then, or say why not).
+_FANOUT_GRACE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +86,12 @@ class WorkspacePusher:
     """Syncs one directory to a fixed set of hosts, as mount ``name``, again and again."""
 
     def __init__(self, rt: Runtime, source: str, targets: list[Target], *, name: str = "workspace",
-                 unreadable: str = "skip", honour_ignores: bool = True, fanout: int = FANOUT):
+                 unreadable: str = "skip", honour_ignores: bool = True, fanout: int = FANOUT,
+                 direct: bool | None = None):
+        """``direct``: ask each host straight from here, not through the tree of host agents
+        (``monarch_agents.fanout``; None: its own rule, by the number of hosts)."""
         self.rt = rt
+        self.direct = direct
         self.source = os.path.abspath(source)
         self.targets = list(targets)
         self.name = name
@@ -138,8 +151,32 @@ class WorkspacePusher:
 
     def close(self) -> list:
         """Stop serving this mount on every host."""
-        futures = [self.rt.request(t.addr, lambda port: wm.WsUnmount(self.name, port)) for t in self.targets]
-        return [self._get(f, t) for f, t in zip(futures, self.targets)]
+        return self._ask(lambda t: wm.WsUnmount(self.name, _NO_PORT))
+
+    def _ask(self, make: Callable[[Target], Any]) -> list:
+        """``make(target)`` to every host through the tree of host agents; their answers, in order.
+
+        Raises WorkspaceError naming the first host (by rank) that failed or did not answer."""
+        from monarch_agents.fanout import fan_out
+
+        call = fan_out(self.rt, [(t.addr, t.host, make(t)) for t in self.targets], timeout_s=self.stall_s,
+                       direct=self.direct)
+        call.wait(self.stall_s + _FANOUT_GRACE_S)
+        out = []
+        for i, t in enumerate(self.targets):
+            ok, value = call.results.get(i, (False, None))
+            if ok:
+                out.append(value)
+                continue
+            why = str(value).strip().splitlines()[0] if value is not None and str(value).strip() else ""
+            if value is None or why.endswith("gave no answer in time"):
+                raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {self.stall_s:.0f} s",
+                                     "`monarch status` shows the hosts")
+            if "stopped answering" in why:
+                raise WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
+                                     "`monarch status` shows the hosts; `monarch serve` reserves again")
+            raise WorkspaceError(why)
+        return out
 
     # -- steps --------------------------------------------------------------------
 
@@ -160,36 +197,39 @@ class WorkspacePusher:
             # (one that is not is stored once and acknowledged all the same).
             missing = dict.fromkeys(ids)
         else:
-            futures = [self.rt.request(t.addr, lambda port: wm.WsMissing(ids, port)) for t in self.targets]
             missing = {}
-            for f, t in zip(futures, self.targets):
-                missing.update(dict.fromkeys(self._get(f, t)))
+            for lacks in self._ask(lambda t: wm.WsMissing(ids, _NO_PORT)):
+                missing.update(dict.fromkeys(lacks))
         if not missing:
             return 0, 0
 
         def read(cid: str) -> bytes:
             return manifest.data if cid == manifest.id else self.packer.read_chunk(cid, packed.sources[cid])
 
+        if self.present and size <= INLINE_BYTES:
+            return self._send_inline(list(missing), read)
+
         fanout = max(self.fanout, SMALL_FANOUT) if size <= SMALL_BYTES and self.fanout == FANOUT else self.fanout
         return _Transfer(self, list(missing), read, fanout).run()
 
-    def _commit(self, manifest_id: str) -> list[dict]:
-        futures = [self.rt.request(t.addr, lambda port, t=t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, port))
-                   for t in self.targets]
-        return [self._get(f, t) for f, t in zip(futures, self.targets)]
+    def _send_inline(self, ids: list[str], read: Callable[[str], bytes]) -> tuple[int, int]:
+        """The chunks of a small edit to every host, one message each through the tree of host agents."""
+        data = [read(c) for c in ids]
+        payload, sizes = b"".join(data), [len(d) for d in data]
+        sync_id = uuid.uuid4().hex[:12]
+        for _ in range(_TRIES):
+            wire = self._tamper(0, payload) if self._tamper else payload
+            done = self._ask(lambda t, wire=wire: wm.WsChunks(sync_id, 0, ids, sizes, wire, [], 1, _NO_PORT))
+            for t, d in zip(self.targets, done):
+                if isinstance(d, wm.WsBatchDone) and d.error:
+                    raise WorkspaceError(f"host {t.host} (rank {t.rank}): {d.error}",
+                                         "`monarch status` shows the hosts; sync again once fixed")
+            if not any(isinstance(d, wm.WsBatchDone) and d.corrupt for d in done):
+                return len(ids), len(payload)
+        raise WorkspaceError(f"the chunks arrived corrupted {_TRIES} times", "check the network; sync again")
 
-    def _get(self, future: Any, t: Target) -> Any:
-        try:
-            return future.get(timeout=self.stall_s)
-        except SupervisionError:
-            raise WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
-                                 "`monarch status` shows the hosts; `monarch serve` reserves again") from None
-        except TimeoutError:
-            raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {self.stall_s:.0f} s",
-                                 "`monarch status` shows the hosts") from None
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise WorkspaceError(first) from None
+    def _commit(self, manifest_id: str) -> list[dict]:
+        return self._ask(lambda t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, _NO_PORT))
 
 
 class _Transfer:
@@ -351,8 +391,10 @@ class ReservationSync:
         self.rt = rt or record.runtime()
         hosts = sorted(record.hosts, key=lambda h: h.host_rank)
         targets = [Target(h.addr, h.host, h.host_rank) for h in hosts]
+        # A pod's host agent holds no client key: it could not forward (see monarch._workbench.hosts).
+        direct = True if record.spec.scheduler == "kubernetes" else None
         self.pushers = [WorkspacePusher(self.rt, src, targets, name=name, unreadable=spec.unreadable,
-                                        honour_ignores=ignores) for name, src, ignores in spec.mounts()]
+                                        honour_ignores=ignores, direct=direct) for name, src, ignores in spec.mounts()]
         self._index_path = os.path.join(record.job_dir, "workspace.index")
         self._load_index()
 

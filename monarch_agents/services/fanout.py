@@ -24,11 +24,15 @@ from typing import Any, Callable
 from monarch_agents import messages as m
 from monarch_agents.fanout import Node
 from monarch_agents.services import Service
+from monarch_rdmafs import messages as wm
 
 log = logging.getLogger("monarch.host_agent")
 
 #: What a fan-out may carry: the control messages a client sends every host.
-CARRIED = (m.Ping, m.SignalRun, m.RunCommand, m.TelemetryScan, m.TakeStacks, m.Shutdown, m.StopProcs)
+CARRIED = (m.Ping, m.SignalRun, m.RunCommand, m.TelemetryScan, m.TakeStacks, m.Shutdown, m.StopProcs,
+           # A workspace sync's questions and switch, and the few chunks of an edit (bigger transfers
+           # go down a tree of their own: WsChunks' forward list, each host acknowledging itself).
+           wm.WsMissing, wm.WsCommit, wm.WsUnmount, wm.WsChunks)
 #: A tree deeper than this many items per message, or wider than this degree, is refused.
 _MAX_ITEMS = 1 << 16
 _MAX_DEGREE = 256

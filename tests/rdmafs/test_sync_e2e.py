@@ -85,7 +85,9 @@ def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, a
     asked = _count_questions(p)
     r2 = p.sync()
     assert (r2.sent_chunks, r2.changed) == (2, True)  # the edited file and the new manifest
-    assert asked == {"WsCommit": 4}  # an edit: no host asked which chunks it lacks first
+    # An edit: no host asked which chunks it lacks first; its two small chunks go inside each host's
+    # message (through the tree of agents where there are enough hosts), then the switch.
+    assert asked == {"WsChunks": 4, "WsCommit": 4}
     for mnt in mounts:
         assert open(os.path.join(mnt, "train.py")).read() == "print('train v2')\n"
     r3 = p.sync()
@@ -99,22 +101,16 @@ def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, a
 
 
 def _count_questions(pusher) -> dict:
-    """{message type: how many} of the requests ``pusher`` sends from now on."""
+    """{message type: how many hosts} of what ``pusher`` asks every host from now on."""
     asked: dict = {}
-    rt = pusher.rt
+    ask = pusher._ask
 
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(rt, name)
+    def counted(make):
+        name = type(make(pusher.targets[0])).__name__
+        asked[name] = asked.get(name, 0) + len(pusher.targets)
+        return ask(make)
 
-        def request(self, addr, make, *a, **k):
-            def counted(port):
-                msg = make(port)
-                asked[type(msg).__name__] = asked.get(type(msg).__name__, 0) + 1
-                return msg
-            return rt.request(addr, counted, *a, **k)
-
-    pusher.rt = Counting()
+    pusher._ask = counted
     return asked
 
 
@@ -291,3 +287,55 @@ def test_a_file_changing_during_a_sync_is_never_served_torn(client, agents, tmp_
     r = p.sync()
     for m in r.mounts:
         assert open(os.path.join(m["mountpoint"], "big.bin"), "rb").read() == b"b" * (9 << 20)
+
+
+def test_a_sync_asks_and_switches_the_hosts_through_the_tree_of_agents(client, agents, tmp_path, monkeypatch):
+    """WsMissing and WsCommit go to the first host of each subtree, which forwards (and answers for) the rest."""
+    from monarch_agents import fanout
+
+    monkeypatch.setattr(fanout, "DIRECT_MAX", 1)
+    monkeypatch.setattr(fanout, "DEGREE", 2)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("A = 1\n")
+    p = WorkspacePusher(client, str(ws), targets(agents))
+    before = [workspace_of_fanout(client, a) for a in agents]
+    r = p.sync()
+    assert [m["files"] for m in r.mounts] == [1] * 4
+    forwarded = [workspace_of_fanout(client, a) - b for a, b in zip(agents, before)]
+    # Two subtrees of two: each first host forwarded the second's question and switch.
+    assert forwarded == [2, 0, 2, 0], forwarded
+    for m in r.mounts:
+        assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 1\n"
+    # An edit: its chunks inside each host's message too, then the switch.
+    (ws / "a.py").write_text("A = 2\n")
+    r = p.sync()
+    assert r.sent_chunks == 2
+    forwarded = [workspace_of_fanout(client, a) - b for a, b in zip(agents, before)]
+    assert forwarded == [4, 0, 4, 0], forwarded
+    for m in r.mounts:
+        assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 2\n"
+
+
+def workspace_of_fanout(client, agent) -> int:
+    return client.request(agent.addr, lambda port: Ping(port)).get(timeout=T).services["fanout"]["forwarded"]
+
+
+def test_an_edit_corrupted_in_transit_is_sent_again(client, agents, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("A = 1\n")
+    p = WorkspacePusher(client, str(ws), targets(agents))
+    p.sync()
+    sent = []
+
+    def corrupt_first(batch: int, payload: bytes) -> bytes:
+        sent.append(batch)
+        return payload if len(sent) > 1 else payload[:-1] + bytes([payload[-1] ^ 0xFF])
+
+    p._tamper = corrupt_first
+    (ws / "a.py").write_text("A = 2\n")
+    r = p.sync()
+    assert len(sent) == 2 and r.sent_chunks == 2
+    for m in r.mounts:
+        assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 2\n"
