@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 from monarch_rdmafs.private import UnsafeFolder, check_private, private_dir, runtime_dir  # noqa: F401  (the one rule; see there)
 
@@ -22,6 +21,8 @@ def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
     folder = os.path.dirname(path) or "."
     try:
         os.makedirs(folder, exist_ok=True)
+        import tempfile  # here: tempfile imports shutil and random (~4 ms), and most commands write nothing
+
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)  # 0600
     except OSError as e:
         raise _naming(e, path) from None

@@ -46,7 +46,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents import bulk, ipc, settings, shm, tunnel, wire
-from monarch_agents.zygote import NOFILE_ENV
 from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
 
 log = logging.getLogger("monarch.transport")
@@ -1043,6 +1042,9 @@ def raise_fd_limit() -> None:
         return
     _fd_limit_raised = True
     import resource
+
+    # Here, not at the top: zygote imports ctypes (~2 ms), and a Unix-socket-only process never raises the limit.
+    from monarch_agents.zygote import NOFILE_ENV
 
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
