@@ -26,6 +26,13 @@ def main(argv: list[str] | None = None) -> None:
     tests), it ends with ``SystemExit`` as any command does."""
     own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if own_process:
+        from monarch_cli.warm import enabled, warm_run
+
+        if enabled(argv):
+            code = warm_run(argv)  # a child of the warm runner ran it (None: it is ours to run)
+            if code is not None:
+                sys.exit(code)
     import warnings
 
     warnings.showwarning = _one_line_warning

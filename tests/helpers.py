@@ -34,6 +34,8 @@ os.environ["MONARCH_CEILING_DIRECTORIES"] = os.path.realpath(__import__("tempfil
 # Scripts start a private host agent each, which exits with them: a shared one (see
 # monarch_agents.local_agent) would outlive the test that started it.  Its own tests turn it on.
 os.environ["MONARCH_SHARED_AGENT"] = "0"
+# `monarch run` would start a warm runner (monarch_cli/warm.py) that outlives the test too; its own tests turn it on.
+os.environ["MONARCH_WARM_RUN"] = "0"
 
 DEFAULT_DEADLINE_S = 5.0
 

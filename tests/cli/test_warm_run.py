@@ -1,0 +1,141 @@
+"""The warm runner (monarch_cli/warm.py): `monarch run` forked from a process that imported it already.
+
+Against one real 2-host reservation, through the real `monarch` entry point with the runner on:
+the same stdout, stderr and exit codes as the in-process run (success, a failed rank's code, 128+N,
+a bad reservation name); the run really ran in the runner's child (the run lock names another
+pid); Ctrl-C to the command stops the run (130); kill -9 of the command ends its child; idle, the
+runner exits.  The test suite turns the runner off everywhere else (tests/helpers.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.cli.conftest import MONARCH, ROOT, monarch
+from tests.helpers import MARK, SESSION
+
+_IDLE_S = "3"
+
+
+def _env(on: bool) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", "MONARCH_WARM_RUN": "1" if on else "0",
+            "MONARCH_WARM_RUN_IDLE_S": _IDLE_S}
+
+
+def _runners() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if "monarch_cli.warm" in " ".join(p.cmdline()) and p.environ().get(MARK) == SESSION:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _run(workdir, *argv: str, on: bool = True):
+    return subprocess.run([*MONARCH, "run", *argv], cwd=workdir, capture_output=True, text=True, timeout=120,
+                          env=_env(on))
+
+
+def _lock_pid(workdir) -> int:
+    with open(workdir / ".monarch" / "jobs" / "default" / "run.lock") as f:
+        return int(f.read().strip() or 0)
+
+
+def _warm_ran(workdir, *argv: str):
+    """Run until a runner takes it (the first command starts the runner and runs in-process)."""
+    deadline = time.monotonic() + 60
+    while True:
+        p = subprocess.Popen([*MONARCH, "run", *argv], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=_env(True))
+        out, err = p.communicate(timeout=120)
+        if _lock_pid(workdir) != p.pid:
+            return p.returncode, out, err
+        assert time.monotonic() < deadline, "no warm runner took the run"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def reserved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("warm")
+    monarch("serve", "--hosts", "2", cwd=d, check=True)
+    yield d
+    monarch("stop", "--force", cwd=d, timeout=60)
+    for p in _runners():  # idle, they exit on their own within _IDLE_S; a failed test must not leave one
+        p.kill()
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--", "sh", "-c", "echo out-$NODE_RANK; echo err-$NODE_RANK >&2"], 0),
+    (["--hosts", "1", "-e", "CODE=3", "--", "sh", "-c", "exit $CODE"], 3),
+    (["--hosts=0", "sh", "-c", "kill -TERM $$"], 143),
+    (["-n", "nope", "--", "true"], 3),
+])
+def test_warm_says_and_exits_as_in_process(reserved, argv, code):
+    got_code, out, err = _warm_ran(reserved, *argv)
+    cold = _run(reserved, *argv, on=False)
+    assert got_code == cold.returncode == code
+    assert sorted(out.splitlines()) == sorted(cold.stdout.splitlines())
+    assert sorted(err.splitlines()) == sorted(cold.stderr.splitlines())
+
+
+def test_ctrl_c_stops_the_run(reserved):
+    _warm_ran(reserved, "--", "true")
+    p = subprocess.Popen([*MONARCH, "run", "--", "sleep", "60"], cwd=reserved, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env(True))
+    deadline = time.monotonic() + 30
+    while _lock_pid(reserved) in (0, p.pid) or not psutil.pid_exists(_lock_pid(reserved)):
+        assert time.monotonic() < deadline and p.poll() is None, "the warm run did not start"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the ranks start
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+
+
+def test_killing_the_command_ends_its_child(reserved):
+    _warm_ran(reserved, "--", "true")
+    p = subprocess.Popen([*MONARCH, "run", "--", "sleep", "60"], cwd=reserved, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=_env(True))
+    deadline = time.monotonic() + 30
+    while _lock_pid(reserved) in (0, p.pid) or not psutil.pid_exists(_lock_pid(reserved)):
+        assert time.monotonic() < deadline and p.poll() is None, "the warm run did not start"
+        time.sleep(0.05)
+    child = psutil.Process(_lock_pid(reserved))
+    p.kill()
+    p.wait()
+    child.wait(timeout=30)  # raises if it outlives its command
+    assert _run(reserved, "--", "true", on=False).returncode == 0  # and the lock went with it
+
+
+def test_an_idle_runner_exits(reserved):
+    _warm_ran(reserved, "--", "true")
+    assert _runners()
+    deadline = time.monotonic() + float(_IDLE_S) + 30
+    while _runners():
+        assert time.monotonic() < deadline, "the runner did not exit once idle"
+        time.sleep(0.2)
+
+
+def test_the_suite_runs_without_it():
+    assert os.environ.get("MONARCH_WARM_RUN") == "0"
+    from monarch_cli.warm import enabled
+
+    assert not enabled(["run", "--", "true"])
+
+
+def test_what_it_takes(monkeypatch):
+    from monarch_cli.warm import enabled
+
+    monkeypatch.setenv("MONARCH_WARM_RUN", "1")
+    assert enabled(["run", "-n", "x", "--", "true"])
+    assert not enabled(["run", "train.py"])  # an actor program: Ctrl-C must reach it directly
+    assert not enabled(["run", "--json", "--", "true"]) and not enabled(["status"])
