@@ -243,16 +243,21 @@ class DebugClient:
     def refresh(self) -> list[DebugSessionInfo]:
         """Ask every host agent for its sessions; new ones get the next ids, in rank order."""
         from monarch_agents import messages as m
+        from monarch_agents.fanout import fan_out
 
-        futures = [(h, self.rt.request(h.addr, lambda port: m.DebugList(port))) for h in self.record.hosts]
+        hosts = list(self.record.hosts)
+        # Through the tree of host agents (a pod's agent cannot forward: a Kubernetes reservation, straight).
+        call = fan_out(self.rt, [(h.addr, h.host, m.DebugList(m.PortRef("", 0))) for h in hosts],
+                       timeout_s=_LIST_TIMEOUT_S, direct=True if self.record.spec.scheduler == "kubernetes" else None)
+        call.wait(_LIST_TIMEOUT_S + 1.0)
         found: list[dict] = []
         self.unreachable = []
-        deadline = time.monotonic() + _LIST_TIMEOUT_S
-        for h, f in futures:
-            try:
-                found += f.get(timeout=max(0.05, deadline - time.monotonic()))
-            except Exception as e:
-                self.unreachable.append(f"{h.host}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        for i, h in enumerate(hosts):
+            ok, value = call.results.get(i, (False, "gave no answer in time"))
+            if ok and isinstance(value, list):
+                found += value
+            else:
+                self.unreachable.append(f"{h.host}: {value if not ok else 'a malformed answer'}")
         found.sort(key=lambda d: (d.get("rank", 0), d.get("host_rank", 0), d.get("started", 0.0), d["sid"]))
         live = {}
         for d in found:

@@ -29,7 +29,7 @@ from monarch_rdmafs import messages as wm
 log = logging.getLogger("monarch.host_agent")
 
 #: What a fan-out may carry: the control messages a client sends every host.
-CARRIED = (m.Ping, m.SignalRun, m.RunCommand, m.TelemetryScan, m.TakeStacks, m.Shutdown, m.StopProcs,
+CARRIED = (m.Ping, m.SignalRun, m.RunCommand, m.TelemetryScan, m.TakeStacks, m.Shutdown, m.StopProcs, m.DebugList,
            # A workspace sync's questions and switch, and the few chunks of an edit (bigger transfers
            # go down a tree of their own: WsChunks' forward list, each host acknowledging itself).
            wm.WsMissing, wm.WsCommit, wm.WsUnmount, wm.WsChunks)

@@ -36,6 +36,8 @@ from monarch_agents.services import Child, Service, killpg, stop_children
 
 log = logging.getLogger("monarch.host_agent")
 
+#: How a rank that never started says so (``monarch._workbench.run.NOT_STARTED``).
+NOT_STARTED = "could not start"
 #: How long the output pipes are read after the command exited (something it started may keep them open).
 _EXIT_DRAIN_S = 1.0
 #: How long a rank gets between SIGTERM and SIGKILL when the agent stops.
@@ -287,6 +289,9 @@ class RunsService(Service):
         agent = self.agent
         if type(msg.rank) is not int or msg.rank < 0:  # it names the rank's log files
             log.warning("refused a run with rank %r", msg.rank)
+            if isinstance(msg.exit_to, m.PortRef):  # a tree waits for every rank's end: it hears this one's
+                agent.send(msg.exit_to.addr, m.Reply(msg.exit_to.port_id, 0, True,
+                                                     (127, f"{NOT_STARTED}: rank {msg.rank!r} is not a rank", "", 0)))
             return
         if self._again(msg):
             return

@@ -76,6 +76,20 @@ def test_status_and_query_through_the_tree_match_the_direct_path(reservation):
     assert len(json.loads(q_tree.stdout)["rows"]) == HOSTS
 
 
+def test_sync_asks_and_commits_through_the_tree(reservation):
+    workdir, _ = reservation
+    ws = workdir / "ws"
+    ws.mkdir()
+    (ws / "v.py").write_text("V = 1\n")
+    for edit in ("V = 1", "V = 2"):
+        (ws / "v.py").write_text(edit + "\n")
+        r = monarch("sync", "--workspace", str(ws), cwd=workdir, env=TREE)
+        assert r.returncode == 0, r.stderr
+        r = monarch("run", "-w", str(ws), "--", "cat", "v.py", cwd=workdir, env=TREE)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.splitlines()) == sorted(f"[host{i}] {edit}" for i in range(HOSTS))
+
+
 def test_the_tree_is_a_tree(reservation):
     """Inner agents forward; the client sends to `degree` roots only."""
     workdir, _ = reservation
