@@ -399,6 +399,22 @@ class TelemetryScan(Message):
 
 
 @message
+class TelemetryQuery(Message):
+    """Run ``sql`` over the telemetry of ``hosts`` (``[addr, host]`` each, this one among them) here:
+    plan, scans through the tree of host agents, the finishing query on this agent's warm engine.
+    ``extra``: {table: [row dicts]} the asker adds (its actor programs' ``run_ranks`` and ``logs``).
+    Answers ``{"columns", "rows" (lists of plain values), "limited", "missing", "errors"}``, or an
+    error whose message is the query's."""
+
+    sql: str
+    row_limit: int | None
+    timeout_s: float
+    hosts: list
+    extra: dict
+    reply: PortRef
+
+
+@message
 class TakeStacks(Message):
     """py-spy stacks of live procs and ranks (``ranks``: only those run ranks; ``pids``: only those
     procs); answers Arrow IPC bytes.  A ``dump_id`` marks the rows kept (the mesh admin's stored dumps)."""

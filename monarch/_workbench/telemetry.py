@@ -257,18 +257,26 @@ _PROGRAM_LOG_LINES = 5000
 
 
 def program_tables(record: JobRecord, names: list[str]) -> dict[str, "pa.Table"]:
+    """``run_ranks`` and ``logs`` rows of the reservation's actor programs, from its job folder
+    (:func:`program_rows`), as tables."""
+    if not names:
+        return {}
+    import pyarrow as pa
+
+    from monarch_telemetry.schema import TABLES
+
+    tables = program_rows(record, names)
+    return {n: pa.Table.from_pylist(tables[n], schema=TABLES[n].schema) for n in names if n in tables}
+
+
+def program_rows(record: JobRecord, names: list[str]) -> dict[str, list[dict]]:
     """``run_ranks`` and ``logs`` rows of the reservation's actor programs, from its job folder.
 
     A program is one rank (0) on host ``client``; its lines get the run's start time plus their
     index in microseconds (the folder keeps their order, not when each was written).
     """
-    if not names:
-        return {}
-    import pyarrow as pa
-
     from monarch._workbench.logs import LogReader, local_fetch, program_run_dir
     from monarch._workbench.run import run_history
-    from monarch_telemetry.schema import TABLES
 
     programs = [r for r in run_history(record) if r.get("kind") == "program"]
     ranks, lines = [], []
@@ -291,4 +299,66 @@ def program_tables(record: JobRecord, names: list[str]) -> dict[str, "pa.Table"]
             lines.append({"time": started + i, "host": PROGRAM_HOST, "run_id": r["run_id"], "rank": 0, "proc": None,
                           "stream": stream, "line": line.decode(errors="replace")})
     tables = {"run_ranks": ranks, "logs": lines}
-    return {n: pa.Table.from_pylist(tables[n], schema=TABLES[n].schema) for n in names if n in tables}
+    return {n: tables[n] for n in names if n in tables}
+
+
+@dataclass
+class Rows:
+    """A query's answer as plain rows: what :func:`query_on_agent` gives (no pyarrow here), read
+    the way the CLI reads an Arrow table (``column_names``, ``num_rows``, ``to_pylist``)."""
+
+    column_names: list[str]
+    rows: list[list]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def to_pylist(self) -> list[dict]:
+        return [dict(zip(self.column_names, r)) for r in self.rows]
+
+
+#: Past this many rows an answer is finished here (on the client's engine), not carried as plain rows.
+_AGENT_ROWS_MAX = 100_000
+
+
+def query_on_agent(record: JobRecord, sql: str, *, row_limit: int | None = None,
+                   timeout_s: float = DEFAULT_TIMEOUT_S, strict: bool = False) -> QueryResult:
+    """:func:`query`, answered by the reservation's first host agent: it plans, asks every host
+    through the tree of host agents and finishes on its engine (warm between queries); this
+    process imports neither pyarrow nor DataFusion.  Its ``table`` is :class:`Rows`.
+
+    Asked here instead (:func:`query`): a reservation whose hosts are asked straight (a few hosts,
+    or pods, which cannot forward), an answer of unbounded rows, or a first host that fails."""
+    from monarch_agents.fanout import use_tree
+    from monarch_agents.messages import TelemetryQuery
+
+    hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+    if (record.spec.scheduler == "kubernetes" or row_limit is None or row_limit > _AGENT_ROWS_MAX
+            or not use_tree(len(hosts))):
+        return query(record, sql, row_limit=row_limit, timeout_s=timeout_s, strict=strict)
+    extra = {n: rows for n, rows in program_rows(record, list(_PROGRAM_TABLES)).items() if rows}
+    targets = [[h.addr, h.host] for h in hosts]
+    try:
+        answer = record.runtime().request(
+            hosts[0].addr, lambda port: TelemetryQuery(sql, row_limit, timeout_s, targets, extra, port)
+        ).get(timeout=timeout_s + _AGENT_GRACE_S)
+    except Exception:  # the first host is gone, hung or older: every host from here, as always
+        return query(record, sql, row_limit=row_limit, timeout_s=timeout_s, strict=strict)
+    if not isinstance(answer, dict) or "error" not in answer and "rows" not in answer:
+        return query(record, sql, row_limit=row_limit, timeout_s=timeout_s, strict=strict)
+    if "error" in answer:
+        hint = {"plan": "`monarch query --tables` lists the tables and columns",
+                "timeout": "a longer --timeout, or a narrower query (WHERE, LIMIT)"}.get(answer.get("kind"), "")
+        raise QueryError(str(answer["error"]), hint)
+    errors = {str(k): str(v) for k, v in dict(answer.get("errors") or {}).items()}
+    missing = [str(h) for h in answer.get("missing") or []]
+    if missing and strict:
+        raise AgentError(f"{len(missing)} host(s) did not answer: " + "; ".join(f"{h}: {errors.get(h, '')}" for h in missing),
+                         "`monarch status` checks every agent; without --strict the answer covers the others")
+    return QueryResult(Rows(list(answer["columns"]), list(answer["rows"])), missing, bool(answer.get("limited")),  # type: ignore[arg-type]
+                       row_limit, {h: errors.get(h, "") for h in missing})
+
+
+#: How long past the query's own timeout its first host is waited for.
+_AGENT_GRACE_S = 5.0

@@ -60,7 +60,7 @@ def query(ctx: click.Context, json_here: bool, sql: str | None, name: str | None
             result = query_saved(from_dir, sql, row_limit=row_limit, timeout_s=timeout)
         else:
             from monarch._workbench.reserve import load_for_reading
-            from monarch._workbench.telemetry import query as run_query
+            from monarch._workbench.telemetry import query_on_agent as run_query
             from monarch._workbench.telemetry import query_stopped
 
             readable = load_for_reading(name)
