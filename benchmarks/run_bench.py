@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/run_bench.py [--n 15] [--json] [--baseline GIT-REF] [--netns] [--timeline]
 
-The floor beside it, in the same rounds: `true`, `python -S -c pass` and `python -c pass` (what
+`monarch run -- true` is timed as a user meets it (from the second run on, the warm runner of
+monarch_cli/warm.py runs it) and in-process (MONARCH_WARM_RUN=0).  The floor beside it, in the same rounds: `true`, `python -S -c pass` and `python -c pass` (what
 Python itself costs to start here; `monarch run` cannot start faster than its interpreter).  The
 machine's load average is printed before and after (wall times mean little at a high load; the CPU
 times below do).  --timeline: one more `monarch run -- true`, traced: where its wall and CPU time
@@ -62,7 +63,7 @@ def timed(cmds: dict[str, list[str]], cwd: str, n: int, envs: dict[str, dict] | 
     """Wall times of each command, ``n`` rounds; a round runs every command once, so that a change
     in the machine's load during the run weighs on all of them alike.  Their CPU times go to CPU.
     ``cwds``: a folder of its own for some commands (another reservation)."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": ROOT, **_RUNNER_IDLE}
     out: dict[str, list[float]] = {k: [] for k in cmds}
     for _ in range(n):
         for name, cmd in cmds.items():
@@ -102,9 +103,12 @@ def summary(xs: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(xs) * 1000, 1), "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1000, 1)}
 
 
-_THIS = "this tree: python -m monarch_cli.main run -- true"
+_THIS = "this tree: python -m monarch_cli.main run -- true (in-process)"
 _BASE = "baseline: python -m monarch_cli.main run -- true"
 RUN_TRUE = "monarch run -- true (2 hosts)"
+RUN_TRUE_IN_PROCESS = "monarch run -- true (in-process: MONARCH_WARM_RUN=0)"
+#: The warm runner (monarch_cli/warm.py) the timed commands start exits this soon after the benchmark.
+_RUNNER_IDLE = {"MONARCH_WARM_RUN_IDLE_S": "5"}
 #: issue 29's goal for a warm `monarch run -- true` on 2 hosts, CLI start included.
 GOAL_MS = 60.0
 
@@ -156,9 +160,10 @@ monarch_cli.main.main()
 
 
 def timeline(cwd: str) -> list[dict]:
-    """One traced warm `monarch run -- true` (after one untraced, so that it is warm), step by step;
-    the ranks' steps from their host agents' run records (same clock: one machine)."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    """One traced warm `monarch run -- true` in-process (after one untraced, so that it is warm), step by
+    step; the ranks' steps from their host agents' run records (same clock: one machine).  In-process:
+    with the warm runner, the command's own part is only Python's start and a socket exchange."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "MONARCH_WARM_RUN": "0"}
     subprocess.run([*MONARCH, "run", "--", "true"], cwd=cwd, env=env, check=True, capture_output=True)
     r, w = os.pipe()
     t0 = time.time()
@@ -220,14 +225,21 @@ def main() -> None:
                 "floor: python -S -c pass": [sys.executable, "-S", "-c", "pass"],
                 "bare python -c pass": [sys.executable, "-c", "pass"],
                 RUN_TRUE: [*MONARCH, "run", "--", "true"],
+                RUN_TRUE_IN_PROCESS: [*MONARCH, "run", "--", "true"],
                 "monarch run -- python -c pass (2 hosts)": [*MONARCH, "run", "--", sys.executable, "-c", "pass"],
                 "monarch status": [*MONARCH, "status"],
             }
-            envs = {}
+            envs = {RUN_TRUE_IN_PROCESS: {"MONARCH_WARM_RUN": "0"}}
+            # The first run starts the warm runner (and runs in-process); the timed ones find it.
+            for _ in range(2):
+                subprocess.run([*MONARCH, "run", "--", "true"], cwd=d, env={**env, **_RUNNER_IDLE}, check=True,
+                               capture_output=True)
+                time.sleep(1.0)
             if a.baseline:
                 # Both as `python -m monarch_cli.main`, so that only the code differs.
                 base, base_env = baseline_command(a.baseline, os.path.join(d, "_bench"))
                 cmds[_THIS] = [sys.executable, "-m", "monarch_cli.main", "run", "--", "true"]
+                envs[_THIS] = {"MONARCH_WARM_RUN": "0"}  # the code against the code: the runner is timed above
                 cmds[_BASE] = [*base, "run", "--", "true"]
                 envs[_BASE] = base_env
             cwds = {}
@@ -238,7 +250,7 @@ def main() -> None:
             times = timed(cmds, d, a.n, envs, cwds)
             times.update(timed({"torchrun --standalone cold start": [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--no-python", "true"]},
-                d, max(3, a.n // 3)))
+                d, max(1, a.n // 3)))
             res = {k: summary(v) for k, v in times.items()}
             load_after = os.getloadavg()
             steps = timeline(d) if a.timeline else []
@@ -252,7 +264,9 @@ def main() -> None:
     ratios = {"monarch overhead over bare (ms, p50)": round(mon - bare, 1),
               "monarch run / torchrun cold start": round(mon / tr, 3),
               f"monarch run -- true p50 / goal {GOAL_MS:.0f} ms": round(res[RUN_TRUE]["p50_ms"] / GOAL_MS, 3),
-              "monarch run -- true p50 / python -c pass p50": round(res[RUN_TRUE]["p50_ms"] / bare, 3)}
+              "monarch run -- true p50 / python -c pass p50": round(res[RUN_TRUE]["p50_ms"] / bare, 3),
+              "monarch run -- true, warm runner / in-process (p50)":
+                  round(res[RUN_TRUE]["p50_ms"] / res[RUN_TRUE_IN_PROCESS]["p50_ms"], 3)}
     load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}
     cpu = {k: round(statistics.median(v) * 1000, 1) for k, v in CPU.items()}
     if a.baseline:
