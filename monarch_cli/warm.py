@@ -324,7 +324,6 @@ def _child(req: dict, fds: list[int], conn) -> int:
     """In the forked child: become the command (its stdio, directory, environment, umask), then run."""
     import signal
 
-    conn.close()  # the runner's copy tells the command our end
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -364,6 +363,12 @@ def _child(req: dict, fds: list[int], conn) -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
+    # The command hears its status from us, at once: not after the runner is woken to reap us (the
+    # runner still reports the status of a child that died without saying it: a signal).
+    try:
+        conn.send(b"exit %d" % int(code))
+    except OSError:
+        pass
     return int(code)
 
 
