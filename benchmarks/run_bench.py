@@ -159,6 +159,51 @@ monarch_cli.main.main()
 """
 
 
+def _rank_events(cwd: str, run_id: str) -> list[tuple]:
+    """(time, step, None) of each rank of ``run_id``: its RunCommand's arrival and its end, by its host agent."""
+    events: list[tuple] = []
+    logs = os.path.join(cwd, ".monarch", "jobs", "default", "logs")
+    for host in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        run_dir = os.path.join(logs, host, "runs", run_id)
+        for name in sorted(os.listdir(run_dir)) if run_id and os.path.isdir(run_dir) else []:
+            if name.endswith(".json"):
+                rank = name[:-5]
+                try:
+                    with open(os.path.join(run_dir, name)) as f:
+                        events.append((json.load(f)["started"], f"{host}: RunCommand in, rank {rank} starting", None))
+                    with open(os.path.join(run_dir, f"{rank}.exit")) as f:
+                        events.append((json.load(f)["ended"], f"{host}: rank {rank} exited, output drained", None))
+                except (OSError, ValueError, KeyError):
+                    pass
+    return events
+
+
+def _steps(t0: float, events: list[tuple]) -> list[dict]:
+    events.sort(key=lambda e: e[0])
+    out, prev_t, prev_c = [], t0, 0.0
+    for t, step, c in [(t0, "process started (Popen)", None), *events]:
+        out.append({"step": step, "at_ms": round((t - t0) * 1000, 1), "took_ms": round((t - prev_t) * 1000, 1),
+                    "cpu_ms": None if c is None else round((c - prev_c) * 1000, 1)})
+        prev_t = t
+        if c is not None:
+            prev_c = c
+    return out
+
+
+def warm_timeline(cwd: str) -> list[dict]:
+    """One `monarch run -- true` through the warm runner, as a user runs it: from its start to the
+    RunCommand's arrival at the hosts (Python's start, the socket exchange, the runner's fork, the
+    child's work), the ranks, and back to its exit."""
+    env = {**os.environ, "PYTHONPATH": ROOT, **_RUNNER_IDLE}
+    subprocess.run([*MONARCH, "run", "--", "true"], cwd=cwd, env=env, check=True, capture_output=True)
+    t0 = time.time()
+    subprocess.run([*MONARCH, "run", "--", "true"], cwd=cwd, env=env, check=True, capture_output=True)
+    t_end = time.time()
+    with open(os.path.join(cwd, ".monarch", "jobs", "default", "runs.jsonl")) as f:
+        run_id = [json.loads(line) for line in f if line.strip()][-1]["run_id"]
+    return _steps(t0, [*_rank_events(cwd, run_id), (t_end, "process exited (the benchmark saw it)", None)])
+
+
 def timeline(cwd: str) -> list[dict]:
     """One traced warm `monarch run -- true` in-process (after one untraced, so that it is warm), step by
     step; the ranks' steps from their host agents' run records (same clock: one machine).  In-process:
@@ -178,30 +223,9 @@ def timeline(cwd: str) -> list[dict]:
     t_end = time.time()
     steps = [(step, t, c) for step, t, c in data.get("marks", [])]
     events = [(t, step, c) for step, t, c in steps]
-    run_id = data.get("run_id", "")
-    logs = os.path.join(cwd, ".monarch", "jobs", "default", "logs")
-    for host in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
-        run_dir = os.path.join(logs, host, "runs", run_id)
-        for name in sorted(os.listdir(run_dir)) if run_id and os.path.isdir(run_dir) else []:
-            if name.endswith(".json"):
-                rank = name[:-5]
-                try:
-                    with open(os.path.join(run_dir, name)) as f:
-                        events.append((json.load(f)["started"], f"{host}: RunCommand in, rank {rank} starting", None))
-                    with open(os.path.join(run_dir, f"{rank}.exit")) as f:
-                        events.append((json.load(f)["ended"], f"{host}: rank {rank} exited, output drained", None))
-                except (OSError, ValueError, KeyError):
-                    pass
+    events += _rank_events(cwd, data.get("run_id", ""))
     events.append((t_end, "process exited (the benchmark saw it)", None))
-    events.sort(key=lambda e: e[0])
-    out, prev_t, prev_c = [], t0, 0.0
-    for t, step, c in [(t0, "process started (Popen)", None), *events]:
-        out.append({"step": step, "at_ms": round((t - t0) * 1000, 1), "took_ms": round((t - prev_t) * 1000, 1),
-                    "cpu_ms": None if c is None else round((c - prev_c) * 1000, 1)})
-        prev_t = t
-        if c is not None:
-            prev_c = c
-    return out
+    return _steps(t0, events)
 
 
 def main() -> None:
@@ -254,6 +278,7 @@ def main() -> None:
             res = {k: summary(v) for k, v in times.items()}
             load_after = os.getloadavg()
             steps = timeline(d) if a.timeline else []
+            warm_steps = warm_timeline(d) if a.timeline else []
         finally:
             subprocess.run([*MONARCH, "stop"], cwd=d, env=env, stderr=subprocess.DEVNULL)
             if a.netns:
@@ -278,7 +303,8 @@ def main() -> None:
     if NETNS_RUN in res:
         ratios["inter-host run / same-host run (p50)"] = round(res[NETNS_RUN]["p50_ms"] / mon, 3)
     if a.json:
-        print(json.dumps({"results": res, "cpu_p50_ms": cpu, "ratios": ratios, "load": load, "timeline": steps},
+        print(json.dumps({"results": res, "cpu_p50_ms": cpu, "ratios": ratios, "load": load, "timeline": steps,
+                          "warm_timeline": warm_steps},
                          indent=2))
         return
     print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']} on {os.cpu_count()} CPUs")
@@ -291,6 +317,10 @@ def main() -> None:
         for st in steps:
             cpu_s = f"cpu +{st['cpu_ms']:5.1f}" if st.get("cpu_ms") is not None else " " * 10
             print(f"  {st['at_ms']:7.1f}  +{st['took_ms']:6.1f}  {cpu_s}  {st['step']}")
+    if warm_steps:
+        print("\nthe same through the warm runner, as a user meets it (ms from the command's start)")
+        for st in warm_steps:
+            print(f"  {st['at_ms']:7.1f}  +{st['took_ms']:6.1f}  {st['step']}")
 
 
 if __name__ == "__main__":

@@ -26,3 +26,4 @@ def test_run_bench_one_round() -> None:
     steps = [s["step"] for s in out["timeline"]]
     assert steps[0] == "process started (Popen)" and steps[-1] == "process exited (the benchmark saw it)"
     assert any(s.startswith("host0: RunCommand in") for s in steps) and "RunExited of rank 1 here" in steps
+    assert any(s["step"].startswith("host1: rank 1 exited") for s in out["warm_timeline"])
