@@ -9,7 +9,7 @@ stdin/stdout/stderr (the descriptors themselves, over the socket), and the runne
 that runs exactly what the command would have run in-process (:func:`monarch_cli.lean.lean_run`),
 writing straight to the user's terminal or pipe.  The command waits for the child's exit status
 and exits with it; a signal it gets (Ctrl-C, SIGTERM, SIGHUP) is passed on to the child, whose
-run stops its ranks as it would in-process; if the command dies (kill -9), the runner kills the
+run stops its ranks as it would in-process (Ctrl-Z stops the child with it, ``fg`` continues both); if the command dies (kill -9), the runner kills the
 child, and the run's host agents see their client go, as they would have.
 
 What it does not take: anything but a lean run line, an actor program (``monarch run x.py``:
@@ -124,8 +124,13 @@ def warm_run(argv: list[str]) -> int | None:
         except ProcessLookupError:
             pass
 
-    for s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+    def pause(signum, frame):  # Ctrl-Z: the child stops with us (in-process, the run would have)
+        forward(_signal.SIGSTOP, frame)
+        os.kill(os.getpid(), _signal.SIGSTOP)
+
+    for s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGCONT):
         _signal.signal(s, forward)
+    _signal.signal(_signal.SIGTSTP, pause)
     try:
         answer = sock.recv(_MAX_MSG).split()
     except OSError:
