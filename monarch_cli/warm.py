@@ -47,7 +47,10 @@ _MAX_MSG = 1 << 20
 PRELOAD = ("monarch_cli.lean", "monarch_cli.commands.run_core", "monarch_cli.errors", "monarch._workbench.run",
            "monarch._workbench.reserve", "monarch._workbench.state", "monarch._workbench.hosts",
            "monarch_agents.client", "monarch_agents.supervision", "monarch_schedulers.local", "rich.console",
-           "rich.markup")
+           "rich.markup",
+           # Hosts on other machines (or network namespaces) are reached over TCP and CURVE: imported
+           # here, made in the child (an import starts no thread, so forking stays safe).
+           "zmq", "monarch_agents.zap")
 
 
 def _key() -> str:

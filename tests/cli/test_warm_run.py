@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -139,3 +140,13 @@ def test_what_it_takes(monkeypatch):
     assert enabled(["run", "-n", "x", "--", "true"])
     assert not enabled(["run", "train.py"])  # an actor program: Ctrl-C must reach it directly
     assert not enabled(["run", "--json", "--", "true"]) and not enabled(["status"])
+
+
+def test_the_runner_forks_single_threaded():
+    # fork() copies only the calling thread: whatever the runner preloads must start none.
+    code = ("import importlib, threading, monarch_cli.warm as w\n"
+            "for m in w.PRELOAD: importlib.import_module(m)\n"
+            "print(threading.active_count())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.stdout.strip() == "1", r.stderr
