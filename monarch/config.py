@@ -51,7 +51,10 @@ setting                         what                                       envir
 ``mesh_attach_config_timeout``  how long ``attach_to_workers`` waits for    ``HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT``
                                 every worker to take the job
 ``mesh_admin_pyspy_*``,         the admin API's waits for a proc's host     ``HYPERACTOR_MESH_ADMIN_...``
-``mesh_admin_config_dump_*``    (stacks, settings) and its longest profile
+``mesh_admin_config_dump_*``,   (stacks, settings), its longest profile,
+``mesh_admin_tree_timeout``,    its whole tree's, and where it listens
+``mesh_admin_addr``             without ``MeshAdminConfig(admin_addr)``:
+                                ours is loopback on a free port
 ==============================  =========================================  =============================
 
 Monarch's other keys (the RDMA, logging, telemetry and channel tuning, ...) are accepted, checked
@@ -128,6 +131,10 @@ _SETTINGS: dict[str, _Setting] = {
                                     "duration?"),
     "mesh_attach_config_timeout": _Setting("1m", ("HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT",),
                                            "how long attach_to_workers waits for every worker to take the job"),
+    "mesh_admin_addr": _Setting("127.0.0.1:0", ("HYPERACTOR_MESH_ADMIN_ADDR",),
+                                "where the admin API listens when MeshAdminConfig names no address", "str"),
+    "mesh_admin_tree_timeout": _Setting("10s", ("HYPERACTOR_MESH_ADMIN_TREE_TIMEOUT",),
+                                        "how long the admin API's GET /v1/tree may take"),
     "mesh_admin_pyspy_bridge_timeout": _Setting("13s", ("HYPERACTOR_MESH_ADMIN_PYSPY_BRIDGE_TIMEOUT",),
                                                 "how long the admin API waits for a proc's host to dump its stacks"),
     "mesh_admin_config_dump_bridge_timeout": _Setting(
@@ -167,14 +174,12 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
     "get_proc_state_max_idle": ("duration", "1m"),
     "max_cast_dimension_size": ("int", 16),
     "max_cast_fanout": ("int", 16),
-    "mesh_admin_addr": ("str", "[::]:1729"),
     "mesh_admin_max_concurrent_resolves": ("int", 2),
     "mesh_admin_pyspy_client_timeout": ("duration", "20s"),
     "mesh_admin_pyspy_timeout": ("duration", "10s"),
     "mesh_admin_query_child_timeout": ("duration", "100ms"),
     "mesh_admin_resolve_actor_timeout": ("duration", "200ms"),
     "mesh_admin_single_host_timeout": ("duration", "3s"),
-    "mesh_admin_tree_timeout": ("duration", "10s"),
     "mesh_bootstrap_enable_pdeathsig": ("bool", True),
     "mesh_terminate_concurrency": ("int", 16),
     "message_ack_every_n_messages": ("int", 1000),

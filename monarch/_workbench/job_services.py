@@ -169,9 +169,16 @@ class AdminTree:
     def __init__(self, hosts: _Hosts, started_at: str):
         self.hosts = hosts
         self.started_at = started_at
+        self._local = threading.local()  # per request: the deadline of a whole tree
 
     def _rows(self, sql: str) -> list[dict]:
-        return run_query(self.hosts, sql).to_pylist()
+        deadline = getattr(self._local, "deadline", None)  # a whole tree's (mesh_admin_tree_timeout)
+        if deadline is None:
+            return run_query(self.hosts, sql).to_pylist()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the tree took longer than mesh_admin_tree_timeout")
+        return run_query(self.hosts, sql, timeout_s=min(DEFAULT_QUERY_TIMEOUT_S, left)).to_pylist()
 
     def resolve(self, ref: str) -> dict:
         if ref == "root":
@@ -269,6 +276,14 @@ class AdminTree:
         return self._payload(f"actor:{host}/{pid}/{name}", props, [], f"proc:{host}/{pid}")
 
     def tree(self) -> str:
+        """The whole job as an ASCII tree, within ``mesh_admin_tree_timeout``."""
+        self._local.deadline = time.monotonic() + _seconds("mesh_admin_tree_timeout")
+        try:
+            return self._tree()
+        finally:
+            self._local.deadline = None
+
+    def _tree(self) -> str:
         lines = ["root"]
         root = self._root()
         for hi, h in enumerate(root["children"]):

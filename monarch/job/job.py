@@ -231,7 +231,10 @@ class JobTrait(abc.ABC):
             state.query_engine_client = js.QueryEngineClient(server.url)
         if admin is not None:
             if "admin" not in services:
-                bind, port = js.parse_bind(admin.admin_addr)
+                from monarch import config
+
+                # MeshAdminConfig's address, else monarch.config's mesh_admin_addr (ours: loopback).
+                bind, port = js.parse_bind(admin.admin_addr or config.get_global_config()["mesh_admin_addr"])
                 services["admin"] = js.JobServer(hosts, telemetry=False, admin=True, bind=bind, port=port)
             state.admin_url = services["admin"].url
 

@@ -4,6 +4,7 @@ as an SVG flamegraph, and the error envelope of each with bad input."""
 
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -25,6 +26,10 @@ class Spinner(Actor):
 
 
 configure(stop_actor_timeout="7s")  # the procs inherit it: a proc's settings show it came from here
+with socket.socket() as free:
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+configure(mesh_admin_addr=f"127.0.0.1:{port}")  # where the API listens when MeshAdminConfig names nowhere
 job = ProcessJob({"hosts": 1}).enable_admin(MeshAdminConfig())
 state = job.state(cached_path=None)
 procs = state.hosts.spawn_procs(per_host={"procs": 1})
@@ -33,6 +38,7 @@ open("stop", "w").close()
 spinner.spin.call(os.path.abspath("stop")).get()
 os.remove("stop")
 base = state.admin_url
+print("listens where configured:", base == f"http://127.0.0.1:{port}")
 
 
 def http(method: str, path: str, body: object = None) -> tuple[int, str, bytes]:
@@ -127,6 +133,9 @@ busy.get()
 
 # -- errors ----
 good = {"duration_s": 1, "rate_hz": 100, "native": False, "threads": False, "nonblocking": False}
+configure(mesh_admin_tree_timeout="0s")
+print("tree past mesh_admin_tree_timeout:", error("/v1/tree"))
+configure(mesh_admin_tree_timeout="10s")
 print("bad duration:", error("/v1/pyspy_profile_svg/" + enc(proc), "POST", {**good, "duration_s": 0}))
 print("bad rate:", error("/v1/pyspy_profile_svg/" + enc(proc), "POST", {**good, "rate_hz": 5000}))
 print("missing field:", error("/v1/pyspy_profile_svg/" + enc(proc), "POST", {"duration_s": 1}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tests.compat.test_compat import run_program
 
 MESH_ADMIN_OUT = """\
+listens where configured: True
 openapi: 200 application/json 3.1.0 True
 refs resolve: True
 every route answers: 13 True
@@ -16,6 +17,7 @@ default: 30s Default HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT
 dump: 200 36
 stored: True [{'some': True}] [{'some': True}]
 profile: 200 image/svg+xml True True
+tree past mesh_admin_tree_timeout: 504 gateway_timeout
 bad duration: 400 bad_request
 bad rate: 400 bad_request
 missing field: 400 bad_request

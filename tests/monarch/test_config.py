@@ -110,7 +110,8 @@ def test_monarch_keys_and_value_forms_accepted():
                        "proc_stop_max_idle", "mesh_terminate_timeout", "port_forward_connect_timeout",
                        "serve_agent_start_max_idle", "sync_stall_timeout", "message_delivery_timeout",
                        "mesh_orphan_timeout", "mesh_attach_config_timeout", "mesh_admin_pyspy_bridge_timeout",
-                       "mesh_admin_config_dump_bridge_timeout", "mesh_admin_pyspy_max_profile_duration"}
+                       "mesh_admin_config_dump_bridge_timeout", "mesh_admin_pyspy_max_profile_duration",
+                       "mesh_admin_addr", "mesh_admin_tree_timeout"}
     assert not config.is_applied("channel_reconnect_timeout") and not config.is_applied("rdma_qps_per_cq")
 
 
@@ -376,3 +377,19 @@ def test_mesh_terminate_timeout_is_the_grace_after_sigterm():
                     time.sleep(3)
                     assert alive(pid)  # the SIGTERM waits for it to run; the SIGKILL for 10 minutes
             assert wait_gone([pid]) == []
+
+
+def test_every_setting_that_governs_nothing_is_explained_in_the_readme():
+    """README's list of Monarch's settings that govern nothing here names each one (and no applied one)."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "README.md")) as f:
+        text = f.read()
+    part = text[text.index("govern nothing here\n(`is_applied(key)` is False)"):]
+    part = part[:part.index("\n\n", part.index("| settings |"))]
+    first_cells = [row.split("|")[1] for row in part.splitlines() if row.startswith("| `")]
+    named = {k for cell in first_cells for k in re.findall(r"`([a-z_]+)`", cell)}
+    unapplied = {k for k in config.get_global_config() if not config.is_applied(k)}
+    assert named == unapplied
