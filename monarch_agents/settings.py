@@ -9,9 +9,10 @@ once.  Elsewhere (a host agent) a setting comes from what a client handed down t
 setting                        where                                 environment
 =============================  ===================================  ====================================
 ``message_delivery_timeout``   ``transport``: a peer that takes      ``HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT``
-                               none of our messages for that long
-                               is lost; cross-host liveness and
-                               connecting are bounded by it too
+                               none of a client's or a proc's
+                               messages for that long is lost;
+                               cross-host liveness and connecting
+                               are bounded by it too
 =============================  ===================================  ====================================
 """
 

@@ -406,7 +406,11 @@ class Mailbox:
         self._running = True
         self._thread = threading.Thread(target=self._loop, name=f"{self.name}-io", daemon=True)
         self._thread.start()
-        self.call_later(1.0, self._check_delivery)
+        if not self.host:
+            # A host agent never gives up on a peer that stopped reading (a client in Ctrl-Z, a
+            # `monarch debug` whose terminal is paused): it keeps a window per stream and waits,
+            # and a dead peer still closes its connection.  Clients and procs apply the timeout.
+            self.call_later(1.0, self._check_delivery)
         atexit.register(self.linger)
         return self.addr
 
