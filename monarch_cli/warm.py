@@ -43,6 +43,8 @@ _BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ.pop('_MONARC
 #: Locale and I/O settings an interpreter reads at its start.
 _START_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONHASHSEED", "PYTHONWARNINGS")
 _MAX_MSG = 1 << 20
+#: How long the runner waits for a connected command's request.
+_REQUEST_S = 2.0
 #: What the runner imports once, so that its children start with it: the lean run's whole path.
 PRELOAD = ("monarch_cli.lean", "monarch_cli.commands.run_core", "monarch_cli.errors", "monarch._workbench.run",
            "monarch._workbench.reserve", "monarch._workbench.state", "monarch._workbench.hosts",
@@ -249,7 +251,9 @@ def serve() -> None:
                 conn, _ = listener.accept()
             except OSError:
                 continue
-            conn.setblocking(True)
+            # A command sends its request at once: one that stalls (stopped between connect and send)
+            # must not hold up the others behind it.
+            conn.settimeout(_REQUEST_S)
             if _peer_uid(conn) != os.getuid():
                 conn.close()
                 continue

@@ -150,3 +150,21 @@ def test_the_runner_forks_single_threaded():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": ROOT})
     assert r.stdout.strip() == "1", r.stderr
+
+
+def test_a_silent_connection_holds_no_one_up(reserved):
+    _warm_ran(reserved, "--", "true")
+    # Connected to the runner as `python -m monarch_cli.main` would be (same key), and then silent.
+    code = ("import os, socket, sys, time\nsys.path[0] = os.getcwd()\n"
+            "from monarch_cli.warm import _key, _socket_name\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\ns.connect(_socket_name(_key()))\n"
+            "print('connected', flush=True)\ntime.sleep(60)\n")
+    silent = subprocess.Popen([sys.executable, "-c", code], cwd=reserved, stdout=subprocess.PIPE, text=True,
+                              env=_env(True))
+    try:
+        assert silent.stdout.readline().strip() == "connected"
+        got_code, out, _ = _warm_ran(reserved, "--", "sh", "-c", "echo after")
+        assert got_code == 0 and "after" in out
+    finally:
+        silent.kill()
+        silent.wait()
