@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -89,4 +90,6 @@ def _report(o, results, hosts: int) -> None:
                      "mounts": [{"host": m.get("host", ""), "mountpoint": m["mountpoint"], "mode": m["mode"]}
                                 for m in r.mounts]} for r in results])
     else:
-        err.print(escape(describe(results, hosts)))
+        # Plain text, no markup: written as it is, without importing Rich (~50 ms of every sync).
+        sys.stderr.write(describe(results, hosts) + "\n")
+        sys.stderr.flush()
