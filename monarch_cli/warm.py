@@ -100,6 +100,28 @@ def warm_run(argv: list[str]) -> int | None:
     import _socket
     import struct
 
+    # Our signals go to the child once it is known; one that comes before is held until then (or, if
+    # the run does not go to the runner after all, ends this command as an interrupt before it began).
+    target: list[int] = []
+    pending: list[int] = []
+
+    def forward(signum, frame):
+        if not target:
+            pending.append(signum)
+            return
+        try:
+            os.kill(target[0], signum)
+        except ProcessLookupError:
+            pass
+
+    def pause(signum, frame):  # Ctrl-Z: the child stops with us (in-process, the run would have)
+        if target:
+            forward(_signal.SIGSTOP, frame)
+        os.kill(os.getpid(), _signal.SIGSTOP)
+
+    stopping = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+    old = {s: _signal.signal(s, forward) for s in (*stopping, _signal.SIGCONT)}
+    old[_signal.SIGTSTP] = _signal.signal(_signal.SIGTSTP, pause)
     key = _key()
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     pid = 0
@@ -121,21 +143,15 @@ def warm_run(argv: list[str]) -> int | None:
         pass
     if not pid:
         sock.close()
+        for s, h in old.items():
+            _signal.signal(s, h)
+        if any(s in stopping for s in pending):
+            sys.stderr.write("interrupted\n")
+            return 130
         return None
-
-    def forward(signum, frame):  # from here the run is the child's: our signals go to it
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    def pause(signum, frame):  # Ctrl-Z: the child stops with us (in-process, the run would have)
-        forward(_signal.SIGSTOP, frame)
-        os.kill(os.getpid(), _signal.SIGSTOP)
-
-    for s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGCONT):
-        _signal.signal(s, forward)
-    _signal.signal(_signal.SIGTSTP, pause)
+    target.append(pid)
+    for s in pending:
+        forward(s, None)
     try:
         answer = sock.recv(_MAX_MSG).split()
     except OSError:
