@@ -18,9 +18,10 @@ import itertools
 import logging
 import os
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Callable
 
 import pyfuse3
+import trio
 
 from monarch_rdmafs.errors import CorruptChunk
 from monarch_rdmafs.manifest import CHUNK_SIZE, DIR, FILE, LINK, Entry, Manifest, parent_of
@@ -30,7 +31,13 @@ log = logging.getLogger("monarch.rdmafs.fs")
 
 #: The kernel keeps names and attributes this long: every change is invalidated explicitly at a switch.
 _CACHE_TIMEOUT_S = 3600.0
-_MAX_OPEN_CHUNKS = 256
+#: Chunks kept mapped (each holds a descriptor; its pages are the page cache's, not this process's).
+_MAX_OPEN_CHUNKS = 64
+#: Chunks read ahead of the one being read, per open file: the disk reads them (mapped and checked on
+#: threads) while this process serves the one before.
+_AHEAD_CHUNKS = 3
+#: Threads mapping and checking chunks at once (each has the kernel read a whole chunk).
+_OPENERS = 4
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -63,7 +70,12 @@ class WorkspaceFS(pyfuse3.Operations):
         self._handles: dict[int, Entry] = {}
         self._listing_gen: dict[int, Generation] = {}
         self._next_fh = itertools.count(1)
-        self._fds: OrderedDict[str, int] = OrderedDict()
+        #: Chunks mapped and checked, served from their mappings: no copy out of the page cache here,
+        #: pyfuse3 replies from the mapping itself.
+        self._maps: OrderedDict[str, Any] = OrderedDict()
+        #: Chunks being mapped and checked on a thread, and what says when that is done.
+        self._opening: dict[str, trio.Event] = {}
+        self._openers: trio.CapacityLimiter | None = None
         #: The last chunk read ahead, per open file.
         self._ahead: dict[int, int] = {}
         #: Called once, at the first open (the mount sets the kernel's read-ahead there).
@@ -199,6 +211,7 @@ class WorkspaceFS(pyfuse3.Operations):
             first()
         fh = next(self._next_fh)
         self._handles[fh] = entry
+        self._read_ahead(fh, entry, 0)  # the disk starts before the first read asks
         # An inode's bytes never change (a changed file gets a new inode), so the page cache stays valid.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
@@ -209,14 +222,20 @@ class WorkspaceFS(pyfuse3.Operations):
         end = min(off + size, entry.size)
         if off < end:
             self._read_ahead(fh, entry, off // CHUNK_SIZE)
-        parts = []
+        parts: list = []
         pos = off
         while pos < end:
             idx, within = divmod(pos, CHUNK_SIZE)
             n = min(end - pos, CHUNK_SIZE - within)
-            data = os.pread(self._chunk_fd(entry.chunks[idx]), n, within)
+            cid = entry.chunks[idx]
+            mapped = self._maps.get(cid)
+            if mapped is None:
+                mapped = await self._chunk_async(cid)
+            else:
+                self._maps.move_to_end(cid)
+            data = memoryview(mapped)[within:within + n]  # pyfuse3 replies from any buffer
             if len(data) != n:
-                log.error("chunk %s of %s is short", entry.chunks[idx], entry.path)
+                log.error("chunk %s of %s is short", cid, entry.path)
                 raise pyfuse3.FUSEError(errno.EIO)
             parts.append(data)
             pos += n
@@ -227,17 +246,55 @@ class WorkspaceFS(pyfuse3.Operations):
         self._ahead.pop(fh, None)
 
     def _read_ahead(self, fh: int, entry: Entry, idx: int) -> None:
-        """On entering a chunk, have the disk read it and the next one whole, in the background: this
-        process reads one request at a time, so without it a cold chunk comes in 1 MiB waits."""
-        if self._ahead.get(fh, -1) >= idx + 1:
+        """On entering a chunk, have the next ``_AHEAD_CHUNKS`` opened, read whole and checked on threads,
+        while this one is served: the disk works beside the loop, never between two of its replies."""
+        last = min(idx + _AHEAD_CHUNKS, len(entry.chunks) - 1)
+        if self._ahead.get(fh, -1) >= last:
             return
-        self._ahead[fh] = idx + 1
-        for i in (idx, idx + 1):
-            if i < len(entry.chunks):
-                try:
-                    os.posix_fadvise(self._chunk_fd(entry.chunks[i]), 0, 0, os.POSIX_FADV_WILLNEED)
-                except (OSError, pyfuse3.FUSEError):
-                    pass  # only a hint: the read itself says what is wrong
+        self._ahead[fh] = last
+        for i in range(idx, last + 1):
+            cid = entry.chunks[i]
+            if cid not in self._maps and cid not in self._opening:
+                trio.lowlevel.spawn_system_task(self._open_chunk, cid)
+
+    async def _chunk_async(self, cid: str) -> Any:
+        """``cid`` mapped and checked on a thread (the loop serves other reads meanwhile)."""
+        done = self._opening.get(cid)
+        if done is not None:
+            await done.wait()
+        else:
+            await self._open_chunk(cid)
+        mapped = self._maps.get(cid)
+        if mapped is None:  # the open failed, and said why in the log
+            raise pyfuse3.FUSEError(errno.EIO)
+        return mapped
+
+    async def _open_chunk(self, cid: str) -> None:
+        """Map ``cid`` on a thread (the kernel reads it whole), check its hash there the first time, keep it.
+
+        Also a background task (read-ahead): it raises nothing, a failure is logged and the read
+        that needs the chunk answers EIO."""
+        if cid in self._opening or cid in self._maps:
+            return
+        done = self._opening[cid] = trio.Event()
+        try:
+            if self._openers is None:
+                self._openers = trio.CapacityLimiter(_OPENERS)
+            mapped = await trio.to_thread.run_sync(self.store.map, cid, limiter=self._openers)
+        except CorruptChunk as e:
+            log.error("%s", e)
+        except OSError as e:
+            log.error("chunk %s missing from the store: %s", cid, e)
+        except Exception:  # a background task must not end the loop (trio.Cancelled still goes through)
+            log.exception("opening chunk %s", cid)
+        else:
+            self._maps[cid] = mapped
+            while len(self._maps) > _MAX_OPEN_CHUNKS:
+                # Dropped, not closed: a reply in flight may still read it; the last reference unmaps it.
+                self._maps.popitem(last=False)
+        finally:
+            del self._opening[cid]
+            done.set()
 
     async def access(self, inode: int, mode: int, ctx=None) -> bool:
         if mode & os.W_OK:
@@ -255,26 +312,5 @@ class WorkspaceFS(pyfuse3.Operations):
         s.f_namemax = 255
         return s
 
-    def _chunk_fd(self, cid: str) -> int:
-        fd = self._fds.get(cid)
-        if fd is not None:
-            self._fds.move_to_end(cid)
-            return fd
-        try:
-            fd = self.store.read_fd(cid)  # checked against its hash on first open: a swapped chunk is EIO
-        except CorruptChunk as e:
-            log.error("%s", e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except OSError as e:
-            log.error("chunk %s missing from the store: %s", cid, e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        self._fds[cid] = fd
-        if len(self._fds) > _MAX_OPEN_CHUNKS:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
-        return fd
-
     def close_files(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._maps.clear()

@@ -15,6 +15,7 @@ drops what no kept generation uses).
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 import uuid
@@ -22,6 +23,9 @@ import uuid
 from monarch_rdmafs.errors import CorruptChunk, StoreFull
 from monarch_rdmafs.manifest import chunk_id
 from monarch_rdmafs.private import private_dir
+
+
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class ChunkStore:
@@ -121,6 +125,26 @@ class ChunkStore:
                 os.close(fd)
                 raise
         return fd
+
+    def map(self, cid: str) -> "mmap.mmap | bytes":
+        """``cid``'s bytes mapped read-only, populated (the kernel reads the file in large I/Os at once),
+        checked against its hash the first time this process reads it.  b"" for an empty chunk.
+
+        A chunk file is never written in place (it is renamed in whole), so the mapping stays the
+        bytes that were checked.  Raises CorruptChunk, or OSError if it is missing."""
+        fd = self._open(cid)
+        try:
+            size = os.fstat(fd).st_size
+            data = mmap.mmap(fd, size, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ) if size else b""
+        finally:
+            os.close(fd)  # the mapping holds the file
+        try:
+            self._check(cid, data)
+        except BaseException:
+            if not isinstance(data, bytes):
+                data.close()
+            raise
+        return data
 
     def _open(self, cid: str) -> int:
         # O_NOFOLLOW: a chunk is a plain file of ours, never a link to something else.

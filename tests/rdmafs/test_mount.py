@@ -183,6 +183,39 @@ def test_a_mount_reads_ahead_whole_chunks(fuse_mount):
         assert int(f.read()) == READAHEAD_KB
 
 
+def test_reads_across_chunks_at_any_offset_and_at_once_get_the_right_bytes(tree, fuse_mount):
+    """Chunks are mapped and checked on threads, read ahead, and replies come from the mappings: the
+    bytes are right at any offset, across chunk boundaries, from several readers at once, and again
+    once the kernel's cache of the file is dropped (every request then reaches the mount)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from monarch_rdmafs.manifest import CHUNK_SIZE
+
+    ws, _, _ = tree
+    with open(os.path.join(ws, "big.bin"), "rb") as f:
+        want = f.read()
+    path = os.path.join(fuse_mount.mountpoint, "big.bin")
+    rng = random.Random(7)
+    spans = [(CHUNK_SIZE - 5, 10), (2 * CHUNK_SIZE - (1 << 20), 2 << 20), (0, len(want)), (len(want) - 3, 100)]
+    spans += [(rng.randrange(len(want)), rng.randrange(1, 3 << 20)) for _ in range(40)]
+
+    def read(span: tuple[int, int]) -> bool:
+        off, n = span
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.pread(fd, n, off) == want[off:off + n]
+        finally:
+            os.close(fd)
+
+    for _ in range(2):
+        with ThreadPoolExecutor(4) as ex:
+            assert all(ex.map(read, spans))
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the next round asks the mount again
+        os.close(fd)
+
+
 def test_a_mount_started_ahead_serves_what_it_is_given_later(fuse, tree, tmp_path):
     """FuseMount.warm: the process starts before the manifest exists (a sync's transfer runs meanwhile)."""
     ws, store, packer = tree
