@@ -585,6 +585,10 @@ def fork_hosts(path: str, common: list[str], preload: list[str], services: Itera
             importlib.import_module(mod)
         except ImportError:
             pass  # no FUSE here: workspaces are materialized, no mount process is started
+    from monarch_agents.fanout import use_tree
+
+    # Queries of a reservation asked through the tree are answered by its first host agent: it warms its engine.
+    telemetry.WARM_FIRST_ENGINE = use_tree(len(hosts))
     if len(hosts) >= _ENGINE_PRELOAD_HOSTS:
         # The SQL engine a host imports for its first scan of a table past the raw path's 2,000 rows:
         # ~0.3 CPU-s and ~25 MiB each, 77 CPU-s for 256 hosts; here once, for ~0.3 s more of serve.

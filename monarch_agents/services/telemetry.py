@@ -46,6 +46,8 @@ class TelemetryService(Service):
         self.tel.debug_rows = self._debug_rows
         self._rows = SerialWorker("telemetry-rows")
         self._stacks = ThreadPoolExecutor(1, thread_name_prefix="telemetry-stacks")
+        if WARM_FIRST_ENGINE and agent.host_rank == 0:
+            threading.Thread(target=_warm_engine, name="telemetry-warm", daemon=True).start()
 
     def _debug_rows(self) -> list[dict]:
         from monarch_agents.services.debug import DebugService
@@ -167,6 +169,26 @@ class TelemetryService(Service):
             self.agent.reply(reply, RuntimeError(f"telemetry on {self.agent.host}: {e}"), ok=False)
             return
         self.agent.reply(reply, value)
+
+
+#: Set by the local launcher (``host_agent.fork_hosts``) where ``monarch query`` goes to the first
+#: host agent (enough hosts for the tree): that agent plans and finishes one query soon after it
+#: starts, so a reservation's first query does not pay for the engine's first session (~0.1 CPU-s).
+WARM_FIRST_ENGINE = False
+#: How long after its start the first host agent warms its engine (serve has answered by then).
+_WARM_AFTER_S = 2.0
+_WARM_SQL = "SELECT host, count(*) AS n, min(exit_code) AS lo FROM run_ranks WHERE rank >= 0 GROUP BY host"
+
+
+def _warm_engine() -> None:
+    time.sleep(_WARM_AFTER_S)
+    try:
+        from monarch_telemetry import engine
+
+        p = engine.plan(_WARM_SQL, 1000)
+        engine.finish(p, {t: [] for t in p.scans}, deadline=time.monotonic() + 60.0)
+    except Exception as e:  # only the first query's speed depends on it
+        log.debug("could not warm the query engine: %s", e)
 
 
 #: The answer port of a message sent through the tree (the tree gives it its own).
