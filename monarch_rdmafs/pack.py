@@ -17,7 +17,6 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-import pathspec
 
 from monarch_rdmafs.errors import SourceChanged, WorkspaceUnreadable
 from monarch_rdmafs.manifest import CHUNK_SIZE, DIR, FILE, LINK, Entry, Manifest, chunk_id
@@ -172,6 +171,8 @@ class Packer:
                 continue
         if not lines:
             return []
+        import pathspec  # only where a folder has ignore files: its import is ~30 ms of every `monarch sync`
+
         return [(rel_dir, pathspec.GitIgnoreSpec.from_lines(lines))]
 
     @staticmethod
