@@ -62,6 +62,10 @@ _CHILD_MARGIN_S = 0.02
 _PING_EVERY_S = float(os.environ.get("MONARCH_FANOUT_PING_S", "5"))
 _SILENT_S = float(os.environ.get("MONARCH_FANOUT_SILENT_S", "30"))
 
+#: How long a Fanout's receiver has to say it got it (at most a third of the time left), else its
+#: subtree is asked straight: an agent of a version without fan-outs drops the message unanswered.
+_ACK_S = float(os.environ.get("MONARCH_FANOUT_ACK_S", "3"))
+
 #: Messages a node hands its own agent only once its subtree has answered (a Shutdown: an inner
 #: agent must stay up until what it forwarded has been answered through it).
 _LOCAL_LAST = (m.Shutdown,)
@@ -98,11 +102,16 @@ def _one_line(e: BaseException | str) -> str:
 class _Port:
     """A port of a node: answers from one child (or from this agent itself) to ``node``."""
 
-    __slots__ = ("node", "child", "port_id", "heard", "pong")
+    __slots__ = ("node", "child", "port_id", "heard", "pong", "raw", "acked")
 
-    def __init__(self, node: "Node", child: str):
+    def __init__(self, node: "Node", child: str, raw: bool = True):
         self.node = node
         self.child = child
+        #: The child got its own message as it is (one answer), not a Fanout (answers by index).
+        self.raw = raw
+        #: A Fanout's receiver says at once that it got it; one that does not is an agent of a
+        #: version without fan-outs (or is not there), and its subtree is asked straight.
+        self.acked = raw
         self.port_id = 0
         self.heard = time.monotonic()  # when the child last answered anything
         self.pong = 0  # the port of the ping it has not answered yet
@@ -210,14 +219,15 @@ class Node:
             return None
         return max(0.0, (self.deadline - time.monotonic()) * _CHILD_SHARE - _CHILD_MARGIN_S)
 
-    def _send(self, sub: list) -> None:
-        """Send subtree ``sub`` to its first host (a lone message straight, when direct)."""
+    def _send(self, sub: list, raw: bool | None = None) -> None:
+        """Send subtree ``sub`` to its first host (a lone message as it is, when ``raw``: direct)."""
+        raw = self.direct if raw is None else raw
         head = sub[0]
-        port = _Port(self, head[1])
+        port = _Port(self, head[1], raw)
         ref = self.rt.open_port(port, (head[1],))
         self.ports[port.port_id] = (port, [it[0] for it in sub])
         try:
-            if self.direct:
+            if raw:
                 msg, answers = answer_port(head[3], ref)
                 self.rt.send(head[1], msg)
                 if not answers:
@@ -225,8 +235,27 @@ class Node:
                     self._close(port)
             else:
                 self.rt.send(head[1], m.Fanout(sub, self.degree, self._child_timeout(), ref))
+                self.rt.mailbox.call_later(self._ack_wait(), lambda: self._check_ack(port))
         except Exception as e:  # known dead, or it cannot be sent at all: the same as a child lost
             self._child_lost(port, e if isinstance(e, SupervisionError) else SupervisionError(_one_line(e)))
+
+    def _ack_wait(self) -> float:
+        if self.deadline is None:
+            return _ACK_S
+        return min(_ACK_S, max(0.05, (self.deadline - time.monotonic()) / 3))
+
+    def _check_ack(self, port: _Port) -> None:
+        """A child that has not said it got its Fanout: its subtree is asked straight from here."""
+        entry = self.ports.get(port.port_id)
+        if entry is None or port.acked or self.finished:
+            return
+        log.warning("fan-out: %s did not take a Fanout within %.1f s (an agent without fan-outs?); "
+                    "asking its %d hosts straight", port.child, self._ack_wait(), len(entry[1]))
+        self._close(port)
+        for i in entry[1]:
+            if i in self.pending:
+                self._send([self.items[i]], raw=True)
+        self._check_done()
 
     def _run_local(self, it: tuple) -> None:
         port = _Port(self, "")
@@ -254,9 +283,10 @@ class Node:
         if port.child == "" and role != "self":
             return  # the local port answers only this agent's own handlers
         indices = entry[1]
-        if port.child and not self.direct:
+        if not port.raw:
             if not reply.ok or not isinstance(reply.payload, dict):
                 return
+            port.acked = True
             for i, r in reply.payload.items():
                 if i in indices and isinstance(r, tuple) and len(r) == 2:
                     self._answer(i, (bool(r[0]), r[1]))
@@ -278,7 +308,7 @@ class Node:
         if not left:
             return
         head, rest = left[0], left[1:]
-        if head[1] == port.child or self.direct or not port.child:
+        if head[1] == port.child or port.raw:
             self._answer(head[0], (False, f"host agent on {head[2]} stopped answering ({_one_line(error)})"))
         else:
             rest = left

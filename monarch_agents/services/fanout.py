@@ -71,6 +71,7 @@ class FanoutService(Service):
         def done() -> None:
             self.active -= 1
 
+        report({})  # at once: the parent hears that this agent carries fan-outs (see Node._check_ack)
         own = msg.items[0][3]
         if type(own) is m.RunCommand and own.owner:
             agent.track_owner_via(own.owner, parent.addr)

@@ -188,6 +188,28 @@ def test_stop_through_the_tree(reservation):
     assert wait_gone(pids) == []
 
 
+def test_an_agent_without_fan_outs_is_asked_straight(client, tmp_path):
+    """An agent of an older version drops a Fanout unanswered: after a short wait its subtree is
+    asked straight, by the client or by the agent that forwarded to it."""
+    from tests.helpers import start_host_agent
+
+    agents = [start_host_agent(client.keys, tmp_path, hostname="new0"),
+              start_host_agent(client.keys, tmp_path, hostname="old1", module="tests.agents.no_fanout_agent"),
+              start_host_agent(client.keys, tmp_path, hostname="new2")]
+    try:
+        for order in ([0, 1, 2], [1, 0, 2]):  # the old one forwarded to by an agent, then by the client
+            targets = [(agents[i].addr, agents[i].info["host"], m.Ping(m.PortRef("", 0))) for i in order]
+            call = fan_out(client, targets, timeout_s=20, degree=1, direct=False)  # a chain
+            assert call.wait(40)
+            got = [call.results[i] for i in range(3)]
+            assert all(ok for ok, _ in got), got
+            assert [v.host for _, v in got] == [agents[i].info["host"] for i in order]
+    finally:
+        for a in agents:
+            a.stop()
+    assert wait_gone([a.pid for a in agents]) == []
+
+
 def _ranks(pids: list[int], cmd: str) -> list[int]:
     found = []
     for pid in pids:
