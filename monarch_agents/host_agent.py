@@ -105,6 +105,8 @@ class HostAgent:
         self.pending: dict[int, Child] = {}  # zygote request id -> child, until "spawned" (or "error")
         self.children: dict[int, Child] = {}  # pid -> child, until it exits
         self.owners: set[str] = set()
+        #: Owners watched through the agent that forwarded their commands (a fan-out's parent): its address -> them.
+        self._via_owners: dict[str, set[str]] = {}
         #: A shared agent's owners (``monarch_agents.local_agent``): their stdout/stderr and cwd, for their procs.
         self.owner_places: dict[str, tuple[list[int], str]] = {}
         #: Set once a stop was asked for (Shutdown, SIGTERM, the zygote's death, an ephemeral agent's
@@ -194,14 +196,29 @@ class HostAgent:
             if owner in self.owners:
                 return
             self.owners.add(owner)
+            first = via not in self._via_owners
+            self._via_owners.setdefault(via, set()).add(owner)
+        if first:  # one watch per forwarding agent, however many owners came through it
+            self.rt.watch(via, lambda err: self._via_lost(via))
+            self.rt.mailbox.connect(via)
 
-        def via_lost(err: Any) -> None:
-            with self.lock:
+    def _via_lost(self, via: str) -> None:
+        """The agent that forwarded some owners' commands is gone: watch those owners ourselves."""
+        with self.lock:
+            owners = self._via_owners.pop(via, set())
+            for owner in owners:
                 self.owners.discard(owner)
+        for owner in owners:
             self.track_owner(owner)
 
-        self.rt.watch(via, via_lost)
-        self.rt.mailbox.connect(via)
+    def owner_gone(self, owner: str) -> None:
+        """``owner`` is gone, says the agent that watched it for us (``OwnerGone``): as :meth:`_owner_lost`."""
+        with self.lock:
+            known = owner in self.owners
+            for owners in self._via_owners.values():
+                owners.discard(owner)
+        if known:
+            self._owner_lost(owner)
 
     def child_env(self, extra: dict) -> dict[str, str]:
         """The environment of a child: the agent's, ``extra`` on top, and ``MONARCH_HOSTNAME``."""
@@ -279,6 +296,11 @@ class HostAgent:
             self.owners.discard(owner)
             victims = [c for c in self.children.values() if c.owner == owner]
             last = not self.owners
+        for service in self.services:  # the fan-out service tells the agents it forwarded the owner's runs to
+            try:
+                service.owner_lost(owner)
+            except Exception:
+                log.exception("service %s: owner_lost", service.name)
         later: dict[float | None, list] = {}
         for c in victims:
             later.setdefault(0.0 if at_once else c.orphan_s, []).append(c)

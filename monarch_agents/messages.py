@@ -290,6 +290,14 @@ class Shutdown(Message):
 
 
 @message
+class OwnerGone(Message):
+    """The client at ``owner`` is gone (its connection to the agent that forwarded its runs closed):
+    reap what it owns here, as if this agent had seen it go."""
+
+    owner: str
+
+
+@message
 class Fanout(Message):
     """Deliver control messages to many host agents through a tree of them (``monarch_agents.fanout``).
 

@@ -75,6 +75,9 @@ class Service:
     def stop(self, deadline: float) -> None:
         """Stop everything this service runs by ``deadline`` (``time.monotonic()`` seconds)."""
 
+    def owner_lost(self, owner: str) -> None:
+        """An owner (a client) is gone; the agent reaps its children itself (default: nothing more)."""
+
     def place(self, cwd: str | None, env: dict) -> tuple[str | None, dict]:
         """Where a child starts and its environment, as this service would have them (default: unchanged)."""
         return cwd, env

@@ -22,7 +22,7 @@ import logging
 from typing import Any, Callable
 
 from monarch_agents import messages as m
-from monarch_agents.fanout import Node
+from monarch_agents.fanout import Node, fan_out
 from monarch_agents.services import Service
 from monarch_rdmafs import messages as wm
 
@@ -30,12 +30,15 @@ log = logging.getLogger("monarch.host_agent")
 
 #: What a fan-out may carry: the control messages a client sends every host.
 CARRIED = (m.Ping, m.SignalRun, m.RunCommand, m.TelemetryScan, m.TakeStacks, m.Shutdown, m.StopProcs, m.DebugList,
+           m.OwnerGone,
            # A workspace sync's questions and switch, and the few chunks of an edit (bigger transfers
            # go down a tree of their own: WsChunks' forward list, each host acknowledging itself).
            wm.WsMissing, wm.WsCommit, wm.WsUnmount, wm.WsChunks)
 #: A tree deeper than this many items per message, or wider than this degree, is refused.
 _MAX_ITEMS = 1 << 16
 _MAX_DEGREE = 256
+#: How long telling the hosts below that an owner is gone may take.
+_OWNER_GONE_S = 30.0
 #: The longest deadline a fan-out may ask for (seconds).
 _MAX_TIMEOUT_S = 24 * 3600.0
 
@@ -50,9 +53,23 @@ class FanoutService(Service):
         super().__init__(agent)
         self.active = 0
         self.forwarded = 0
+        #: Owner -> the hosts this agent forwarded its runs to, {addr: host}: told when it is gone.
+        self.below: dict[str, dict[str, str]] = {}
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
-        return {m.Fanout: self.on_fanout}
+        return {m.Fanout: self.on_fanout, m.OwnerGone: self.on_owner_gone}
+
+    def owner_lost(self, owner: str) -> None:
+        """An owner whose runs went through here is gone: every host below hears it (one fan-out)."""
+        below = self.below.pop(owner, None)
+        if below:
+            fan_out(self.agent.rt, [(addr, host, m.OwnerGone(owner)) for addr, host in below.items()],
+                    timeout_s=_OWNER_GONE_S, direct=False)
+
+    def on_owner_gone(self, msg: m.OwnerGone) -> None:
+        # Whoever sent it told the whole subtree: not again from here.
+        self.below.pop(msg.owner, None)
+        self.agent.owner_gone(msg.owner)
 
     def info(self) -> dict:
         return {"active": self.active, "forwarded": self.forwarded}
@@ -75,6 +92,8 @@ class FanoutService(Service):
         own = msg.items[0][3]
         if type(own) is m.RunCommand and own.owner:
             agent.track_owner_via(own.owner, parent.addr)
+            if len(msg.items) > 1:
+                self.below.setdefault(own.owner, {}).update((addr, host) for _, addr, host, _ in msg.items[1:])
         timeout = None if msg.timeout_s is None else min(float(msg.timeout_s), _MAX_TIMEOUT_S)
         node = Node(agent.rt, msg.items, msg.degree, timeout, report, done, local=self._local)
         self.active += 1

@@ -159,6 +159,25 @@ def test_an_inner_agent_stopped_mid_run_is_lost_not_waited_for(reservation):
     assert done == sorted(f"[host{i}] done {i}" for i in range(HOSTS) if i != 1), out
 
 
+def test_a_killed_client_leaves_no_rank_behind_anywhere_in_the_tree(reservation):
+    """Only the first hosts watch the client; the rest hear it is gone from them (OwnerGone)."""
+    workdir, pids = reservation
+    import subprocess
+
+    from tests.cli.conftest import MONARCH, ROOT
+
+    p = subprocess.Popen([*MONARCH, "run", "--", "sleep", "300"], cwd=workdir,
+                         env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **TREE},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_ranks(pids, "sleep 300")
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 60
+    while _ranks(pids, "sleep 300") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ranks(pids, "sleep 300") == []
+
+
 def test_a_failed_rank_stops_every_rank_through_the_tree(reservation):
     workdir, pids = reservation
     last = HOSTS - 1
