@@ -221,6 +221,19 @@ class ActorSlot:
 
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        supervising = asyncio.Lock()  # one __supervise__ at a time, in the order the events came
+
+        async def drain_events() -> None:
+            async with supervising:
+                while self.events and not self.stopping:
+                    await self._supervise_async(self.events.popleft())
+
+        def on_event() -> None:
+            # As in Monarch, __supervise__ runs on the loop at once, also while an endpoint awaits
+            # (one that waits for its child's failure to be supervised would wait forever otherwise).
+            t = loop.create_task(drain_events())
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
 
         def pump() -> None:
             # Bridge the thread-safe mailbox into the loop without polling.
@@ -229,7 +242,10 @@ class ActorSlot:
                 if item is _STOP:  # posted below once the loop is done
                     return
                 try:
-                    loop.call_soon_threadsafe(q.put_nowait, item)
+                    if item is _WAKE:
+                        loop.call_soon_threadsafe(on_event)
+                    else:
+                        loop.call_soon_threadsafe(q.put_nowait, item)
                 except RuntimeError:  # the loop closed: the actor was stopped
                     return
 
@@ -238,10 +254,8 @@ class ActorSlot:
         try:
             while True:
                 item = await q.get()
-                while self.events and not self.stopping:
-                    await self._supervise_async(self.events.popleft())
-                if item is _WAKE:
-                    continue
+                if self.events:  # events jump the queue: before the messages already waiting
+                    await drain_events()
                 if item is _STOP:
                     break
                 if isinstance(item, m.Call) and self._is_concurrent(item.method) and self.failed is None:

@@ -115,7 +115,12 @@ quiet: async __cleanup__ awaited True
 done
 """
 
-BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
+SUPERVISE_WHILE_WAITING_OUT = """\
+supervised while the endpoint waited (names the child, names its exception): [(True, True)]
+done
+"""
+
+BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT}
 
