@@ -413,7 +413,7 @@ def run_all(impl: str, cfg: Config, only: list[str] | None = None, job_state: st
     out: dict[str, Any] = {
         "impl": impl, "quick": cfg.quick, "python": sys.executable, "python_version": platform.python_version(),
         "host": platform.node(), "cpus": os.cpu_count(), "results": {k: None for k in METRIC_KEYS},
-        "errors": {}, "capped": [], "seconds": {},
+        "errors": {}, "capped": [], "seconds": {}, "load_start": list(os.getloadavg()),
     }
 
     def record(key_hint: str, fn: Callable[[], dict]) -> None:
@@ -482,6 +482,7 @@ def run_all(impl: str, cfg: Config, only: list[str] | None = None, job_state: st
         record(f"spawn_{n}_", lambda n=n: m_spawn(api, cfg, n))
     record("cold_start", lambda: m_cold_start(api, cfg))
     record("death_detect", lambda: m_death(api, cfg))
+    out["load_end"] = list(os.getloadavg())
     # A failed main mesh has no metric key of its own: blame it where it mattered.
     out["errors"].pop("main_mesh", None)
     for k in (only or METRIC_KEYS):
@@ -593,6 +594,10 @@ def render_table(ours: dict, theirs: dict | None, first: str = "monarch") -> str
                  "the whole mesh answered.  '>N s' = no error within the cap.")
     lines.append(f"reference = torchmonarch 0.7.0 measured earlier on this machine kind.  "
                  f"cpus here: {os.cpu_count()}{'  (--quick: few iterations)' if ours.get('quick') else ''}")
+    loads = [f"{r['impl']} {r['load_start'][0]:.2f} -> {r['load_end'][0]:.2f}" for r in (ours, theirs)
+             if r and r.get("load_start") and r.get("load_end")]
+    if loads:
+        lines.append("load average (1 min) during each run: " + ", ".join(loads))
     return "\n".join(lines)
 
 

@@ -74,6 +74,9 @@ MAX_FDS = 32
 _RECV = 1 << 18
 _ANC = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+#: At most this many queued messages (and about this many bytes) go in one write.
+_IOV_MAX = 512
+_FLUSH_BYTES = 1 << 20
 #: A message of two frames (header, body) shorter than this is joined into one buffer to send.
 _JOIN_MAX = 1 << 16
 _CONNECT_TIMEOUT_S = 5.0
@@ -300,12 +303,24 @@ class Link:
     def flush(self) -> bool:
         """Write what is queued (IO thread); True while some is left."""
         with self.lock:
-            while self.pending and self.ready and not self.closed:
-                entry = self.pending[0]
+            pending = self.pending
+            while pending and self.ready and not self.closed:
+                entry = pending[0]
                 data, fds = entry
-                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+                if fds:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    parts = [data]
+                else:
+                    # Every queued message up to the next one with descriptors, in one write: a
+                    # burst of small messages costs one system call, not one each.
+                    anc, parts, total = [], [], 0
+                    for e in pending:
+                        if e[1] or len(parts) >= _IOV_MAX or total >= _FLUSH_BYTES:
+                            break
+                        parts.append(e[0])
+                        total += e[0].nbytes
                 try:
-                    sent = self.sock.sendmsg([data], anc, _SEND_FLAGS)
+                    sent = self.sock.sendmsg(parts, anc, _SEND_FLAGS)
                 except BlockingIOError:
                     return True
                 except OSError:
@@ -314,11 +329,14 @@ class Link:
                 if fds:
                     _close_fds(fds)
                     entry[1] = []
-                if sent < data.nbytes:
-                    entry[0] = data[sent:]
-                    return True
-                self.pending.popleft()
-            return bool(self.pending) and not self.closed
+                for part in parts:
+                    n = part.nbytes
+                    if sent < n:
+                        pending[0][0] = part[sent:]
+                        return True
+                    sent -= n
+                    pending.popleft()
+            return bool(pending) and not self.closed
 
     def stalled_for(self, now: float) -> float:
         """How long what we wrote has waited with the reader taking none of it (0: it takes some,

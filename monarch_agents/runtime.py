@@ -217,7 +217,7 @@ class Runtime:
         if type(msg) is Reply:
             h = self._ports.get(msg.port_id)
             if h is not None:
-                if not self._from_awaited(msg.port_id):
+                if msg.port_id in self._host_ports and not self._from_awaited(msg.port_id):
                     log.warning("%s: dropped an answer to port %x from a %s key; it waits on host agents",
                                 self.name, msg.port_id, self.mailbox.sender_role or "unknown")
                     return
@@ -266,7 +266,11 @@ class Runtime:
     def open_port(self, handler: PortHandler, waits_on: list[str] | tuple = ()) -> PortRef:
         """A port routing answers to ``handler``; fails it if a peer in ``waits_on`` dies."""
         waits_on = tuple(waits_on)
-        host_only = bool(waits_on) and all(is_host_agent(a) for a in waits_on)
+        host_only = False
+        for a in waits_on:  # a loop, not all(genexpr): one port per call
+            host_only = is_host_agent(a)
+            if not host_only:
+                break
         dead = None
         with self._lock:
             # Random ids (63 bits: telemetry keeps them as int64): a peer cannot guess the port of

@@ -129,6 +129,11 @@ def _big_in(o: Any, depth: int, budget: list[int]) -> bool:
         return len(o) >= OOB_THRESHOLD
     if t is memoryview:
         return o.nbytes >= OOB_THRESHOLD
+    if t.__module__ == "torch":  # a tensor: big ones go out of band (see dumps)
+        try:
+            return o.nbytes >= OOB_THRESHOLD
+        except Exception:
+            return False
     return False
 
 
@@ -216,12 +221,28 @@ def _tensor_dispatch() -> dict | None:
 
 def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle a user value; returns the body and its out-of-band buffers."""
-    obj = _wrap_buffers(obj)
     buffers: list[pickle.PickleBuffer] = []
-    body = _dumps_c(obj, buffers)
+    if _has_big(obj):  # big bytes or a big tensor within reach: out of band
+        obj = _rebuild(obj, _WALK_DEPTH)
+        body = _dumps_c(obj, buffers)
+    else:
+        # Most calls: one C call.  With torch imported, the Pickler with the tensor table (an
+        # object, a BytesIO and a table per call) costs twice the pickling of small arguments,
+        # so it is used only when the stream shows a tensor (deeper down than the walk looks).
+        try:
+            body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+        except Exception:
+            body = None
+        if body is not None and _TORCH_MARKER in body and _tensor_dispatch() is not None:
+            buffers = []
+            body = _dumps_c(obj, buffers)
     if body is not None and _REDO_MARKER not in body:
         return body, buffers
     return dumps_full(obj)
+
+
+#: What a pickle stream that holds a torch object names (its module).
+_TORCH_MARKER = b"torch"
 
 
 def _dumps_c(obj: Any, buffers: list) -> bytes | None:

@@ -25,9 +25,14 @@ def new_column(type_: str, nullable: bool):
 
 
 class RowBuffer:
-    """Pending rows of one table; ``append`` is the hot path, ``take`` empties it."""
+    """Pending rows of one table; ``append`` is the hot path, ``take`` empties it.
 
-    __slots__ = ("spec", "limit", "_lock", "_cols", "_adds", "rows", "dropped")
+    A row is kept as the tuple it came in (one list append under a lock: the hot path records
+    one per message, and ten column appends cost several times that); :meth:`take` turns the
+    rows into columns, in C, off the hot path.
+    """
+
+    __slots__ = ("spec", "limit", "_lock", "_rows", "dropped", "_kinds")
 
     def __init__(self, spec: TableSpec, limit: int = 1_000_000):
         self.spec = spec
@@ -35,49 +40,64 @@ class RowBuffer:
         self.limit = limit
         self._lock = threading.Lock()
         self.dropped = 0
-        self._reset()
+        self._rows: list[tuple] = []
+        #: Each column's buffer kind: an array typecode, or "" for a list.
+        self._kinds = [_kind(c.type, c.nullable) for c in spec.columns]
 
-    def _reset(self) -> None:
-        self._cols = [new_column(c.type, c.nullable) for c in self.spec.columns]
-        self._adds = [c.append for c in self._cols]
-        self.rows = 0
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
 
     def append(self, *values) -> None:
         """Add one row, values in column order (timestamps as integer microseconds since the epoch)."""
         with self._lock:
-            if self.rows >= self.limit:
+            if len(self._rows) >= self.limit:
                 self.dropped += 1
                 return
-            for add, v in zip(self._adds, values):
-                add(v)
-            self.rows += 1
+            self._rows.append(values)
 
     def appender(self):
-        """A function ``add(v0, v1, ...)`` equal to :meth:`append`, unrolled for this table's columns.
+        """A function ``add(v0, v1, ...)`` equal to :meth:`append`, for the hot path (no attribute
+        looked up per call)."""
+        lock, buf, limit = self._lock, self, self.limit
 
-        The hot path calls it once per message: no argument tuple walked, no loop (about half
-        the cost of :meth:`append`).
-        """
-        n = len(self.spec.columns)
-        args = ", ".join(f"v{i}" for i in range(n))
-        calls = "\n".join(f"            adds[{i}](v{i})" for i in range(n))
-        src = (f"def add({args}):\n"
-               f"    with lock:\n"
-               f"        if buf.rows >= buf.limit:\n"
-               f"            buf.dropped += 1\n"
-               f"        else:\n"
-               f"            adds = buf._adds\n"
-               f"{calls}\n"
-               f"            buf.rows += 1\n")
-        scope: dict = {"lock": self._lock, "buf": self}
-        exec(compile(src, f"<RowBuffer {self.spec.name}>", "exec"), scope)  # our own text: column indices only
-        return scope["add"]
+        def add(*values) -> None:
+            with lock:
+                rows = buf._rows
+                if len(rows) >= limit:
+                    buf.dropped += 1
+                else:
+                    rows.append(values)
+        return add
 
     def take(self) -> tuple[int, list] | None:
         """(rows, columns) of everything pending, leaving the buffer empty; None when empty."""
         with self._lock:
-            if not self.rows:
-                return None
-            out = (self.rows, self._cols)
-            self._reset()
-            return out
+            rows, self._rows = self._rows, []
+        if not rows:
+            return None
+        try:
+            return len(rows), self._columns(rows)
+        except (TypeError, ValueError, OverflowError):
+            # A row with a value its column cannot hold (or of the wrong length): drop those rows
+            # only, as appending them one column at a time would have refused them.
+            good = [r for r in rows if self._fits(r)]
+            self.dropped += len(rows) - len(good)
+            return (len(good), self._columns(good)) if good else None
+
+    def _columns(self, rows: list[tuple]) -> list:
+        if set(map(len, rows)) != {len(self._kinds)}:
+            raise ValueError("a row of the wrong length")
+        return [array.array(k, col) if k else list(col) for k, col in zip(self._kinds, zip(*rows))]
+
+    def _fits(self, row: tuple) -> bool:
+        try:
+            self._columns([row])
+            return True
+        except (TypeError, ValueError, OverflowError):
+            return False
+
+
+def _kind(type_: str, nullable: bool) -> str:
+    col = new_column(type_, nullable)
+    return col.typecode if isinstance(col, array.array) else ""

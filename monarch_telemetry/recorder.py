@@ -42,6 +42,9 @@ _RECORDED = ("meshes", "actors", "actor_status_events", "sent_messages", "logs",
 FLUSH_INTERVAL_S = 0.2
 
 
+_time_ns = time.time_ns
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -104,8 +107,8 @@ class Recorder:
     def sent(self, sender_actor: int, mesh_id: int, view_json: str, shape_json_: str, endpoint: str,
              adverb: str, num_targets: int) -> None:
         """A message cast to an actor mesh (hot path: one append)."""
-        self._sent(self.new_id(), now_us(), sender_actor, mesh_id, view_json, shape_json_, self.host, endpoint,
-                   adverb, num_targets)
+        self._sent(next(self._ids), _time_ns() // 1000, sender_actor, mesh_id, view_json, shape_json_, self.host,
+                   endpoint, adverb, num_targets)
 
     def log_line(self, stream: str, line: str, *, run_id: str | None = None, rank: int | None = None,
                  proc: str | None = None) -> None:

@@ -236,9 +236,14 @@ class Endpoint(Generic[R]):
         _telemetry.sent(rt, mesh, self._name, shape, reply)
         extent, points = shape.send_plan()
         procs, actor_id, name, addr = mesh._procs, mesh._actor_id, self._name, rt.addr
+        several = bool(runtime._client_runtimes)
         for i, idx in enumerate(shape.indices):
-            # Copies: an actor in this process gets the message itself, not an unpickled copy.
-            rt.send(procs[idx].addr, Call(actor_id, name, payload, dict(points[i]), dict(extent), reply, i, addr))
+            to = procs[idx].addr
+            if to == addr or several:
+                # Perhaps to an actor in this process, which gets the message itself: copies, not the plan's.
+                rt.send(to, Call(actor_id, name, payload, dict(points[i]), dict(extent), reply, i, addr))
+            else:  # to another process: pickled before send returns
+                rt.send(to, Call(actor_id, name, payload, points[i], extent, reply, i, addr))
 
     def _targets(self, shape: Shape) -> dict:
         return {self._mesh._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
