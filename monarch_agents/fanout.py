@@ -14,7 +14,10 @@ up as ``(ok, value)`` under the message's index.  Nothing is lost and nothing ha
 agent that dies (its connection closes) makes its own index an error, and what it had not yet
 answered for is sent again, by this node, to the rest of its subtree; past the deadline every
 index not answered is an error that says so.  Each level's deadline is a little shorter than its
-parent's, so the error names the level that did not answer.
+parent's, so the error names the level that did not answer.  A command with no deadline (a run's
+ends) pings the children it waits on instead, and one silent too long (stopped, hung: no
+connection closes) is lost the same way.  A receiver acknowledges a Fanout at once; a child that
+does not (an agent of a version without fan-outs drops it) has its subtree asked straight.
 
 Who may ask: ``Fanout`` is the client's, as every message it carries is (a host agent the
 client started holds the client's key, so its forward is the client's; a proc's or a pod's
@@ -43,8 +46,20 @@ log = logging.getLogger("monarch.fanout")
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
-    except ValueError:
+    except ValueError:  # a bad value must not break every import of this module: the default
+        log.warning("%s=%r is not a whole number; using %d", name, os.environ.get(name), default)
         return default
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        log.warning("%s=%r is not a positive number of seconds; using %g", name, os.environ.get(name), default)
+        return default
+    return value
 
 
 #: How many subtrees each node (and the client) sends to; 0: every message straight from the client.
@@ -59,12 +74,12 @@ _CHILD_MARGIN_S = 0.02
 #: A node without a deadline (a run's ends) pings each child it still waits on this often, and takes
 #: one it has not heard from (answers or pings) for :data:`_SILENT_S` for lost: an agent stopped
 #: (SIGSTOP) or hung closes no connection, and a run would wait for it forever.
-_PING_EVERY_S = float(os.environ.get("MONARCH_FANOUT_PING_S", "5"))
-_SILENT_S = float(os.environ.get("MONARCH_FANOUT_SILENT_S", "30"))
+_PING_EVERY_S = _env_float("MONARCH_FANOUT_PING_S", 5.0)
+_SILENT_S = _env_float("MONARCH_FANOUT_SILENT_S", 30.0)
 
 #: How long a Fanout's receiver has to say it got it (at most a third of the time left), else its
 #: subtree is asked straight: an agent of a version without fan-outs drops the message unanswered.
-_ACK_S = float(os.environ.get("MONARCH_FANOUT_ACK_S", "3"))
+_ACK_S = _env_float("MONARCH_FANOUT_ACK_S", 3.0)
 
 #: Messages a node hands its own agent only once its subtree has answered (a Shutdown: an inner
 #: agent must stay up until what it forwarded has been answered through it).
