@@ -96,6 +96,8 @@ class WorkspaceService:
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
+        #: Set at the first mount (and at stop): until then the watcher sleeps without waking.
+        self._watching = threading.Event()
         self._worker = threading.Thread(target=self._work, name="workspace-store", daemon=True)
         self._worker.start()
         self._watcher = threading.Thread(target=self._watch_mounts, name="workspace-mounts", daemon=True)
@@ -235,6 +237,7 @@ class WorkspaceService:
             mount = _Mount(name, server, manifest, source)
             with self._lock:
                 self.mounts[name] = mount
+            self._watching.set()
         elif mount.manifest.id != manifest_id:
             mount.server.switch(manifest_id)
             mount.previous, mount.manifest = mount.manifest.id, manifest
@@ -258,6 +261,8 @@ class WorkspaceService:
 
     def _watch_mounts(self) -> None:
         # A mount process killed (even with -9) leaves a dead mount: remove it and serve again.
+        # No wake-ups before a first mount: 256 idle agents polling twice a second was CPU for nothing.
+        self._watching.wait()
         while not self._stopping.wait(_WATCH_MOUNTS_S):
             with self._lock:
                 dead = [mt for mt in self.mounts.values() if not mt.server.alive]
@@ -341,6 +346,7 @@ class WorkspaceService:
     def stop(self, deadline: float | None = None) -> None:
         """Unmount everything and stop the worker; safe to call twice."""
         self._stopping.set()
+        self._watching.set()
         self._jobs.put(None)
         with self._lock:
             names = list(self.mounts)

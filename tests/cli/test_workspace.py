@@ -117,6 +117,22 @@ def test_mounts_are_forks_of_each_hosts_zygote_and_unmount_when_their_agent_is_k
             # A fork of the warm zygote (FUSE imported once, by the launcher), not an interpreter of its own.
             assert mount.cmdline() == agent.cmdline() and mount.pid != zygote.pid
             assert mounts[h["host"]] in _rdmafs_mounts()
+        # A mount process killed with -9: its agent hears it from the zygote and forks another.
+        zygote = psutil.Process(served["hosts"][0]["pid"]).children()[0]
+        [first] = zygote.children()
+        first.kill()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = [c for c in zygote.children() if c.pid != first.pid]
+            if again and mounts["host0"] in _rdmafs_mounts():
+                try:
+                    if sorted(os.listdir(mounts["host0"])) == [".gitignore", "pkg", "sub"]:
+                        break
+                except OSError:
+                    pass  # the dead mount, not yet replaced
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the killed mount process was not replaced")
         # The agent killed: its zygote tells the mount to end (not SIGKILL), and it unmounts itself.
         victim = served["hosts"][1]
         mount = psutil.Process(victim["pid"]).children()[0].children()[0]
