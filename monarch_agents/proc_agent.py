@@ -714,6 +714,12 @@ class ProcAgent:
         slot.begin_stop()
         slot.post(msg)
 
+    def is_owner(self, addr: str) -> bool:
+        """Whether ``addr`` owns an actor here (it spawned its mesh): this proc waits for an owner
+        that stopped reading rather than give up on it (``message_delivery_timeout``)."""
+        with self.lock:
+            return any(s.msg.owner == addr for s in self.actors.values())
+
     def on_config_dump(self, msg: m.ConfigDump) -> None:
         """The environment variables asked for (those settings come from) and what this process
         configured itself: the mesh admin API turns them into the proc's settings."""
@@ -901,6 +907,7 @@ def main(config: dict) -> None:
     rt = install(Runtime(keys, bind_host=config["bind_host"], name=f"proc[{config['mesh_id']}]", host=config["host"]))
     rt_box.append(rt)
     agent = _agent = ProcAgent(rt, config).register()
+    rt.mailbox.patient = agent.is_owner
     supervision.install(rt)
     rt.start()
     actor_telemetry.start(rt, config)

@@ -323,6 +323,9 @@ class Mailbox:
         self._local_ips: dict[str, str] = {}
         #: Why a peer this mailbox declared gone is gone, in words, when it was not a closed connection.
         self.lost_why: dict[str, str] = {}
+        #: Peers never given up on for reading nothing (``message_delivery_timeout``): a proc's
+        #: owners, whose answers must wait for them (a client in Ctrl-Z gets them when it goes on).
+        self.patient: Callable[[str], bool] | None = None
         self.stats_received = 0
         self.stats_dropped = 0
 
@@ -544,9 +547,10 @@ class Mailbox:
         self._timers.append((now + max(0.05, min(1.0, limit / 4)), self._check_delivery))  # first: whatever fails
         with self._peers_lock:
             links = [(a, p) for a, p in self._peers.items() if type(p) is ipc.Link]
+        patient = self.patient
         for addr, link in links:
             stalled = link.stalled_for(now)
-            if stalled > limit and addr not in self.dead:
+            if stalled > limit and addr not in self.dead and not (patient is not None and patient(addr)):
                 log.warning("%s: %s took none of our messages for %.1f s (message_delivery_timeout)",
                             self.name, addr, stalled)
                 self._lose(addr, f"a message was not delivered within message_delivery_timeout ({limit:g} s): "

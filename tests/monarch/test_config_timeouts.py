@@ -160,3 +160,51 @@ def test_mesh_attach_config_timeout_fails_the_attach_closed():
         for s in held:
             s.close()
         listener.close()
+
+
+_SUSPENDED = textwrap.dedent('''
+    import time
+    from monarch import config
+    from monarch.actor import Actor, endpoint, this_host
+
+    class Slow(Actor):
+        @endpoint
+        def echo(self, value: str, after_s: float) -> str:
+            time.sleep(after_s)
+            return value
+
+    if __name__ == "__main__":
+        config.configure(message_delivery_timeout="1s")
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        w = pm.spawn("w", Slow)
+        w.echo.call_one("up", 0).get(timeout=60)
+        call = w.echo.call_one("answered", 2.0)
+        print("sent", flush=True)
+        print(call.get(timeout=120), flush=True)
+        try:  # and the proc still answers it
+            print(w.echo.call_one("again", 0).get(timeout=60), flush=True)
+        except Exception as e:
+            print(type(e).__name__, e, flush=True)
+        pm.stop().get(timeout=60)
+''')
+
+
+def test_a_proc_waits_for_its_owner_that_stopped_reading(tmp_path):
+    """A client suspended (SIGSTOP, as Ctrl-Z) while its proc answers it: the proc does not give up on
+    its owner after message_delivery_timeout: the answer arrives once the client goes on, and so do
+    the next ones."""
+    script = tmp_path / "suspended.py"
+    script.write_text(_SUSPENDED)
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": ROOT}, cwd=tmp_path)
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], T)
+        assert ready and p.stdout.readline() == "sent\n", p.stderr.read() if p.poll() is not None else ""
+        with _stopped(p.pid):
+            time.sleep(5)  # the proc answers meanwhile, and its 1 s timeout passes several times over
+        out, err = p.communicate(timeout=T)
+        assert out == "answered\nagain\n", err[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
