@@ -43,6 +43,7 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents import bulk, ipc, settings, shm, tunnel, wire
@@ -92,6 +93,13 @@ _HANDSHAKE_IVL_MS = 3000
 PROC_ROLES = frozenset({PROC, LOCAL_PROC, HOST})
 #: A refused message up to this size is decoded to tell its sender why; a bigger one is dropped.
 _REFUSED_DECODE_MAX = 64 << 10
+#: A big message on a CURVE connection goes as ZeroMQ messages of at most this many bytes each (see
+#: ``_send_pieces``): ZMTP's heartbeats pass only between messages, so one that outlasts
+#: _HEARTBEAT_TIMEOUT_MS on the wire (160 MiB at 20 MB/s) got its connection declared dead.
+_PIECE_BYTES = 4 << 20
+_PIECES_HEAD = b"MNRS"  # [head, whole frames...]: the lengths of the frames that follow in pieces
+_PIECE = b"MNRs"  # [piece]: the next bytes of those frames
+_PIECES = struct.Struct("!4sI")  # magic, how many frames come in pieces; then one !Q length each
 
 
 _ctx_lock = threading.Lock()
@@ -319,6 +327,8 @@ class Mailbox:
         self._inbox = bulk.Inbox()
         self._no_bulk: set[str] = set()
         self._held: dict[bytes, list[tuple[list[Any], str]]] = {}
+        #: Messages coming in pieces, by connection (IO thread only; see ``_send_pieces``).
+        self._assembling: dict[bytes, _Assembly] = {}
         self._fetched_ids: dict[bytes, None] = {}
         self._local_ips: dict[str, str] = {}
         #: Why a peer this mailbox declared gone is gone, in words, when it was not a closed connection.
@@ -588,15 +598,18 @@ class Mailbox:
             frames = self._send_bulk(addr, frames, p)
             if not frames:
                 return
+        sends = _pieces(frames) if big and sum(_nbytes(f) for f in frames) > _PIECE_BYTES else [frames]
+        trackers = []
         # Never block: the IO thread sends too (replies), and a DEALER with no pipe to its
-        # peer would wait forever.  With the pipe there, only a full queue says Again.
+        # peer would wait forever.  With the pipe there, only a full queue says Again.  Pieces
+        # are queued under one hold of the lock: nothing else of ours comes between them.
         with p.lock:
             try:
-                if big:
-                    tracker = p.sock.send_multipart(frames, zmq.NOBLOCK, copy=False, track=True)
-                else:
-                    p.sock.send_multipart(frames, zmq.NOBLOCK)
-                    return
+                for part in sends:
+                    if big:
+                        trackers.append(p.sock.send_multipart(part, zmq.NOBLOCK, copy=False, track=True))
+                    else:
+                        p.sock.send_multipart(part, zmq.NOBLOCK)
             except zmq.Again:
                 raise PeerLost(addr) from None
             except zmq.ZMQError:
@@ -605,7 +618,8 @@ class Mailbox:
                 raise
         # The caller may reuse its buffer as soon as we return: wait until sent (or
         # dropped, when the peer dies and its socket is closed).
-        tracker.wait()
+        for tracker in trackers:
+            tracker.wait()
 
     def _send_bulk(self, addr: str, frames: list[Any], p: _Peer) -> list[Any]:
         """Send ``frames`` with their big buffers over bulk streams (see ``monarch_agents/bulk.py``).
@@ -832,23 +846,87 @@ class Mailbox:
         self._redrain = True  # its FD will not say so again: come back without waiting
 
     def _receive(self, rid: bytes, frames: list[Any], role: str) -> None:
-        if bulk.is_descriptor(frames[1].buffer):
-            self._bulk_in(rid, frames, role)
+        first = frames[1].buffer
+        magic = bytes(first[:4])
+        if magic == _PIECE:
+            self._piece(rid, frames[2].buffer if len(frames) == 3 else None, role)
+        elif rid in self._assembling:
+            self._assembling.pop(rid)
+            self.stats_dropped += 1
+            log.warning("%s: dropped a message sent in pieces: another message came before its last piece", self.name)
+            self._receive(rid, frames, role)
+        elif magic == _PIECES_HEAD:
+            self._pieces_head(rid, frames, role)
+        elif magic == bulk.MAGIC:
+            self._bulk_in(rid, first, frames[2:], role, lambda: frames[1].get("Peer-Address"))
         else:
             self._deliver(frames[1:], (), role)
 
-    def _bulk_in(self, rid: bytes, frames: list[Any], role: str) -> None:
-        """A message whose big buffers come by bulk streams: checked as ``_deliver`` would, then fetched."""
-        body = list(frames[2:])
+    def _pieces_head(self, rid: bytes, frames: list[Any], role: str) -> None:
+        """The start of a message sent in pieces: its lengths checked against the limits, then room made."""
+        head = frames[1].buffer
         guarded = self._guard_procs and role in PROC_ROLES
         try:
-            desc = bulk.parse(frames[1].buffer, len(body), self.proc_frame_limit if guarded else wire.MAX_FRAME_BYTES)
+            _, n = _PIECES.unpack_from(head)
+            lengths = struct.unpack_from(f"!{n}Q", head, _PIECES.size)
+            whole = [f.buffer for f in frames[2:]]
+            total = sum(lengths) + sum(_nbytes(f) for f in whole)
+            if len(head) != _PIECES.size + 8 * n or not whole or any(x > wire.MAX_FRAME_BYTES for x in lengths):
+                raise wire.WireError("a malformed head of a message in pieces")
+            if guarded and total > self.proc_frame_limit:
+                raise wire.WireError(f"a {total}-byte message from a proc's key is over the "
+                                     f"{self.proc_frame_limit}-byte limit for procs")
+        except (struct.error, wire.WireError) as e:
+            self.stats_dropped += 1
+            log.warning("%s: dropped a malformed message: %s", self.name, e)
+            return
+        made = [shm.new_bytes(x)[1] for x in lengths]
+        self._assembling[rid] = _Assembly([*whole, *made], made, frames[1].get("Peer-Address"))
+        self._piece(rid, b"", role)  # complete already if there are no bytes to come
+
+    def _piece(self, rid: bytes, piece: Any, role: str) -> None:
+        a = self._assembling.get(rid)
+        if a is None or piece is None:
+            self._assembling.pop(rid, None)
+            self.stats_dropped += 1
+            log.warning("%s: dropped a piece of a message whose start never came, or a malformed one", self.name)
+            return
+        data = memoryview(piece).cast("B")
+        while data.nbytes and a.at < len(a.made):
+            dst = a.made[a.at]
+            n = min(data.nbytes, dst.nbytes - a.off)
+            dst[a.off:a.off + n] = data[:n]
+            a.off += n
+            data = data[n:]
+            if a.off == dst.nbytes:
+                a.at, a.off = a.at + 1, 0
+        while a.at < len(a.made) and a.made[a.at].nbytes == 0:
+            a.at += 1
+        if data.nbytes:
+            self._assembling.pop(rid)
+            self.stats_dropped += 1
+            log.warning("%s: dropped a message sent in pieces: more bytes came than its head announced", self.name)
+            return
+        if a.at == len(a.made):
+            del self._assembling[rid]
+            body = a.frames
+            if bulk.is_descriptor(body[0]):  # a bulk message resent whole (see monarch_agents/bulk.py)
+                self._bulk_in(rid, body[0], body[1:], role, lambda: a.peer)
+            else:
+                self._deliver(body, (), role)
+
+    def _bulk_in(self, rid: bytes, head: Any, frames: list[Any], role: str, peer: Callable[[], str]) -> None:
+        """A message whose big buffers come by bulk streams: checked as ``_deliver`` would, then fetched."""
+        body = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames]
+        guarded = self._guard_procs and role in PROC_ROLES
+        try:
+            desc = bulk.parse(head, len(body), self.proc_frame_limit if guarded else wire.MAX_FRAME_BYTES)
             if desc.inline:
                 if desc.tid in self._fetched_ids:
                     return  # we have it: the sender did not hear our acknowledgement
                 self._deliver(body, (), role)
                 return
-            if any(_nbytes(body[i].buffer) for i, _ in desc.big):
+            if any(_nbytes(body[i]) for i, _ in desc.big):
                 raise bulk.BulkError("a bulk frame's place in the message is not empty")
             size = wire.frames_size(body) + sum(n for _, n in desc.big)
             if guarded and size > self.proc_frame_limit:
@@ -860,7 +938,7 @@ class Mailbox:
                     self.stats_refused += 1
                     log.warning("%s: refused a %s from a peer with the %s key", self.name, cls.__name__, role or "no")
                     return
-            host = frames[1].get("Peer-Address")
+            host = peer()
         except (bulk.BulkError, wire.WireError, zmq.ZMQError) as e:
             self.stats_dropped += 1
             log.warning("%s: dropped a malformed bulk message: %s", self.name, e)
@@ -1074,6 +1152,33 @@ def _close_quietly(sock: zmq.Socket, monitor: zmq.Socket) -> None:
         pass
     monitor.close(0)
     sock.close(0)
+
+
+@dataclass
+class _Assembly:
+    """A message arriving in pieces: its frames (the whole ones, then those being filled)."""
+
+    frames: list[Any]
+    made: list[memoryview]
+    peer: str
+    at: int = 0  # which of ``made`` the next bytes go to
+    off: int = 0
+
+
+def _pieces(frames: list[Any]) -> list[list[Any]]:
+    """``frames`` as several ZeroMQ messages of at most _PIECE_BYTES each (slices, not copies): a head
+    with the small leading frames whole and the lengths of the rest, then those in order, in pieces."""
+    k = 0
+    while k < len(frames) and _nbytes(frames[k]) < _COPY_THRESHOLD and k < 2:
+        k += 1
+    k = max(k, 1)
+    rest = [memoryview(f).cast("B") for f in frames[k:]]
+    head = _PIECES.pack(_PIECES_HEAD, len(rest)) + struct.pack(f"!{len(rest)}Q", *(r.nbytes for r in rest))
+    out: list[list[Any]] = [[head, *frames[:k]]]
+    for r in rest:
+        for off in range(0, r.nbytes, _PIECE_BYTES):
+            out.append([_PIECE, r[off:off + _PIECE_BYTES]])
+    return out
 
 
 def _nbytes(f: Any) -> int:

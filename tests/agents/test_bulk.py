@@ -247,3 +247,86 @@ def test_a_sender_killed_mid_transfer_delivers_nothing_and_holds_nothing():
         p.wait()
         other.close()
         b.close()
+
+
+# -- big messages on the CURVE connection itself (no bulk path): in pieces ------------------------
+
+
+def test_without_the_bulk_path_big_messages_go_in_pieces_intact_and_in_order(pair, monkeypatch):
+    from monarch_agents import transport
+
+    a, b = pair
+    monkeypatch.setattr(bulk, "STREAMS", 0)
+    monkeypatch.setattr(transport, "_PIECE_BYTES", 64 << 10)  # many pieces, some frames end mid-piece
+    sent = _big((9 << 20) + 1, 1 << 20, 100, (2 << 20) + 7)
+    sends = []
+    real = transport._pieces
+    monkeypatch.setattr(transport, "_pieces", lambda frames: sends.append(real(frames)) or sends[-1])
+    a.mb.send(b.addr, sent)
+    a.mb.send(b.addr, m.Reply(2, 0, True, "after"))
+    got = b.received.get(timeout=T)
+    assert got.payload.load() == sent.payload.load()
+    assert b.received.get(timeout=T).port_id == 2
+    assert len(sends[0]) > 100 and not b.mb._fetched_ids and not b.mb._assembling
+
+
+def test_a_piece_without_its_head_or_a_head_with_too_many_bytes_is_dropped(pair):
+    from monarch_agents import transport
+
+    a, b = pair
+    a.mb.send(b.addr, m.Reply(1, 0, True, "hello"))  # connected
+    b.received.get(timeout=T)
+    p = a.mb._peers[b.addr]
+    a.mb._send_small(b.addr, [transport._PIECE, b"x" * 10], p)
+    head = transport._PIECES.pack(transport._PIECES_HEAD, 1) + (5).to_bytes(8, "big")
+    a.mb._send_small(b.addr, [head, b"MNRC"], p)
+    a.mb._send_small(b.addr, [transport._PIECE, b"y" * 6], p)  # one byte more than announced
+    a.mb.send(b.addr, m.Reply(3, 0, True, "still works"))
+    assert b.received.get(timeout=T).port_id == 3
+    assert b.mb.stats_dropped == 2 and not b.mb._assembling
+
+
+_SLOW_LINK = """
+import os, sys, time, queue
+sys.path.insert(0, {repo!r})
+from monarch_agents import bulk, transport, messages as m
+from monarch_agents.transport import JobKeys
+from tests.agents.test_transport import Box
+bulk.STREAMS = 0  # the CURVE path, as to a peer that cannot reach a bulk port
+transport._HEARTBEAT_IVL_MS, transport._HEARTBEAT_TIMEOUT_MS = 250, 2000
+transport._PIECE_BYTES = {piece}
+keys = JobKeys.generate()
+a, b = Box(keys, "a", local_ipc=False), Box(keys, "b", local_ipc=False)
+data = m.Reply(1, 0, True, m.Pickled.of(os.urandom(32 << 20)))  # ~4 s at 8 MB/s: twice the heartbeat timeout
+a.mb.send(b.addr, data)
+try:
+    got = b.received.get(timeout=20).payload.load() == data.payload.load()
+except queue.Empty:
+    got = False
+print("DELIVERED" if got else "NOT DELIVERED", "LOST" if not a.lost.empty() else "ALIVE", flush=True)
+a.close(); b.close()
+"""
+
+
+@pytest.mark.parametrize("piece,expect", [(256 << 10, "DELIVERED ALIVE"), (64 << 20, "NOT DELIVERED LOST")])
+def test_a_big_message_on_a_slow_link_does_not_starve_the_heartbeat(piece, expect):
+    """On loopback limited to 8 MB/s in a namespace of its own, with a 2 s heartbeat timeout: a 32 MiB
+    message in pieces arrives and the peer stays alive; in one piece (as before) the heartbeat's
+    answer waits behind it and the connection is declared dead.  (What the kernel's send buffer
+    holds, up to 4 MiB, also comes before an answer: 0.5 s here.)"""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None:
+        pytest.skip("needs root, ip and tc (a rate-limited loopback in a network namespace)")
+    ns = f"bulk-slow-{os.getpid()}-{piece}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        # MTU 1500: loopback's 64 KiB packets would not pass a token bucket of that burst.
+        for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "link", "set", "lo", "mtu", "1500"],
+                    ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "64mbit", "burst", "64kb", "latency", "200ms"]):
+            subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True)
+        r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", _SLOW_LINK.format(repo=REPO, piece=piece)],
+                           capture_output=True, text=True, timeout=90, cwd=REPO)
+        assert expect in r.stdout, r.stdout + r.stderr[-2000:]
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
