@@ -409,7 +409,9 @@ class HostAgent:
     def run_until_stopped(self) -> None:
         """Wait for a stop request, then stop in order (on the thread that started the zygote:
         its parent-death signal follows that thread)."""
-        while not self.stopping.wait(1.0):
+        # Every stop request sets the event (a signal handler too: it runs during the wait, which
+        # then returns), so a long timeout: the 1 s one woke each of 256 idle agents every second.
+        while not self.stopping.wait(60.0):
             pass
         self.stop()
 
