@@ -80,7 +80,56 @@ def cipher_rate(mib: int, reps: int) -> dict:
                 raise RuntimeError(f"crypto_box {name} failed")
         out[f"{name}_cpu_MBps"] = round(n / min(cpu) / 1e6)
         out[f"{name}_wall_MBps"] = round(n / statistics.median(wall) / 1e6)
+    out.update(aead_rate(mib, reps))
     out["load"] = load()
+    return out
+
+
+def aead_rate(mib: int, reps: int) -> dict:
+    """One core of the AEAD the bulk streams seal 1 MiB chunks with (monarch_agents/bulk.py), MB/s of CPU."""
+    sys.path.insert(0, REPO)
+    from monarch_agents import bulk
+
+    s = bulk.sodium()
+    if s is None:
+        return {}
+    enc, dec = s.ciphers[s.preferred]
+    chunk = bulk.CHUNK
+    m, c, tag = bytearray(chunk), bytearray(chunk), bytearray(16)
+    ma, ca, ta = s.address(m), s.address(c), s.address(tag)
+    key, nonce = os.urandom(32), bytes(12)
+    out = {"aead": {bulk.CIPHER_AES256GCM: "AES-256-GCM", bulk.CIPHER_CHACHA20POLY1305: "ChaCha20-Poly1305"}[s.preferred]}
+    enc(ca, ta, None, ma, chunk, None, 0, None, nonce, key)
+    n = max(1, mib)
+    for name, fn in (("encrypt", lambda: enc(ca, ta, None, ma, chunk, None, 0, None, nonce, key)),
+                     ("decrypt", lambda: dec(ma, None, ca, chunk, ta, None, 0, nonce, key))):
+        cpu = []
+        for _ in range(reps):
+            c0 = time.thread_time()
+            for _ in range(n):
+                if fn() != 0:
+                    raise RuntimeError(f"AEAD {name} failed")
+            cpu.append(time.thread_time() - c0)
+        out[f"aead_{name}_cpu_MBps"] = round(n * chunk / min(cpu) / 1e6)
+    return out
+
+
+def on_paper(res: dict, link_MBps: float = 12_500.0) -> dict:
+    """What a 100 Gb/s link (12,500 MB/s) would take, from this run's per-core figures."""
+    c, lk = res["cipher"], res["link"]
+    out = {"link_MBps": link_MBps,
+           # libzmq's CURVE runs in one I/O thread per connection: its rate does not grow with the link.
+           "curve_share_of_link": round(lk["zmq_curve_MBps"] / link_MBps, 4)}
+    if "aead_encrypt_cpu_MBps" in c:
+        # One bulk stream's thread seals then writes (its end's share of the kernel's TCP work), so its
+        # rate is 1/(1/seal + 1/copy); enough streams to fill the link, and the cores their work takes.
+        # The kernel's TCP work (the copies, both ends, and the veth) in MB per CPU-second, measured.
+        tcp = lk.get("veth_MB_per_cpu_s") or lk["veth_tcp_MBps"]
+        per_stream = 1 / (1 / c["aead_encrypt_cpu_MBps"] + 2 / tcp)  # one end's half of that work
+        out.update(seal_cores=round(link_MBps / c["aead_encrypt_cpu_MBps"], 1),
+                   open_cores=round(link_MBps / c["aead_decrypt_cpu_MBps"], 1),
+                   tcp_cores_both_ends=round(link_MBps / tcp, 1),
+                   streams=-(-int(link_MBps) // int(per_stream)))
     return out
 
 
@@ -114,18 +163,20 @@ class VethPair:
 
 
 TCP_RX = """
-import socket, sys
+import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5601)); s.listen(1)
 print("listening", flush=True)
 c, _ = s.accept(); mv = memoryview(bytearray(4 << 20))
 while c.recv_into(mv): pass
+print(time.process_time(), flush=True)  # user + system CPU of the receiving end (its copies)
 """
 TCP_TX = """
 import socket, sys, time
 s = socket.create_connection((sys.argv[1], 5601)); data = memoryview(bytearray(4 << 20)); n = 0
 t0 = time.perf_counter()
+c0 = time.process_time()
 while time.perf_counter() - t0 < 2: s.sendall(data); n += len(data)
-print(n / (time.perf_counter() - t0) / 1e6, flush=True)
+print(n / (time.perf_counter() - t0) / 1e6, n, time.process_time() - c0, flush=True)
 """
 ZMQ_RX = """
 import sys, zmq
@@ -151,7 +202,8 @@ print(len(data) * reps / (time.perf_counter() - t0) / 1e6, flush=True)
 """
 
 
-def _pair(v: VethPair, rx: str, tx: str, args: list[str], stdin: tuple[str, str] | None = None) -> float:
+def _pair(v: VethPair, rx: str, tx: str, args: list[str], stdin: tuple[str, str] | None = None,
+          cpu: list[float] | None = None) -> float:
     r = subprocess.Popen(["ip", "netns", "exec", v.b, sys.executable, "-c", textwrap.dedent(rx), v.ip_b, *args],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -163,7 +215,11 @@ def _pair(v: VethPair, rx: str, tx: str, args: list[str], stdin: tuple[str, str]
                            input=(stdin[1] + "\n") if stdin else "", capture_output=True, text=True, timeout=300)
         if t.returncode != 0:
             raise RuntimeError(t.stderr.strip()[-500:])
-        return float(t.stdout.strip())
+        out = t.stdout.split()
+        if cpu is not None and len(out) == 3:
+            rx_cpu = float(r.communicate(timeout=30)[0].split()[-1])
+            cpu.append(int(out[1]) / (float(out[2]) + rx_cpu) / 1e6)  # MB per CPU-second, both ends' copies
+        return float(out[0])
     finally:
         try:
             r.wait(timeout=30)  # it ends at the sender's last message (or EOF)
@@ -177,9 +233,10 @@ def link_rates(mib: int, reps: int) -> dict:
 
     v = VethPair()
     try:
-        samples = [_pair(v, TCP_RX, TCP_TX, []) for _ in range(reps)]
+        cpu: list[float] = []
+        samples = [_pair(v, TCP_RX, TCP_TX, [], cpu=cpu) for _ in range(reps)]
         out = {"veth_tcp_MBps": round(statistics.median(samples)), "veth_samples": [round(x) for x in samples],
-               "load_veth": load()}
+               "veth_MB_per_cpu_s": round(statistics.median(cpu)) if cpu else 0, "load_veth": load()}
         pk, sk = zmq.curve_keypair()
         plain, curve = [], []
         for _ in range(reps):  # interleaved: both see the same load
@@ -269,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                      "zmq_curve / limit": round(lk["zmq_curve_MBps"] / limit, 3),
                      "monarch echo, CURVE only (per direction) / limit": round(2 * base["echo_MBps"] / limit, 3),
                      "monarch echo (per direction) / limit": round(2 * mo["echo_MBps"] / limit, 3)}
+    res["on_paper_100Gbps"] = on_paper(res)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
@@ -284,6 +342,18 @@ def main(argv: list[str] | None = None) -> int:
           f"({2 * mo['echo_MBps']} MB/s each way)   load {mo['load_echo']}")
     print(f"limit (lower of one core's cipher and the veth): {limit} MB/s;  " +
           ";  ".join(f"{k} {v}" for k, v in res["ratios"].items()))
+    pp = res["on_paper_100Gbps"]
+    if "aead" in c:
+        print(f"bulk streams' AEAD ({c['aead']}), one core: seal {c['aead_encrypt_cpu_MBps']} MB/s of CPU, "
+              f"open {c['aead_decrypt_cpu_MBps']}")
+    line = (f"on paper, a 100 Gb/s link ({pp['link_MBps']:.0f} MB/s): libzmq's CURVE, one I/O thread per connection, "
+            f"would fill {100 * pp['curve_share_of_link']:.1f}% of it")
+    if "streams" in pp:
+        line += (f"; the bulk streams need {pp['seal_cores']} cores sealing on the sender, {pp['open_cores']} opening "
+                 f"on the receiver, and {pp['tcp_cores_both_ends']} for the kernel's TCP work at both ends "
+                 f"({lk['veth_MB_per_cpu_s']} MB per CPU-second over the veth here), over at least {pp['streams']} streams "
+                 f"(MONARCH_BULK_STREAMS; 2 by default)")
+    print(line)
     return 0
 
 

@@ -29,10 +29,11 @@ def test_link_bench_small_runs_and_reports() -> None:
                        capture_output=True, text=True, timeout=580, env={**os.environ, "PYTHONPATH": REPO})
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
-    for section, keys in {"cipher": ["encrypt_cpu_MBps", "decrypt_cpu_MBps"],
+    for section, keys in {"cipher": ["encrypt_cpu_MBps", "decrypt_cpu_MBps", "aead_encrypt_cpu_MBps", "aead_decrypt_cpu_MBps"],
                           "link": ["veth_tcp_MBps", "zmq_plain_MBps", "zmq_curve_MBps"],
                           "monarch_curve_only": ["echo_MBps"],
                           "monarch": ["echo_MBps"]}.items():
         for k in keys:
             assert out[section][k] > 0, (section, k)
+    assert out["on_paper_100Gbps"]["streams"] >= 1 and out["link"]["veth_MB_per_cpu_s"] > 0
     assert not {n for n in _namespaces() - before if n.startswith("lb-")}  # (others' may come and go)
