@@ -168,3 +168,19 @@ def test_a_silent_connection_holds_no_one_up(reserved):
     finally:
         silent.kill()
         silent.wait()
+
+
+def test_an_edited_file_retires_the_runner(tmp_path):
+    from monarch_cli.warm import _code_files, _edited
+
+    files = _code_files()
+    assert any(f.endswith(os.path.join("monarch_cli", "warm.py")) for f in files)  # its own code is watched
+    assert not _edited(files)
+    f = tmp_path / "mod.py"
+    f.write_text("x = 1\n")
+    watched = {str(f): f.stat().st_mtime_ns}
+    assert not _edited(watched)
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1_000_000))
+    assert _edited(watched)
+    f.unlink()
+    assert _edited(watched)
