@@ -10,6 +10,11 @@ times below do).  --timeline: one more `monarch run -- true`, traced: where its 
 go, from the process's start through its imports, the reservation read, the connection, the ranks
 (their host agents' own clocks: the RunCommand's arrival to the exit file) to its exit.
 
+On a shared, loaded machine the wall times are mostly other people's work; as root,
+`chrt -f 10 .venv/bin/python benchmarks/run_bench.py ...` runs the benchmark, the agents and the
+runner it starts at a real-time priority, ahead of everyone else's processes, as on an idle machine
+(the kernel still keeps 5% of each second for the rest).
+
 Also the CPU time each command used itself (user + system, from wait4): little moved by
 other load, it compares a before/after on a busy machine where wall times drown in noise.
 With --baseline, the `monarch` of that commit (its tree unpacked from git into a temp folder)
