@@ -495,7 +495,7 @@ class ActorSlot:
 
     def abort(self, reason: str | None = None) -> None:
         """``Instance.abort``: fail this actor; its owner gets a supervision event."""
-        self._fail(f"aborted: {reason or 'no reason given'}")
+        self._fail(f"aborted: {reason or 'no reason provided'}")
 
     def _fail(self, reason: str, headline: str | None = None) -> None:
         if self.failed is not None:

@@ -96,6 +96,21 @@ def _attrs(attributes: Optional[Mapping[str, Any]]) -> str | None:
     return json.dumps({str(k): str(v) for k, v in attributes.items()}, sort_keys=True)
 
 
+class _Sink:
+    """Where an instrument's values go: rows of the ``metrics`` table.  An instrument holds it as
+    ``inner`` (Monarch's name for its Rust instrument, which Monarch's tests replace to watch the
+    values and attributes an instrument passes on)."""
+
+    def __init__(self, name: str, kind: str):
+        self.name = name
+        self.kind = kind
+
+    def add(self, amount: float, attributes: Optional[Mapping[str, str]] = None) -> None:
+        recorder().metric(_actor_name(), self.name, self.kind, amount, _attrs(attributes))
+
+    record = add
+
+
 class _Instrument:
     kind = ""
 
@@ -103,9 +118,12 @@ class _Instrument:
         self.name = name
         self.unit = unit
         self.description = description
+        self.inner: Any = _Sink(name, self.kind)
 
-    def _record(self, value: float, attributes: Optional[Mapping[str, Any]]) -> None:
-        recorder().metric(_actor_name(), self.name, self.kind, value, _attrs(attributes))
+    @staticmethod
+    def _strings(attributes: Optional[Mapping[str, Any]]) -> Optional[dict[str, str]]:
+        # As in Monarch, attribute values travel as strings.
+        return None if attributes is None else {str(k): str(v) for k, v in attributes.items()}
 
 
 class Counter(_Instrument):
@@ -116,21 +134,21 @@ class Counter(_Instrument):
     def add(self, amount: float, attributes: Optional[Mapping[str, Any]] = None, context: Any = None) -> None:
         if amount < 0:
             raise ValueError(f"a counter only goes up; add({amount}) is negative (use an up-down counter)")
-        self._record(amount, attributes)
+        self.inner.add(amount, attributes=self._strings(attributes))
 
 
 class UpDownCounter(_Instrument):
     kind = "up_down_counter"
 
     def add(self, amount: float, attributes: Optional[Mapping[str, Any]] = None, context: Any = None) -> None:
-        self._record(amount, attributes)
+        self.inner.add(amount, attributes=self._strings(attributes))
 
 
 class Histogram(_Instrument):
     kind = "histogram"
 
     def record(self, amount: float, attributes: Optional[Mapping[str, Any]] = None, context: Any = None) -> None:
-        self._record(amount, attributes)
+        self.inner.record(amount, attributes=self._strings(attributes))
 
 
 class Meter:

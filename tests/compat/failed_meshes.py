@@ -8,6 +8,7 @@ and the signal, as Monarch words them.  Runs unchanged on monarch and on torchmo
 (tests/compat/test_api_compat.py compares them).
 """
 
+import contextlib
 import os
 import re
 import threading
@@ -81,4 +82,22 @@ report = faults[0].report()
 print("nested proc killed: the report names a proc's actor:", bool(re.search(r"(leaf|logger-.*)\{'a_dim': 0/1\}", report)))
 print("nested proc killed: the report names the signal:",
       "the process this actor was running on failed: Killed(sig=9)" in report)
+
+
+class Quitter(Actor):
+    @endpoint
+    def quit(self, reason) -> None:
+        from monarch.actor import context
+
+        context().actor_instance.abort(reason)
+
+
+for reason in (None, "out of patience"):
+    faults.clear()
+    fault_seen.clear()
+    quitter = this_host().spawn_procs().spawn("quitter", Quitter)
+    with contextlib.suppress(Exception):  # the call's answer may race the abort
+        quitter.quit.call_one(reason).get()
+    fault_seen.wait(60)
+    print(f"abort({reason!r}): the report says why:", (reason or "no reason provided") in faults[0].report())
 print("done")

@@ -96,6 +96,8 @@ stop: ActorError (names its cause: True)
 faults so far: 0
 nested proc killed: the report names a proc's actor: True
 nested proc killed: the report names the signal: True
+abort(None): the report says why: True
+abort('out of patience'): the report says why: True
 done
 """
 
@@ -120,7 +122,12 @@ supervised while the endpoint waited (names the child, names its exception): [(T
 done
 """
 
-BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
+INSTRUMENT_VALUES_OUT = """\
+Counter [(5, {'step': '3', 'phase': 'warmup'}), (10, None)]
+UpDownCounter [(7, {'step': '3', 'phase': 'warmup'}), (-3, None)]
+"""
+
+BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT}
 
