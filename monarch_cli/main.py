@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         if enabled(argv):
             code = warm_run(argv)  # a child of the warm runner ran it (None: it is ours to run)
             if code is not None:
-                sys.exit(code)
+                _exit_now(code)
     import warnings
 
     warnings.showwarning = _one_line_warning
