@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from monarch_agents import messages as m
 from monarch_agents.errors import SupervisionError
+from monarch_agents.keys import CLIENT
 
 log = logging.getLogger("monarch.fanout")
 
@@ -87,6 +88,9 @@ _LOCAL_LAST = (m.Shutdown,)
 
 #: An index's answer: (True, the reply's value) or (False, why there is none, one line).
 Result = tuple
+#: What an agent that cannot forward (it holds no client key: a pod's) answers for the rest of its
+#: subtree: its parent sends those messages itself.
+CANNOT_FORWARD = (False, "cannot forward: this host agent holds no client key")
 
 
 def split(items: list, degree: int) -> list[list]:
@@ -302,10 +306,19 @@ class Node:
             if not reply.ok or not isinstance(reply.payload, dict):
                 return
             port.acked = True
+            again = []
             for i, r in reply.payload.items():
-                if i in indices and isinstance(r, tuple) and len(r) == 2:
+                if i in indices and r == CANNOT_FORWARD:
+                    again.append(i)
+                elif i in indices and isinstance(r, tuple) and len(r) == 2:
                     self._answer(i, (bool(r[0]), r[1]))
-            if not any(i in self.pending for i in indices):
+            if again:
+                # An agent without the client's key (a pod's) cannot forward: its subtree, straight from here.
+                entry[1][:] = [i for i in indices if i not in again]
+                for i in again:
+                    if i in self.pending:
+                        self._send([self.items[i]], raw=True)
+            if not any(i in self.pending for i in entry[1]):
                 self._close(port)
             return
         value = reply.payload if reply.ok else _one_line(_error_of(reply.payload))
@@ -432,7 +445,8 @@ def fan_out(rt: Any, targets: list[tuple[str, str, Any]], *, timeout_s: float | 
     message from here (default: :func:`use_tree` decides)."""
     degree = DEGREE if degree is None else degree
     if direct is None:
-        direct = not use_tree(len(targets), degree)
+        # Only the client's key may ask an agent to forward (a proc's Fanout is refused).
+        direct = not use_tree(len(targets), degree) or getattr(rt.keys, "role", CLIENT) != CLIENT
     call = FanoutCall(len(targets), on_result)
     items = [(i, addr, host, msg) for i, (addr, host, msg) in enumerate(targets)]
     if not items:

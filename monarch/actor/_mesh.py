@@ -525,13 +525,18 @@ class ProcMesh(_MeshBase):
             rt.retire(p.addr, err)
         hosts = {p.host_rank: p for p in procs}
         if self._host_mesh is not None:
-            for h in self._host_mesh._hosts:
-                if h.host_rank in hosts or len(self._host_mesh._hosts) == 1:
-                    try:
-                        rt.request(h.addr, lambda port: m.StopProcs(self._mesh_id, port, grace)).get(timeout=host_timeout)
-                    except Exception as e:
-                        # The host agent is gone or busy: its procs were already asked to stop one by one.
-                        log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, e)
+            from monarch_agents.fanout import fan_out
+
+            # Every host at once, through the tree of host agents (one deadline, not one per host in turn).
+            targets = [h for h in self._host_mesh._hosts if h.host_rank in hosts or len(self._host_mesh._hosts) == 1]
+            call = fan_out(rt, [(h.addr, h.host, m.StopProcs(self._mesh_id, m.PortRef("", 0), grace)) for h in targets],
+                           timeout_s=host_timeout)
+            call.wait(host_timeout + 1.0)
+            for i, h in enumerate(targets):
+                ok, why = call.results.get(i, (False, "no answer"))
+                if not ok:
+                    # The host agent is gone or busy: its procs were already asked to stop one by one.
+                    log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, why)
         if self._init_error is not None:
             # As in Monarch: the procs are stopped all the same, and the stop reports the mesh's failure.
             fut.set_exception(self._init_error)

@@ -22,7 +22,8 @@ import logging
 from typing import Any, Callable
 
 from monarch_agents import messages as m
-from monarch_agents.fanout import Node, fan_out
+from monarch_agents.fanout import CANNOT_FORWARD, Node, fan_out
+from monarch_agents.keys import CLIENT
 from monarch_agents.services import Service
 from monarch_rdmafs import messages as wm
 
@@ -89,15 +90,20 @@ class FanoutService(Service):
             self.active -= 1
 
         report({})  # at once: the parent hears that this agent carries fan-outs (see Node._check_ack)
-        own = msg.items[0][3]
+        items = msg.items
+        if agent.keys.role != CLIENT and len(items) > 1:
+            # Without the client's key (a pod's agent) its forwards would be refused: the parent sends them.
+            report({it[0]: CANNOT_FORWARD for it in items[1:]})
+            items = items[:1]
+        own = items[0][3]
         if type(own) is m.RunCommand and own.owner:
             agent.track_owner_via(own.owner, parent.addr)
-            if len(msg.items) > 1:
-                self.below.setdefault(own.owner, {}).update((addr, host) for _, addr, host, _ in msg.items[1:])
+            if len(items) > 1:
+                self.below.setdefault(own.owner, {}).update((addr, host) for _, addr, host, _ in items[1:])
         timeout = None if msg.timeout_s is None else min(float(msg.timeout_s), _MAX_TIMEOUT_S)
-        node = Node(agent.rt, msg.items, msg.degree, timeout, report, done, local=self._local)
+        node = Node(agent.rt, items, msg.degree, timeout, report, done, local=self._local)
         self.active += 1
-        self.forwarded += len(msg.items) - 1
+        self.forwarded += len(items) - 1
         node.start()
 
     def _local(self, msg: Any) -> None:

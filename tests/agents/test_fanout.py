@@ -229,6 +229,25 @@ def test_an_agent_without_fan_outs_is_asked_straight(client, tmp_path):
     assert wait_gone([a.pid for a in agents]) == []
 
 
+def test_pods_agents_cannot_forward_so_their_parent_asks_their_subtree(client, tmp_path):
+    """A pod's host agent holds no client key (its forwards would be refused): it answers its own
+    message and hands the rest of its subtree back, which the client then asks straight."""
+    from tests.helpers import start_host_agent
+
+    agents = [start_host_agent(client.keys.for_hosts(), tmp_path, hostname=f"pod{i}") for i in range(3)]
+    try:
+        # A telemetry scan is the client's alone: a pod's forward of it would be refused.
+        scan = m.TelemetryScan({"hosts": 'SELECT host FROM "hosts"'}, 10.0, m.PortRef("", 0))
+        call = fan_out(client, [(a.addr, a.info["host"], scan) for a in agents], timeout_s=20, degree=1, direct=False)
+        assert call.wait(40)
+        got = [call.results[i] for i in range(3)]
+        assert all(ok and isinstance(v, dict) and "hosts" in v for ok, v in got), got
+    finally:
+        for a in agents:
+            a.stop()
+    assert wait_gone([a.pid for a in agents]) == []
+
+
 def _ranks(pids: list[int], cmd: str) -> list[int]:
     found = []
     for pid in pids:
