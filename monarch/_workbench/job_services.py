@@ -1,7 +1,7 @@
 """A job's telemetry and admin services, as Monarch's ``enable_telemetry`` / ``enable_admin`` give them.
 
-Both are HTTP servers this client runs on loopback (unless ``MeshAdminConfig(admin_addr=...)``
-says otherwise) for as long as it holds the job:
+Both are HTTP servers this client runs on loopback (unless ``MeshAdminConfig(admin_addr=...)``, or
+for the admin server ``monarch.config``'s ``mesh_admin_addr``, says otherwise) for as long as it holds the job:
 
 * telemetry (``JobState.telemetry_url``): ``POST /api/query`` ``{"sql": ...}`` answers
   ``{"rows": [...]}`` from the job's telemetry tables (the SQL of ``monarch query``, run on every
