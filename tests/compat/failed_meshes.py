@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 import warnings
 
 import monarch.actor
@@ -25,6 +26,18 @@ fault_seen = threading.Event()
 def hook(failure) -> None:
     faults.append(failure)
     fault_seen.set()
+
+
+def fault_naming(word: str):
+    """The first fault whose report names ``word`` (others, late ones of an earlier step, are skipped)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for f in list(faults):
+            if word in f.report():
+                return f
+        fault_seen.wait(0.1)
+        fault_seen.clear()
+    raise TimeoutError(f"no fault names {word!r}: {[f.report() for f in faults]}")
 
 
 monarch.actor.unhandled_fault_hook = hook
@@ -77,8 +90,7 @@ class Nest(Actor):
 
 nest = this_host().spawn_procs().spawn("nest", Nest)
 nest.kill_leaf.call_one().get()
-fault_seen.wait(60)
-report = faults[0].report()
+report = fault_naming("a_dim").report()
 print("nested proc killed: the report names a proc's actor:", bool(re.search(r"(leaf|logger-.*)\{'a_dim': 0/1\}", report)))
 print("nested proc killed: the report names the signal:",
       "the process this actor was running on failed: Killed(sig=9)" in report)
@@ -92,12 +104,9 @@ class Quitter(Actor):
         context().actor_instance.abort(reason)
 
 
-for reason in (None, "out of patience"):
-    faults.clear()
-    fault_seen.clear()
-    quitter = this_host().spawn_procs().spawn("quitter", Quitter)
+for n, reason in enumerate((None, "out of patience")):
+    quitter = this_host().spawn_procs().spawn(f"quitter{n}", Quitter)
     with contextlib.suppress(Exception):  # the call's answer may race the abort
         quitter.quit.call_one(reason).get()
-    fault_seen.wait(60)
-    print(f"abort({reason!r}): the report says why:", (reason or "no reason provided") in faults[0].report())
+    print(f"abort({reason!r}): the report says why:", (reason or "no reason provided") in fault_naming(f"quitter{n}").report())
 print("done")
