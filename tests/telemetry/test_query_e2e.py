@@ -28,24 +28,30 @@ FAIL_RANK1 = ("import os, sys, time\n"
               "time.sleep(60)\n")
 
 
-@pytest.fixture(scope="module", params=["client", "first-agent"])
+#: Each way a query is answered, by the environment of every command and of the agents serve starts.
+MODES = {"client": {"MONARCH_FANOUT_DEGREE": "0"},  # every message straight from the client: its own engine
+         "first-agent-tree": {"MONARCH_FANOUT_DIRECT_MAX": "1"}}  # the first agent asks the other through the tree
+
+
+@pytest.fixture(scope="module", params=list(MODES))
 def job(request, tmp_path_factory):
-    """A reservation of two hosts; each test runs twice: the query finished by the client, and
-    (with the tree of host agents used from two hosts on) by the first host agent, which asks
-    the others through the tree (``query_on_agent``): the answers must be the same."""
-    old = os.environ.get("MONARCH_FANOUT_DIRECT_MAX")
-    if request.param == "first-agent":
-        os.environ["MONARCH_FANOUT_DIRECT_MAX"] = "1"  # for every command, and the agents serve starts
+    """A reservation of two hosts; each test runs both ways: the query finished by the client, and
+    by the first host agent (``query_on_agent``, the default), here asking the other host through
+    the tree of host agents: the answers must be the same."""
+    env = MODES[request.param]
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         d = tmp_path_factory.mktemp("telemetry-job")
         monarch("serve", "--hosts", "2", cwd=d, check=True)
         yield d
         monarch("stop", "--force", cwd=d, timeout=60)
     finally:
-        if old is None:
-            os.environ.pop("MONARCH_FANOUT_DIRECT_MAX", None)
-        else:
-            os.environ["MONARCH_FANOUT_DIRECT_MAX"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def q(job, sql, *args, check=True, timeout=60):
@@ -90,6 +96,18 @@ def test_output_formats(job):
     assert "rank_exits" in r.stdout and "message_status_events" in r.stdout
     r = monarch("--json", "query", "--tables", cwd=job, check=True)
     assert {t["table"] for t in json.loads(r.stdout)} >= {"actors", "meshes", "logs", "stacks", "runs", "hosts"}
+
+
+def test_through_the_first_agent_the_client_imports_no_sql_engine(job):
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "monarch_cli.main", "--json", "query",
+                        "SELECT host, count(*) AS n FROM hosts GROUP BY host ORDER BY host"], cwd=job, capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"] == [{"host": "host0", "n": 1}, {"host": "host1", "n": 1}]
+    imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    through_agent = os.environ.get("MONARCH_FANOUT_DEGREE") != "0"
+    assert ("datafusion" in imported) is not through_agent
+    assert ("pyarrow" in imported) is not through_agent
 
 
 def test_an_actor_program_fills_monarch_tables_and_job_query(job):
@@ -234,14 +252,3 @@ def test_an_agent_killed_mid_query_gives_a_partial_answer_then_stop_save_and_que
     r = monarch("query", "--from", str(tmp_path / "nothing-here"), "SELECT 1", cwd=tmp_path)
     assert r.returncode == 2 and "no saved telemetry" in r.stderr
 
-
-def test_through_the_first_agent_the_client_imports_no_sql_engine(job):
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "monarch_cli.main", "--json", "query",
-                        "SELECT host, count(*) AS n FROM hosts GROUP BY host ORDER BY host"], cwd=job, capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["rows"] == [{"host": "host0", "n": 1}, {"host": "host1", "n": 1}]
-    imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
-    through_agent = os.environ.get("MONARCH_FANOUT_DIRECT_MAX") == "1"
-    assert ("datafusion" in imported) is not through_agent
-    assert ("pyarrow" in imported) is not through_agent
