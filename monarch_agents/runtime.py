@@ -203,11 +203,22 @@ class Runtime:
             return
         err = self._death.get(addr)
         if err is not None:
-            raise err
+            if addr not in self.mailbox.stalled:
+                raise err
+            with self._lock:
+                self._revive(addr)
         try:
             self.mailbox.send(addr, msg)
         except PeerLost:
             raise self._death.get(addr) or SupervisionError(f"connection to {addr} was lost")
+
+    def _revive(self, addr: str) -> None:
+        """``addr`` was lost for reading nothing (``message_delivery_timeout``), not for closing its
+        connection: what was pending for it failed; what is sent now tries it afresh, and fails the
+        same way if it still reads nothing (under ``_lock``)."""
+        self._death.pop(addr, None)
+        self.mailbox.stalled.discard(addr)
+        self.mailbox.dead.discard(addr)
 
     def _on_own_message(self, msg: Any) -> None:
         self.mailbox.sender_role = SELF
@@ -286,7 +297,10 @@ class Runtime:
                 self._host_ports.add(pid)
             for a in waits_on:
                 if a in self._death:
-                    dead = (a, self._death[a])
+                    if a in self.mailbox.stalled:
+                        self._revive(a)  # lost for reading nothing: asked afresh (see send)
+                    else:
+                        dead = (a, self._death[a])
                 self._waiting[a].add(pid)
         if dead is not None:
             self.mailbox.call_soon(lambda: handler.lost(*dead))

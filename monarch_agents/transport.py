@@ -336,6 +336,9 @@ class Mailbox:
         #: Peers never given up on for reading nothing (``message_delivery_timeout``): a proc's
         #: owners, whose answers must wait for them (a client in Ctrl-Z gets them when it goes on).
         self.patient: Callable[[str], bool] | None = None
+        #: Peers lost because they read nothing (not because they closed): what was pending for them
+        #: failed, and the next message sent to one tries it afresh (it may have gone on since).
+        self.stalled: set[str] = set()
         self.stats_received = 0
         self.stats_dropped = 0
 
@@ -563,6 +566,7 @@ class Mailbox:
             if stalled > limit and addr not in self.dead and not (patient is not None and patient(addr)):
                 log.warning("%s: %s took none of our messages for %.1f s (message_delivery_timeout)",
                             self.name, addr, stalled)
+                self.stalled.add(addr)
                 self._lose(addr, f"a message was not delivered within message_delivery_timeout ({limit:g} s): "
                                  "the process took none (stopped or wedged)")
 
@@ -576,7 +580,10 @@ class Mailbox:
     def send(self, addr: str, msg: Any) -> None:
         """Send ``msg`` to the process at ``addr``. Thread-safe; never blocks on the IO thread."""
         if addr in self.dead:
-            raise PeerLost(addr)
+            if addr not in self.stalled:
+                raise PeerLost(addr)
+            self.stalled.discard(addr)  # given up on for reading nothing: try it afresh
+            self.dead.discard(addr)
         p = self._peer(addr)
         if type(p) is ipc.Link:
             fds: list[int] = []

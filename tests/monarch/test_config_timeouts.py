@@ -54,7 +54,8 @@ def _state(pid: int) -> str:
 
 def test_message_delivery_timeout_fails_a_call_to_a_proc_that_takes_nothing():
     """A SIGSTOPped proc reads none of its messages: under "10m" the call is still waiting after
-    seconds; under "1s" it fails while the proc is still stopped, naming the setting."""
+    seconds; under "1s" it fails while the proc is still stopped, naming the setting, and once the
+    proc goes on, the next message reaches it (it was given up on, not dead)."""
     for limit in ("10m", "1s"):
         with config.configured(message_delivery_timeout=limit):
             pm = this_host().spawn_procs(per_host={"gpus": 1})
@@ -71,6 +72,13 @@ def test_message_delivery_timeout_fails_a_call_to_a_proc_that_takes_nothing():
                             call.get(timeout=T)
                 if limit == "10m":
                     assert call.get(timeout=T) == "hello"  # delivered once the proc runs again
+                else:
+                    # Given up on for reading nothing, not dead: the next message tries it afresh.
+                    from monarch_agents import runtime as rt_mod
+                    from monarch_agents.messages import ConfigDump
+
+                    answer = rt_mod.current().request(pm._procs[0].addr, lambda port: ConfigDump([], port))
+                    assert "env" in answer.get(timeout=T)
             finally:
                 pm.stop().get(timeout=T)
 
