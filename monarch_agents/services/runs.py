@@ -102,8 +102,9 @@ class CommandChild(Child):
         #: Signals that came before the zygote said the command started (a rank that fails at once
         #: makes the client stop the others while theirs may still be starting).
         self.early_signals: list[int] = []
-        #: Where the end goes instead of a RunExited on ``reply`` (``RunCommand.exit_to``): a fan-out tree.
-        self.exit_to: m.PortRef | None = None
+        #: Where the end goes instead of a RunExited on ``reply`` (``RunCommand.exit_to``): a fan-out tree's
+        #: ports, every one that asked (a subtree sent again, or straight, after its forwarder was slow or lost).
+        self.exit_to: list[m.PortRef] = []
 
     def on_started(self, pid: int) -> None:
         with self.lock:
@@ -167,10 +168,10 @@ class CommandChild(Child):
         except Exception:  # the client must hear of the end whatever happened here
             log.exception("run %s rank %d: ending", self.run_id, self.rank)
         with self.lock:
-            exit_to = self.exit_to
-        if exit_to is not None:
-            self.service.agent.send(exit_to.addr, m.Reply(exit_to.port_id, self.rank, True, self.end_report()))
-        elif self.reply.addr:
+            exit_to = list(self.exit_to)
+        for port in exit_to:
+            self.service.agent.send(port.addr, m.Reply(port.port_id, self.rank, True, self.end_report()))
+        if not exit_to and self.reply.addr:
             self.service.agent.send(self.reply.addr, m.RunExited(self.reply.port_id, self.run_id, self.rank, code,
                                                                  reason, self.log_error))
         self.service.finished(self)
@@ -272,7 +273,8 @@ class RunsService(Service):
             if run is not None and run.rank == msg.rank:
                 with run.lock:
                     if not run.sent_exit:
-                        run.exit_to = msg.exit_to
+                        if isinstance(msg.exit_to, m.PortRef) and msg.exit_to not in run.exit_to:
+                            run.exit_to.append(msg.exit_to)
                         return True
                 report = run.end_report()
             else:
@@ -299,7 +301,7 @@ class RunsService(Service):
             agent.track_owner(msg.owner)
         run_dir = os.path.join(agent.log_dir, "runs", path_component(msg.run_id))
         run = _Run(self, msg, run_dir)
-        run.exit_to = msg.exit_to
+        run.exit_to = [msg.exit_to] if isinstance(msg.exit_to, m.PortRef) else []
         try:
             # A folder that is not safely ours (UnsafeFolder) or cannot be made: the run goes on with
             # nothing written there, and its end says why.

@@ -178,6 +178,17 @@ def test_a_killed_client_leaves_no_rank_behind_anywhere_in_the_tree(reservation)
     assert _ranks(pids, "sleep 300") == []
 
 
+def test_a_subtree_asked_twice_starts_each_rank_once_and_every_asker_hears_its_end(reservation):
+    """A client that takes its first hosts for too slow (an acknowledgement wait of 1 ms) asks their
+    subtrees straight too: each rank still runs once, and the run ends."""
+    workdir, _ = reservation
+    ran = workdir / "ran"
+    r = monarch("run", "--", "sh", "-c", f'echo "$NODE_RANK" >> {ran}', cwd=workdir,
+                env={**TREE, "MONARCH_FANOUT_ACK_S": "0.001"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(int(x) for x in ran.read_text().split()) == list(range(HOSTS))
+
+
 def test_a_failed_rank_stops_every_rank_through_the_tree(reservation):
     workdir, pids = reservation
     last = HOSTS - 1
