@@ -62,7 +62,9 @@ def _key() -> str:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     settings = sorted((k, v) for k, v in os.environ.items()
                       if (k.startswith("MONARCH_") and k not in _PER_COMMAND_ENV) or k in _START_ENV)
-    return repr((os.getuid(), sys.executable, here, sys.path, settings))
+    # Not sys.path[0]: the script's folder or, for `python -m`, the working directory, which would make
+    # a runner per folder a command is typed in (the code's own folder is `here`).
+    return repr((os.getuid(), sys.executable, here, sys.path[1:], settings))
 
 
 def _socket_name(key: str) -> str:
