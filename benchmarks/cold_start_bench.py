@@ -129,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torchmonarch-python", default=DEFAULT_TM_PYTHON)
     ap.add_argument("--json", action="store_true", help="JSON on stdout (the table goes to stderr)")
     args = ap.parse_args(argv)
+    # Byte-compiled as an install leaves it: with PYTHONDONTWRITEBYTECODE set (this machine's shells
+    # have it), a source edited since would be compiled again by every timed start.
+    import compileall
+
+    for pkg in ("monarch_agents", "monarch", "monarch_cli", "monarch_schedulers", "monarch_telemetry", "monarch_rdmafs"):
+        compileall.compile_dir(os.path.join(REPO, pkg), quiet=1)
 
     work = tempfile.mkdtemp(prefix="coldb-")
     rt_dir = os.path.join(work, "rt")

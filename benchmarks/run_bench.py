@@ -54,7 +54,7 @@ def compile_sources() -> None:
     since would otherwise be recompiled by every command we time."""
     import compileall
 
-    for pkg in ("monarch_agents", "monarch", "monarch_cli", "monarch_schedulers"):
+    for pkg in ("monarch_agents", "monarch", "monarch_cli", "monarch_schedulers", "monarch_telemetry", "monarch_rdmafs"):
         compileall.compile_dir(os.path.join(ROOT, pkg), quiet=1)
 
 
