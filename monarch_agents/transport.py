@@ -634,7 +634,10 @@ class Mailbox:
         Returns [] when the peer has it all, else the frames to send on the CURVE connection instead.
         """
         idx = [i for i in range(2, len(frames)) if _nbytes(frames[i]) >= bulk.MIN_FRAME]
-        if sum(_nbytes(frames[i]) for i in idx) < bulk.MIN_BYTES or self._socks or self._advertise is not None:
+        # Not through a relay either way: the receiver connects back to where our connection comes
+        # from, and a relay's address is not ours (it would wait CONNECT_S to learn that).
+        if (sum(_nbytes(frames[i]) for i in idx) < bulk.MIN_BYTES or self._socks or self._advertise is not None
+                or is_relayed(addr)):
             return frames
         try:
             if self._outbox is None:

@@ -330,3 +330,28 @@ def test_a_big_message_on_a_slow_link_does_not_starve_the_heartbeat(piece, expec
         assert expect in r.stdout, r.stdout + r.stderr[-2000:]
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_a_peer_behind_a_relay_gets_big_messages_on_its_connection(pair):
+    """A relayed address (a client outside a Kubernetes cluster) is not where its connections come
+    from: a bulk fetch back to them would fail after CONNECT_S, so none is offered."""
+    import queue
+
+    import zmq
+
+    from monarch_agents.transport import Mailbox, is_relayed
+
+    a, _ = pair
+    got: queue.Queue = queue.Queue()
+    ctx = zmq.Context()
+    relayed = Mailbox(a.mb.keys, got.put, name="relayed", ctx=ctx, advertise=lambda endpoint: endpoint)
+    try:
+        addr = relayed.start()
+        assert is_relayed(addr)
+        sent = _big(6 << 20)
+        a.mb.send(addr, sent)
+        assert got.get(timeout=T).payload.load() == sent.payload.load()
+        assert a.mb._outbox is None and not relayed._fetched_ids
+    finally:
+        relayed.close()
+        ctx.destroy(linger=0)
