@@ -31,6 +31,10 @@ log = logging.getLogger("monarch.port_forward")
 _LOOPBACK = "127.0.0.1"
 _CHUNK = 64 * 1024
 _RETRY_S = 0.1
+#: Chunks a side may send before the other has written them to its socket (each written chunk is
+#: acknowledged): 2 MiB in flight per direction, so a reader that stops reading stops the writer at
+#: the other end (as a TCP connection would), and a dropped connection is noticed by a blocked writer.
+_WINDOW = 32
 
 
 class _Data(NamedTuple):
@@ -43,6 +47,10 @@ class _Eof(NamedTuple):
 
 class _Abort(NamedTuple):
     reason: str
+
+
+class _Ack(NamedTuple):
+    """One chunk of ours was written to the other side's socket: one more may be sent."""
 
 
 def _check_port(name: str, port: Any) -> int:
@@ -66,34 +74,53 @@ def _parse_address(address: Any) -> tuple[str, int]:
     return host, _check_port("src_address port", port)
 
 
-async def _pump_out(reader: asyncio.StreamReader, to_peer: Port) -> None:
-    """Socket -> peer: data, then end of stream."""
+async def _pump_out(reader: asyncio.StreamReader, to_peer: Port, window: asyncio.Semaphore) -> None:
+    """Socket -> peer: data (at most ``_WINDOW`` chunks not yet written there), then end of stream."""
     while data := await reader.read(_CHUNK):
+        await window.acquire()
         to_peer.send(_Data(data))
     to_peer.send(_Eof())
 
 
-async def _pump_in(from_peer: PortReceiver, writer: asyncio.StreamWriter) -> None:
-    """Peer -> socket, until the peer's end of stream (or abort)."""
+async def _pump_in(from_peer: PortReceiver, writer: asyncio.StreamWriter, to_peer: Port,
+                   window: asyncio.Semaphore, out: "asyncio.Future[None]") -> None:
+    """Peer -> socket, until the peer's end of stream (or abort); acknowledges each chunk once
+    written, and takes the peer's acknowledgements of ours (after its end of stream too, for as
+    long as ``out``, our direction, still sends)."""
     while True:
         msg = await from_peer.recv()
-        if isinstance(msg, _Data):
+        if isinstance(msg, _Ack):
+            window.release()
+        elif isinstance(msg, _Data):
             writer.write(msg.data)
             await writer.drain()
+            to_peer.send(_Ack())
         elif isinstance(msg, _Eof):
             if writer.can_write_eof():
                 writer.write_eof()
                 await writer.drain()
-            return
+            break
         else:
             raise ConnectionAbortedError(getattr(msg, "reason", "the other side aborted"))
+    while not out.done():
+        recv = asyncio.ensure_future(from_peer.recv())
+        done, _ = await asyncio.wait({recv, out}, return_when=asyncio.FIRST_COMPLETED)
+        if recv not in done:
+            recv.cancel()
+            return
+        msg = recv.result()
+        if isinstance(msg, _Ack):
+            window.release()
+        elif isinstance(msg, _Abort):
+            raise ConnectionAbortedError(msg.reason)
 
 
 async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, to_peer: Port,
                  from_peer: PortReceiver) -> None:
     """Both directions until both ends closed; either failing aborts the connection on both sides."""
-    out = asyncio.ensure_future(_pump_out(reader, to_peer))
-    inn = asyncio.ensure_future(_pump_in(from_peer, writer))
+    window = asyncio.Semaphore(_WINDOW)
+    out = asyncio.ensure_future(_pump_out(reader, to_peer, window))
+    inn = asyncio.ensure_future(_pump_in(from_peer, writer, to_peer, window, out))
     try:
         await asyncio.gather(out, inn)
     except BaseException as e:
@@ -185,7 +212,7 @@ class _Source(Actor):
         self.destination = destination.slice(**{k: point[k] for k in point}) if len(point) else destination
         address = src_address(point) if callable(src_address) else src_address
         host, port = _parse_address(address)
-        self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True)
+        self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True, reuse_port=True)
         self.where = f"{host}:{self.server.sockets[0].getsockname()[1]}"
         return self.where
 

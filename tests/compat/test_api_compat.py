@@ -127,7 +127,13 @@ Counter [(5, {'step': '3', 'phase': 'warmup'}), (10, None)]
 UpDownCounter [(7, {'step': '3', 'phase': 'warmup'}), (-3, None)]
 """
 
-BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
+PORT_FORWARD_FLOW_OUT = """\
+a client that drops its connection drops the server's
+two sources on one address echo: True
+done
+"""
+
+BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT}
 
