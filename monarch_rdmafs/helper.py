@@ -47,7 +47,7 @@ class HelperProcess:
         self.stdout = stdout
         self.stderr = stderr
         self.cwd = cwd
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | _Spawned | None = None
         self._fd = -1
         self._buf = b""
         #: The child closed its end of the pipe (it exited, or is exiting): no line will come.
@@ -103,14 +103,14 @@ class HelperProcess:
         finally:
             os.close(in_r)
             os.close(out_w)
-        self.proc = _Spawned(handle, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"))
+        spawned = self.proc = _Spawned(handle, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"))
         self._fd = out_r
         try:
             if config is not None:
-                self.proc.stdin.write(config)
-                self.proc.stdin.flush()
+                spawned.stdin.write(config)
+                spawned.stdin.flush()
             if not keep_stdin:
-                self.proc.stdin.close()
+                spawned.stdin.close()
         except OSError:
             pass  # it died at once: wait_ready says so
 

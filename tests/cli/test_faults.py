@@ -258,6 +258,21 @@ if os.environ.get("TEST_STALL_AGENT") and b"monarch_agents.host_agent" in open("
     time.sleep(3600)  # the hosts' launcher is there but never forks them (stuck in an import, say)
 """
 
+_STALL_FORKED_SITECUSTOMIZE = """
+import os
+if os.environ.get("TEST_STALL_AGENT") and b"monarch_agents.host_agent" in open("/proc/self/cmdline", "rb").read():
+    import time
+
+    def _hang():  # as an agent that has let go of the launcher's output, then hangs before it listens
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        time.sleep(3600)
+
+    # The launcher forks its hosts and finishes; every host agent it forked hangs.
+    os.register_at_fork(after_in_child=_hang)
+"""
+
 
 def test_serve_never_waits_without_end_for_agents_that_do_not_come(workdir, tmp_path):
     """Host agents that never come up: serve gives up after MONARCH_SERVE_STALL_TIMEOUT with the
@@ -309,8 +324,8 @@ def test_sigterm_ends_a_run_whose_agent_no_longer_answers(workdir):
 
 def test_serve_gives_up_on_started_agents_that_never_come_up(workdir, tmp_path):
     """The other wait: the job runs and its agents' processes are there, but none ever says where it
-    listens.  serve gives up after MONARCH_SERVE_STALL_TIMEOUT naming the hosts, and releases them
-    (with --netns each host is a Python of its own, so the stall is in the agent, not a launcher)."""
+    listens.  serve gives up after MONARCH_SERVE_STALL_TIMEOUT naming the hosts, and releases them.
+    The launcher finishes here; each agent it forked (in its host's namespaces) stalls at once."""
     from monarch.errors import ExitCode
     from monarch_schedulers import netns
     from tests.helpers import session_pids, wait_gone
@@ -319,7 +334,7 @@ def test_serve_gives_up_on_started_agents_that_never_come_up(workdir, tmp_path):
         pytest.skip(netns.unavailable())
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(_STALL_SITECUSTOMIZE)
+    (site / "sitecustomize.py").write_text(_STALL_FORKED_SITECUSTOMIZE)
     before = set(session_pids())
     r = monarch("serve", "--hosts", "2", "--netns", cwd=workdir, timeout=120,
                 env={"PYTHONPATH": f"{ROOT}:{site}", "TEST_STALL_AGENT": "1", "MONARCH_SERVE_STALL_TIMEOUT": "5"})
