@@ -243,8 +243,10 @@ class Link:
         """
         if not fds and len(frames) == 2:
             a, b = frames
-            if type(a) is bytes and type(b) is bytes and len(b) < _JOIN_MAX:
-                return self._send_small(_HEAD2.pack(2, 0, len(a), len(b)) + a + b)
+            if type(a) is bytes and type(b) is bytes:
+                nb = len(b)
+                if nb < _JOIN_MAX:
+                    return self._send_small(_HEAD2.pack(2, 0, len(a), nb) + a + b)
         lens = [_nbytes(f) for f in frames]
         head = _head(len(frames)).pack(len(frames), len(fds), *lens)
         parts = [head, *frames]

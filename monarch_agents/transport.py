@@ -35,7 +35,9 @@ Nothing binds a wildcard address unless the caller passes one.
 from __future__ import annotations
 
 import atexit
+import heapq
 import ipaddress
+import itertools
 import logging
 import os
 import select
@@ -306,7 +308,9 @@ class Mailbox:
         self._connecting: dict[str, threading.Lock] = {}
         self._calls: list[Callable[[], None]] = []
         self._calls_lock = threading.Lock()
-        self._timers: list[tuple[float, Callable[[], None]]] = []
+        #: A heap of (when, sequence, fn): the loop looks at the first one at every turn.
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._running = False
         self._wake_fd = -1
@@ -557,7 +561,7 @@ class Mailbox:
             return
         limit = delivery_timeout_s()
         now = time.monotonic()
-        self._timers.append((now + max(0.05, min(1.0, limit / 4)), self._check_delivery))  # first: whatever fails
+        self._add_timer(now + max(0.05, min(1.0, limit / 4)), self._check_delivery)  # first: whatever fails
         with self._peers_lock:
             links = [(a, p) for a, p in self._peers.items() if type(p) is ipc.Link]
         patient = self.patient
@@ -709,7 +713,10 @@ class Mailbox:
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the IO thread after ``delay`` seconds."""
-        self.call_soon(lambda: self._timers.append((time.monotonic() + delay, fn)))
+        self.call_soon(lambda: self._add_timer(time.monotonic() + delay, fn))
+
+    def _add_timer(self, when: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (when, next(self._timer_seq), fn))  # IO thread only
 
     def forget(self, addr: str) -> None:
         """Close the socket to ``addr`` (it will be reopened on the next send)."""
@@ -783,7 +790,7 @@ class Mailbox:
                 if self._redrain:
                     timeout = 0.0
                 elif self._timers:
-                    timeout = max(0.0, min(t for t, _ in self._timers) - time.monotonic())
+                    timeout = max(0.0, self._timers[0][0] - time.monotonic())
                 for fd, ev in ep.poll(timeout):
                     h = handlers.get(fd)
                     if h is not None:
@@ -807,13 +814,14 @@ class Mailbox:
                         calls, self._calls = self._calls, []
                     for fn in calls:
                         self._guard(fn)
-                if self._timers:
+                timers = self._timers
+                if timers and timers[0][0] <= time.monotonic():
                     now = time.monotonic()
-                    due = [t for t in self._timers if t[0] <= now]
-                    if due:
-                        self._timers = [t for t in self._timers if t[0] > now]
-                        for _, fn in due:
-                            self._guard(fn)
+                    due = []
+                    while timers and timers[0][0] <= now:
+                        due.append(heapq.heappop(timers)[2])
+                    for fn in due:  # after taking them all: what they add waits for the next turn
+                        self._guard(fn)
                 if self._lingering:  # someone waits for queued messages to leave: tell them
                     with self._drained:
                         self._drained.notify_all()
@@ -985,6 +993,31 @@ class Mailbox:
                 self._held[rid].extend(held[k + 1:])
                 return
 
+    def _deliver_batch(self, messages: list, role: str) -> None:
+        """Messages that came in one read, with no policy to apply: all decoded, then all handled, in
+        order.  Handling one can wake another thread (an actor's, a waiting caller's), which then
+        waits for the GIL while this one decodes the next; decoding first hands over once."""
+        decoded = []
+        for frames, fds in messages:
+            if fds:
+                decoded.append((frames, fds))  # descriptors: the usual path, in its turn
+                continue
+            try:
+                decoded.append(wire.decode(frames))
+            except wire.WireError as e:
+                self.stats_dropped += 1
+                log.warning("%s: dropped a malformed message: %s", self.name, e)
+        for msg in decoded:
+            if type(msg) is tuple:
+                self._deliver(msg[0], msg[1], role)
+                continue
+            self.stats_received += 1
+            self.sender_role = role
+            try:
+                self.on_message(msg)
+            except Exception:
+                log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+
     def _deliver(self, frames: Any, fds: Any, role: str) -> None:
         # A proc's key (any rank or actor holds one) is held to less than the client's: at a host
         # agent its message's type is checked against the policy, and its size against the procs'
@@ -1069,8 +1102,11 @@ class Mailbox:
             if ev & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
                 was_ready = link.ready
                 messages, eof = link.receive()
-                for frames, fds in messages:
-                    self._deliver(frames, fds, link.role)
+                if len(messages) > 1 and not self._guard_procs and self._admit is None:
+                    self._deliver_batch(messages, link.role)
+                else:
+                    for frames, fds in messages:
+                        self._deliver(frames, fds, link.role)
                 if link.ready and not was_ready and link.outbound and link.flush():
                     self._watch_writable(link)
                 if eof:

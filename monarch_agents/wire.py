@@ -122,7 +122,10 @@ def _big_in(o: Any, depth: int, budget: list[int]) -> bool:
         if budget[0] < 0:
             return False
         for x in (o.values() if t is dict else o):
-            if type(x) not in _ATOMS and _big_in(x, depth - 1, budget):
+            tx = type(x)
+            if tx in _ATOMS or ((tx is tuple or tx is dict or tx is list) and not x):  # no call for what holds nothing
+                continue
+            if _big_in(x, depth - 1, budget):
                 return True
         return False
     if t is bytes or t is bytearray:
