@@ -9,7 +9,8 @@ and in the client::
     hosts = attach_to_workers(ca="trust_all_connections", workers=["tcp://worker1:4444", ...])
     procs = hosts.spawn_procs(per_host={"gpus": 8})
 
-How it is done here: the worker listens at ``address`` for one client at a time.  A client that
+How it is done here: the worker listens at ``address`` (``tcp://HOST:PORT``, or ``ipc://PATH``: a
+Unix socket, mode 0600, for a worker on the client's machine) for one client at a time.  A client that
 connects sends the keys of a job made for these workers (each ``attach_to_workers`` call makes
 one, so they open nothing else of the client's); the worker
 starts a monarch host agent with them (on the worker's address, a port of its own) and answers
@@ -25,6 +26,7 @@ you trust.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -74,8 +76,16 @@ def _parse(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _ipc_path(address: str) -> str | None:
+    """The socket path of an ``ipc://PATH`` worker address (a worker on this machine), else None."""
+    return address[len("ipc://"):] if address.startswith("ipc://") else None
+
+
 def _dial_address(address: str) -> tuple[str, int]:
-    """Where a client connects for ``address`` (the advertised side of ``advertise@bind``)."""
+    """Where a client connects for ``address`` (the advertised side of ``advertise@bind``); for an
+    ``ipc://PATH`` worker, ``("", 0)`` (it is dialled at its path)."""
+    if _ipc_path(address) is not None:
+        return "", 0
     parts = [p for p in address.split("@") if "://" in p]
     if not parts:
         raise ValueError(f"worker address {address!r} is not a tcp://HOST:PORT address")
@@ -134,6 +144,18 @@ def _serve_one(listener: socket.socket, bind_host: str) -> bool:
 
 
 def _listen(address: str) -> tuple[socket.socket, str]:
+    path = _ipc_path(address)
+    if path is not None:
+        # A worker on this machine, at a Unix socket only its user may connect to; its host agent
+        # listens on loopback.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            s.bind(path)
+        finally:
+            os.umask(old_umask)
+        s.listen(1)
+        return s, "127.0.0.1"
     host, port = _parse(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
@@ -152,6 +174,10 @@ def _loop(address: str, until_shutdown: bool, ready: Callable[[], None] = lambda
                 return
     finally:
         listener.close()
+        path = _ipc_path(address)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # the socket file of an ipc:// worker goes with it
 
 
 def run_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address: str) -> None:
@@ -194,11 +220,21 @@ def _connect_when_up(host: str, port: int, address: str, left: Callable[[str], f
     program may start its workers and attach at once); ``left(address)`` is the attach barrier's time
     left (it raises once there is none: ``mesh_attach_config_timeout``)."""
     delay = 0.05
+    path = _ipc_path(address)
     while True:
         remaining = left(address)
         try:
-            return socket.create_connection((host, port), timeout=remaining)
-        except ConnectionRefusedError:
+            if path is None:
+                return socket.create_connection((host, port), timeout=remaining)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(remaining)
+                s.connect(path)
+            except BaseException:
+                s.close()
+                raise
+            return s
+        except (ConnectionRefusedError, FileNotFoundError):
             if delay > left(address):
                 raise ConnectionRefusedError(f"worker {address}: nothing listens there (waited "
                                              "mesh_attach_config_timeout for it to start)") from None
