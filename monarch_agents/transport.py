@@ -102,6 +102,9 @@ _PIECE_BYTES = 4 << 20
 _PIECES_HEAD = b"MNRS"  # [head, whole frames...]: the lengths of the frames that follow in pieces
 _PIECE = b"MNRs"  # [piece]: the next bytes of those frames
 _PIECES = struct.Struct("!4sI")  # magic, how many frames come in pieces; then one !Q length each
+#: A message in pieces that gets no piece for this long is dropped (its sender died mid-way: a ROUTER
+#: is not told, and what was made for the rest would stay allocated).
+_ASSEMBLY_STALL_S = 60.0
 
 
 _ctx_lock = threading.Lock()
@@ -899,7 +902,9 @@ class Mailbox:
             log.warning("%s: dropped a malformed message: %s", self.name, e)
             return
         made = [shm.new_bytes(x)[1] for x in lengths]
-        self._assembling[rid] = _Assembly([*whole, *made], made, frames[1].get("Peer-Address"))
+        if not self._assembling:
+            self._timers.append((time.monotonic() + _ASSEMBLY_STALL_S, self._sweep_assemblies))
+        self._assembling[rid] = _Assembly([*whole, *made], made, frames[1].get("Peer-Address"), time.monotonic())
         self._piece(rid, b"", role)  # complete already if there are no bytes to come
 
     def _piece(self, rid: bytes, piece: Any, role: str) -> None:
@@ -910,6 +915,7 @@ class Mailbox:
             log.warning("%s: dropped a piece of a message whose start never came, or a malformed one", self.name)
             return
         data = memoryview(piece).cast("B")
+        a.touched = time.monotonic()
         while data.nbytes and a.at < len(a.made):
             dst = a.made[a.at]
             n = min(data.nbytes, dst.nbytes - a.off)
@@ -932,6 +938,17 @@ class Mailbox:
                 self._bulk_in(rid, body[0], body[1:], role, lambda: a.peer)
             else:
                 self._deliver(body, (), role)
+
+    def _sweep_assemblies(self) -> None:
+        """Drop the messages in pieces that stalled (IO thread; runs while there are any)."""
+        now = time.monotonic()
+        for rid, a in list(self._assembling.items()):
+            if now - a.touched > _ASSEMBLY_STALL_S:
+                del self._assembling[rid]
+                self.stats_dropped += 1
+                log.warning("%s: dropped a message sent in pieces: none came for %.0f s", self.name, _ASSEMBLY_STALL_S)
+        if self._assembling:
+            self._timers.append((now + _ASSEMBLY_STALL_S / 4, self._sweep_assemblies))
 
     def _bulk_in(self, rid: bytes, head: Any, frames: list[Any], role: str, peer: Callable[[], str]) -> None:
         """A message whose big buffers come by bulk streams: checked as ``_deliver`` would, then fetched."""
@@ -1207,6 +1224,7 @@ class _Assembly:
     frames: list[Any]
     made: list[memoryview]
     peer: str
+    touched: float  # when the last piece came (time.monotonic())
     at: int = 0  # which of ``made`` the next bytes go to
     off: int = 0
 

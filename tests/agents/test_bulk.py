@@ -286,6 +286,24 @@ def test_a_piece_without_its_head_or_a_head_with_too_many_bytes_is_dropped(pair)
     assert b.mb.stats_dropped == 2 and not b.mb._assembling
 
 
+def test_a_message_in_pieces_whose_sender_stops_midway_is_dropped_not_kept(pair, monkeypatch):
+    from monarch_agents import transport
+
+    a, b = pair
+    monkeypatch.setattr(transport, "_ASSEMBLY_STALL_S", 0.4)
+    a.mb.send(b.addr, m.Reply(1, 0, True, "hello"))  # connected
+    b.received.get(timeout=T)
+    head = transport._PIECES.pack(transport._PIECES_HEAD, 1) + (64 << 20).to_bytes(8, "big")
+    a.mb._send_small(b.addr, [head, b"MNRC"], a.mb._peers[b.addr])
+    a.mb._send_small(b.addr, [transport._PIECE, b"z" * 1000], a.mb._peers[b.addr])
+    deadline = time.monotonic() + T
+    while not b.mb.stats_dropped and time.monotonic() < deadline:  # the head arrives, then is given up on
+        time.sleep(0.05)
+    assert not b.mb._assembling and b.mb.stats_dropped == 1
+    a.mb.send(b.addr, m.Reply(2, 0, True, "still works"))
+    assert b.received.get(timeout=T).port_id == 2
+
+
 _SLOW_LINK = """
 import os, sys, time, queue
 sys.path.insert(0, {repo!r})
