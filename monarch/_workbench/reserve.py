@@ -165,8 +165,10 @@ def allocate(spec: JobSpec, *, name: str, path: str, job_dir: str, wait: bool = 
     # A scheduler that adopts running agents (kubernetes --attach) replaces the keys with theirs;
     # the file is never read back (what is in memory is what serve made).
     keys = sched.adopted_keys or keys
+    from monarch_agents.wire import VERSION as wire_version
+
     record = JobRecord(name=name, spec=spec, job_id=job_id, job_dir=job_dir, keys=keys, job=job,
-                       created_at=submitted_at)
+                       created_at=submitted_at, wire=wire_version)
     try:
         save_state(path, record)
     except BaseException:

@@ -57,6 +57,10 @@ class JobRecord:
     #: What ``monarch serve --workspace`` syncs to every host (``monarch._workbench.workspace.WorkspaceSpec``
     #: fields); None when the hosts use the client's paths as they are.
     workspace: dict | None = None
+    #: The wire version (``monarch_agents.wire.VERSION``) of the monarch that served this reservation:
+    #: its host agents drop the messages of another version unread, so a command of a monarch updated
+    #: since would wait for answers that never come.  None: served before it was recorded.
+    wire: int | None = None
 
     @property
     def ready(self) -> bool:
@@ -82,7 +86,13 @@ class JobRecord:
         """This process's runtime (``monarch_agents.runtime.Runtime``), started on first use to talk to
         this reservation's hosts: with its keys, listening where they can answer, by its route."""
         from monarch_agents.client import ensure_runtime
+        from monarch_agents.wire import VERSION
 
+        if self.wire is not None and self.wire != VERSION:
+            raise StateError(f"reservation {self.name!r} was served by a monarch whose host agents speak wire "
+                             f"version {self.wire}; this monarch speaks {VERSION} (it was updated since `monarch serve`)",
+                             "`monarch stop" + ("" if self.name == DEFAULT_CONTEXT else f" --name {self.name}")
+                             + "` releases it, then `monarch serve` again")
         return ensure_runtime(self.keys, reach=self.agent_addrs, route=self.route)
 
     def to_dict(self) -> dict:
@@ -96,7 +106,7 @@ class JobRecord:
             name=d["name"], spec=JobSpec(**d["spec"]), job_id=d["job_id"], job_dir=d["job_dir"],
             keys=JobKeys(**d["keys"]), hosts=[HostRecord(**h) for h in d["hosts"]],
             created_at=d["created_at"], version=d["version"], program=d.get("program"), job=d.get("job"),
-            workspace=d.get("workspace"),
+            workspace=d.get("workspace"), wire=d.get("wire"),
         )
 
 

@@ -174,3 +174,26 @@ def test_serve_replace_over_an_unreadable_state_file_stops_what_it_had_reserved(
     assert monarch("serve", cwd=workdir).returncode == 3  # refused without --replace
     monarch("serve", "--replace", cwd=workdir, check=True)
     assert _gone(pids), "the agents of the unreadable reservation were left running"
+
+
+def test_a_reservation_served_by_another_wire_version_is_one_line_not_a_hang(workdir):
+    """Its agents would drop this monarch's messages unread (monarch updated since serve): every
+    command that talks to them says so at once and how to fix it; stop still releases it."""
+    from monarch._workbench.state import load_state, save_state
+    from monarch_agents.wire import VERSION
+
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    path = str(workdir / ".monarch" / "job_state.pkl")
+    record = load_state(path)
+    assert record.wire == VERSION
+    record.wire = VERSION - 1
+    save_state(path, record)
+    for args in (["run", "--", "true"], ["status"], ["query", "SELECT count(*) FROM procs"]):
+        r = monarch(*args, cwd=workdir, timeout=60)
+        assert r.returncode != 0 and f"wire version {VERSION - 1}; this monarch speaks {VERSION}" in r.stderr, (args, r.stderr)
+        assert "`monarch stop` releases it" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    pid = record.hosts[0].pid
+    monarch("stop", cwd=workdir, check=True)
+    from tests.helpers import wait_gone
+
+    assert wait_gone([pid], 30) == []
