@@ -16,6 +16,7 @@ dozen classes cost ~15 ms per command), with ``__repr__`` and ``__eq__`` from
 from __future__ import annotations
 
 import pickle
+import struct
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, dataclass_transform
 
@@ -622,3 +623,26 @@ def _reply_from(v: tuple) -> Reply:
 
 wire.register_compact(Call, _call_values, _call_from)
 wire.register_compact(Reply, _reply_values, _reply_from)
+
+
+#: A raw answer: port id, rank, ok, then the Pickled's body (an answer without buffers: most).
+_REPLY_RAW = struct.Struct("!QqB")
+
+
+def _reply_raw(r: Reply) -> bytes | None:
+    p = r.payload
+    if type(p) is not Pickled or p.buffers or type(p.body) is not bytes or len(p.body) >= wire.OOB_THRESHOLD:
+        return None
+    if not 0 <= r.port_id < 1 << 64 or type(r.rank) is not int:
+        return None
+    return _REPLY_RAW.pack(r.port_id, r.rank, bool(r.ok)) + p.body
+
+
+def _reply_from_raw(data: Any) -> Reply:
+    port_id, rank, ok = _REPLY_RAW.unpack_from(data)
+    if ok > 1:
+        raise ValueError("a malformed answer")
+    return Reply(port_id, rank, bool(ok), Pickled(bytes(data[_REPLY_RAW.size:]), []))
+
+
+wire.register_raw(Reply, _reply_raw, _reply_from_raw)

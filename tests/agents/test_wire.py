@@ -197,7 +197,8 @@ def test_calls_and_answers_travel_compact():
     for msg in [small, big, *answers]:
         frames = wire.encode(msg)
         compact = type(msg.payload) is m.Pickled
-        assert frames[0].endswith(b"=" + type(msg).__name__.encode()) == compact
+        raw = compact and type(msg) is m.Reply  # an answer without buffers: struct and the body, no pickle
+        assert frames[0].endswith(b"=" + type(msg).__name__.encode() + (b"/raw" if raw else b"")) == compact
         assert wire.message_type(frames) is type(msg)
         got = wire.decode([memoryview(bytes(f)) if not isinstance(f, bytes) else f for f in frames])
         assert type(got) is type(msg)
@@ -220,6 +221,13 @@ def test_compact_bodies_name_no_class():
             wire.decode([header, body])
     with pytest.raises(wire.WireError):  # the slow path (with buffers) refuses it the same way
         wire.decode([header[:6] + struct.pack("!I", 1) + b"\0" + header[10:], evil, b"x"])
+    # A raw answer: too short, an ok that is neither 0 nor 1, or buffers beside it.
+    raw = wire.encode(m.Reply(5, 0, True, m.Pickled.of(1)))
+    assert raw[0].endswith(b"/raw")
+    for frames in ([raw[0], raw[1][:10]], [raw[0], raw[1][:16] + b"\x07" + raw[1][17:]],
+                   [raw[0][:6] + struct.pack("!I", 1) + b"\0" + raw[0][10:], raw[1], b"x"]):
+        with pytest.raises(wire.WireError):
+            wire.decode(frames)
 
 
 def test_segment_path_takes_over_descriptors():
