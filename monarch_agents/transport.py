@@ -903,7 +903,7 @@ class Mailbox:
             return
         made = [shm.new_bytes(x)[1] for x in lengths]
         if not self._assembling:
-            self._timers.append((time.monotonic() + _ASSEMBLY_STALL_S, self._sweep_assemblies))
+            self._add_timer(time.monotonic() + _ASSEMBLY_STALL_S, self._sweep_assemblies)
         self._assembling[rid] = _Assembly([*whole, *made], made, frames[1].get("Peer-Address"), time.monotonic())
         self._piece(rid, b"", role)  # complete already if there are no bytes to come
 
@@ -948,7 +948,7 @@ class Mailbox:
                 self.stats_dropped += 1
                 log.warning("%s: dropped a message sent in pieces: none came for %.0f s", self.name, _ASSEMBLY_STALL_S)
         if self._assembling:
-            self._timers.append((now + _ASSEMBLY_STALL_S / 4, self._sweep_assemblies))
+            self._add_timer(now + _ASSEMBLY_STALL_S / 4, self._sweep_assemblies)
 
     def _bulk_in(self, rid: bytes, head: Any, frames: list[Any], role: str, peer: Callable[[], str]) -> None:
         """A message whose big buffers come by bulk streams: checked as ``_deliver`` would, then fetched."""
