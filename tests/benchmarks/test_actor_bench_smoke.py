@@ -44,3 +44,6 @@ def test_actor_bench_quick_json() -> None:
     bad = {k: results[k] for k in EXPECTED_KEYS
            if not isinstance(results[k], (int, float)) or isinstance(results[k], bool) or not math.isfinite(results[k])}
     assert not bad, f"non-numeric results {bad}; errors: {out.get('errors')}\nstderr:\n{p.stderr[-4000:]}"
+    # The machine's load during the run is reported beside the figures (they mean little without it).
+    assert len(out["load_start"]) == 3 and len(out["load_end"]) == 3
+    assert "load average (1 min) during each run: monarch" in p.stderr
