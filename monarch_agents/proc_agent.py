@@ -712,6 +712,12 @@ class ProcAgent:
             self.send_reply(msg.reply, True, rank=msg.rank)
             return
         slot.begin_stop()
+        if slot.constructing:
+            # As in Monarch, an actor whose __init__ has not returned (it may never) is stopped at
+            # once: no call reaches it from now on.  Should __init__ return, it stops then (its
+            # __cleanup__ runs) with nobody waiting for that answer.
+            self.send_reply(msg.reply, True, rank=msg.rank)
+            msg = m.StopActor(msg.actor_id, m.PortRef("", 0), msg.rank)
         slot.post(msg)
 
     def is_owner(self, addr: str) -> bool:
