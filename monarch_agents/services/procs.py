@@ -23,6 +23,8 @@ from monarch_agents.services import Child, Service, killpg, stop_children
 _KILL_GRACE_S = 1.0
 #: The longest grace a client may ask for in StopProcs (a day: a bad value never leaves procs forever).
 _KILL_GRACE_MAX_S = 86400.0
+#: After a StopProcs' SIGKILL, how long its answer may still wait for the procs to be reaped.
+_STOP_ANSWER_MARGIN_S = 2.0
 
 
 @dataclass
@@ -60,6 +62,16 @@ class _Proc(Child):
         self.service.exited(self, code, reason)
 
 
+@dataclass(eq=False)
+class _StopWaiter:
+    """A StopProcs whose answer waits for its procs (by token) to exit."""
+
+    left: set[str]
+    reply: Any
+    count: int
+    answered: bool = False
+
+
 class ProcsService(Service):
     """The proc agents of every mesh on this host."""
 
@@ -71,6 +83,7 @@ class ProcsService(Service):
         super().__init__(agent)
         self.lock = threading.Lock()
         self.procs: dict[str, _Proc] = {}  # token -> proc, from the request until it exits
+        self.stop_waiters: list[_StopWaiter] = []  # StopProcs answered once their procs exited
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {m.SpawnProcs: self.on_spawn_procs, m.ProcReady: self.on_proc_ready, m.StopProcs: self.on_stop_procs,
@@ -131,8 +144,16 @@ class ProcsService(Service):
             self.agent.reply(pending.msg.reply, pending.infos)
 
     def on_stop_procs(self, msg: m.StopProcs) -> None:
+        grace = getattr(msg, "grace_s", None)  # a client of an older version sends none
+        if not isinstance(grace, (int, float)) or not 0 <= grace <= _KILL_GRACE_MAX_S:
+            grace = _KILL_GRACE_S
         with self.lock:
             victims = [p for p in self.procs.values() if p.mesh_id == msg.mesh_id and p.pid and p.exited is None]
+            # As in Monarch, the answer comes once the procs have exited (and were reaped): a
+            # client's stop().get() returns with its procs gone, not while they are still ending.
+            waiting = _StopWaiter({p.token for p in victims}, msg.reply, len(victims))
+            if victims and msg.reply is not None:
+                self.stop_waiters.append(waiting)
         for p in victims:
             killpg(p.pid, signal.SIGTERM)
         if victims:
@@ -140,12 +161,21 @@ class ProcsService(Service):
                 for p in victims:
                     if p.exited is None:
                         killpg(p.pid, signal.SIGKILL)
-            grace = getattr(msg, "grace_s", None)  # a client of an older version sends none
-            if not isinstance(grace, (int, float)) or not 0 <= grace <= _KILL_GRACE_MAX_S:
-                grace = _KILL_GRACE_S
             self.agent.rt.mailbox.call_later(grace, force)
-        if msg.reply is not None:
-            self.agent.reply(msg.reply, len(victims))
+            # Whatever happens to them, the asker hears back shortly after the SIGKILL.
+            self.agent.rt.mailbox.call_later(grace + _STOP_ANSWER_MARGIN_S, lambda: self._answer_stop(waiting))
+        else:
+            self._answer_stop(waiting)
+
+    def _answer_stop(self, waiting: "_StopWaiter") -> None:
+        with self.lock:
+            if waiting.answered:
+                return
+            waiting.answered = True
+            if waiting in self.stop_waiters:
+                self.stop_waiters.remove(waiting)
+        if waiting.reply is not None:
+            self.agent.reply(waiting.reply, waiting.count)
 
     def on_kill_proc(self, msg: m.KillProc) -> None:
         # Only a proc of this agent: the pid comes from a client, and a pid of anything else is not ours to signal.
@@ -164,6 +194,11 @@ class ProcsService(Service):
         with self.lock:
             self.procs.pop(proc.token, None)
             reported = bool(proc.addr)
+            for w in self.stop_waiters:
+                w.left.discard(proc.token)
+            done = [w for w in self.stop_waiters if not w.left]
+        for w in done:
+            self._answer_stop(w)
         if reported:
             self.agent.send(proc.owner, m.ProcDied(proc.addr, proc.pid, self.agent.host, reason, code))
         else:
