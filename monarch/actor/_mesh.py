@@ -723,8 +723,13 @@ class ActorInstance:
         return self._info.class_name if self._info else ""
 
     @property
-    def creator(self) -> str | None:
-        return self._info.owner if self._info else None
+    def creator(self) -> "CreatorInstance | None":
+        """Who spawned this actor, as Monarch gives it: ``.name`` is ``"root"`` (the client) or the
+        creating actor's mesh name, ``str()`` its full name (``<root>.<mod.Cls parent>``)."""
+        if not self._info:
+            return None
+        slot = getattr(self._info, "slot", None)
+        return CreatorInstance(getattr(getattr(slot, "msg", None), "creator", None) or "<root>")
 
     @property
     def proc(self) -> ProcMesh:
@@ -747,6 +752,25 @@ class ActorInstance:
 
     def __repr__(self) -> str:
         return (self._info.qualname or f"<{self.name} {self.rank}>") if self._info else "<root>"
+
+
+class CreatorInstance:
+    """The actor (or client) that spawned an actor: ``name`` and, as ``str()``, its full name."""
+
+    def __init__(self, qualname: str):
+        self._qualname = qualname
+
+    @property
+    def name(self) -> str:
+        last = self._qualname.rsplit(".<", 1)[-1].strip("<>")
+        if last == "root":
+            return "root"
+        return last.rsplit(" ", 1)[-1].split("{", 1)[0]  # "mod.Cls name{'gpus': 0/2}" -> name
+
+    def __str__(self) -> str:
+        return self._qualname
+
+    __repr__ = __str__
 
 
 class Context:

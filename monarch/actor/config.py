@@ -6,6 +6,7 @@
 (timeouts) are ``monarch.config``'s.
 """
 
+import importlib
 import sys
 import types
 
@@ -20,6 +21,11 @@ class _Config(types.ModuleType):
     @prefix_python_logs_with_actor.setter
     def prefix_python_logs_with_actor(self, value: bool) -> None:
         actor_logging.PREFIX_WITH_ACTOR = bool(value)
+
+    def __reduce__(self) -> tuple:
+        # Pickled by name, as any module is (cloudpickle, sending a function that uses
+        # monarch.actor.config, knows plain modules only by their exact type).
+        return importlib.import_module, (self.__name__,)
 
 
 sys.modules[__name__].__class__ = _Config

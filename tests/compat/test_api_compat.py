@@ -146,7 +146,13 @@ round 2: 4 procs, any left after stop: False
 done
 """
 
-BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
+CREATOR_NAMES_OUT = """\
+spawned by the client: ('root', '<root>')
+spawned by an actor: ('parent', '<root>.<__main__.Parent parent>')
+a function using monarch.actor.config pickles: True
+"""
+
+BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT}
 
