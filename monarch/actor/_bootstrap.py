@@ -76,6 +76,14 @@ def _parse(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _inherited_fd(address: str) -> int | None:
+    """N of a ``tcp://HOST:fdN`` worker address (listen on inherited file descriptor N), else None."""
+    if not address.startswith("tcp://") or "@" in address:
+        return None
+    port = address.rpartition(":")[2]
+    return int(port[2:]) if port.startswith("fd") and port[2:].isdigit() else None
+
+
 def _ipc_path(address: str) -> str | None:
     """The socket path of an ``ipc://PATH`` worker address (a worker on this machine), else None."""
     return address[len("ipc://"):] if address.startswith("ipc://") else None
@@ -156,6 +164,12 @@ def _listen(address: str) -> tuple[socket.socket, str]:
             os.umask(old_umask)
         s.listen(1)
         return s, "127.0.0.1"
+    fd = _inherited_fd(address)
+    if fd is not None:
+        # ``tcp://HOST:fdN``: a socket its parent bound already and passed down (as in Monarch).
+        s = socket.socket(fileno=fd)
+        s.listen(1)
+        return s, address.split("://", 1)[1].rpartition(":")[0].strip("[]")
     host, port = _parse(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)

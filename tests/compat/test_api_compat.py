@@ -308,3 +308,12 @@ def test_workers_at_ipc_addresses(which, tmp_path, no_leaked_processes):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == "['hello from host 0', 'hello from host 1']\nshut down\n"
+
+
+@pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
+def test_workers_on_inherited_sockets(which, tmp_path, no_leaked_processes):
+    py, e = _shell_python(which)
+    r = subprocess.run([py, os.path.join(HERE, "fd_workers.py")], cwd=tmp_path, env=e, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "['hello', 'hello']\nshut down\n"
