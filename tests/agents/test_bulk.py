@@ -317,10 +317,14 @@ keys = JobKeys.generate()
 a, b = Box(keys, "a", local_ipc=False), Box(keys, "b", local_ipc=False)
 data = m.Reply(1, 0, True, m.Pickled.of(os.urandom(32 << 20)))  # ~4 s at 8 MB/s: twice the heartbeat timeout
 a.mb.send(b.addr, data)
-try:
-    got = b.received.get(timeout=20).payload.load() == data.payload.load()
-except queue.Empty:
-    got = False
+got, deadline = False, time.monotonic() + 30
+while time.monotonic() < deadline:  # until it arrives, or the peer is declared lost (and 2 s more)
+    try:
+        got = b.received.get(timeout=0.2).payload.load() == data.payload.load()
+        break
+    except queue.Empty:
+        if not a.lost.empty():
+            deadline = min(deadline, time.monotonic() + 2)
 print("DELIVERED" if got else "NOT DELIVERED", "LOST" if not a.lost.empty() else "ALIVE", flush=True)
 a.close(); b.close()
 """
