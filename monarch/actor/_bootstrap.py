@@ -15,8 +15,9 @@ connects sends the keys of a job made for these workers (each ``attach_to_worker
 one, so they open nothing else of the client's); the worker
 starts a monarch host agent with them (on the worker's address, a port of its own) and answers
 that agent's address.  From then on client and agent talk CURVE as in any reservation.  When the
-client's connection closes (the client exited or shut the mesh down), the worker stops its agent,
-and with it every proc, and waits for the next client, as Monarch's worker does.
+client's connection closes (the client exited), the worker stops its agent, and with it every
+proc, and waits for the next client, as Monarch's worker does; when the client shuts the host mesh
+down (``HostMesh.shutdown``), the worker loop returns, as Monarch's does.
 
 As in Monarch, ``ca="trust_all_connections"`` is the only accepted setting (any client that
 reaches the address may use the worker), and TLS keys raise ``NotImplementedError``.  The keys
@@ -195,9 +196,10 @@ def _loop(address: str, until_shutdown: bool, ready: Callable[[], None] = lambda
 
 
 def run_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address: str) -> None:
-    """Serve clients at ``address`` one after another, forever (see the module docstring)."""
+    """Serve clients at ``address`` one after another (see the module docstring): a client that goes
+    away is followed by the next; as in Monarch, one that shuts its host mesh down ends the loop."""
     _check_security(private_key, ca)
-    _loop(address, until_shutdown=False)
+    _loop(address, until_shutdown=True)
 
 
 def run_worker_loop_until_shutdown(*, private_key: PrivateKey = None, ca: CA, address: str) -> None:

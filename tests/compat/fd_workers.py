@@ -1,5 +1,5 @@
 """A worker that listens on a socket its parent bound and passed down (``tcp://HOST:fdN``); the
-client attaches at the port.  Runs unchanged on monarch and on torchmonarch 0.7.0
+client attaches at the port, and its ``shutdown()`` ends the workers' loops (they exit 0).  Runs unchanged on monarch and on torchmonarch 0.7.0
 (tests/compat/test_api_compat.py compares them).
 """
 
@@ -31,7 +31,8 @@ try:
     print(list(hosts.spawn_procs().spawn("hello", Hello).hello.call().get().values()))
     hosts.shutdown().get()
     print("shut down")
+    print("worker exits:", [w.wait(timeout=30) for w in workers])
 finally:
-    for w in workers:  # a worker loop serves forever: never leave one behind
+    for w in workers:  # a worker loop left running is never left behind
         w.kill()
         w.wait()

@@ -316,4 +316,4 @@ def test_workers_on_inherited_sockets(which, tmp_path, no_leaked_processes):
     r = subprocess.run([py, os.path.join(HERE, "fd_workers.py")], cwd=tmp_path, env=e, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == "['hello', 'hello']\nshut down\n"
+    assert r.stdout == "['hello', 'hello']\nshut down\nworker exits: [0, 0]\n"
