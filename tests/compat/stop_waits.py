@@ -34,4 +34,5 @@ for round_ in range(3):
         hosts.stop().get()  # the last: Monarch's host mesh takes no new procs after its stop
     print(f"round {round_}: {len(pids)} procs, any left after stop: {any(map(running, pids))}")
 hosts.shutdown().get()
+job.kill()  # Monarch's ProcessJob leaves its workers running when the program exits
 print("done")
