@@ -69,6 +69,16 @@ def created(slot: Any) -> None:
         rec.actor_status(_actor_id(slot), "Created")
 
 
+def ready(slot: Any) -> None:
+    """An actor's ``__init__`` returned: its Idle status, and its rows pushed now rather than with the
+    next periodic flush, so that they reach its host before its spawn is answered (the mesh admin API
+    and ``monarch query`` then list every actor whose spawn has returned)."""
+    if rec is not None and rec.on:
+        rec.actor_status(_actor_id(slot), "Idle")
+        if _send is not None:
+            rec.flush(_send)
+
+
 def status(slot: Any, new_status: str, reason: str | None = None) -> None:
     if rec is not None and rec.on:
         rec.actor_status(_actor_id(slot), new_status, reason)

@@ -212,7 +212,7 @@ class ActorSlot:
                                                               actor=f.actor, rank=f.rank, host=f.host),
                                   ok=False, rank=self.info.rank)
             return False
-        actor_telemetry.status(self, "Idle")
+        actor_telemetry.ready(self)
         self.agent.send_reply(msg.reply, True, rank=self.info.rank)
         return True
 

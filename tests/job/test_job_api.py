@@ -163,7 +163,7 @@ def test_a_cache_file_of_another_version_or_program_is_a_clear_error_and_left_al
     assert path.read_bytes() == pickle.dumps({"format": STATE_FORMAT, "version": 99, "state": {}})
     # PyTorch Monarch's own cache (a pickle of its job classes) is another program's file.
     path.write_bytes(_pickle_of_a_class_from("monarch._src.job.process", "ProcessJob"))
-    with pytest.raises(StateError, match=r"is not a monarch state file \(it needs module 'monarch._src"):
+    with pytest.raises(StateError, match=r"is not a monarch state file"):  # (our monarch._src aliases may load it)
         job_load(str(path))
     path.write_bytes(b"not a pickle")
     with pytest.raises(StateError, match="is corrupt"):
