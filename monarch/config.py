@@ -242,9 +242,20 @@ _UNITS = {
     "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
     "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
     "d": 86400.0, "day": 86400.0, "days": 86400.0, "w": 604800.0, "week": 604800.0, "weeks": 604800.0,
+    "month": 2630016.0, "months": 2630016.0, "y": 31557600.0, "year": 31557600.0, "years": 31557600.0,
 }
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zµ]+)")
 _FORMS = "use e.g. '30s', '5m', '1h 30m' or '250ms'"
+#: How a duration is shown (as Monarch shows one: humantime's units, largest first, a month being
+#: 30.44 days and a year 365.25 days, so "90s" reads "1m 30s"): (nanoseconds, singular, plural).
+_SHOWN_UNITS = [(31_557_600 * 10**9, "year", "years"), (2_630_016 * 10**9, "month", "months"),
+                (86_400 * 10**9, "day", "days"), (3_600 * 10**9, "h", "h"), (60 * 10**9, "m", "m"),
+                (10**9, "s", "s"), (10**6, "ms", "ms"), (10**3, "us", "us"), (1, "ns", "ns")]
+
+
+def _bad_duration(value: Any, why: str) -> ConfigValueError:
+    # "Invalid duration format" is the phrase Monarch's error carries (its tests match on it).
+    return ConfigValueError(f"Invalid duration format {value!r}: {why}; {_FORMS}")
 
 
 def parse_duration(value: Any) -> float:
@@ -258,13 +269,98 @@ def parse_duration(value: Any) -> float:
         except ValueError:
             parts = _PART.findall(text)
             if not parts or _PART.sub("", text).strip() or any(u not in _UNITS for _, u in parts):
-                raise ConfigValueError(f"bad duration {value!r}: {_FORMS}") from None
+                raise _bad_duration(value, "not a number with a unit") from None
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
-        raise ConfigValueError(f"bad duration {value!r}: {_FORMS}")
+        raise _bad_duration(value, "empty" if isinstance(value, str) else "not a duration")
     if seconds < 0 or seconds != seconds:
         raise ConfigValueError(f"a duration cannot be negative: {value!r}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as Monarch shows a duration: "1m 30s", "1s 500ms", "14days", "0s"."""
+    left = round(seconds * 1e9)
+    parts = []
+    for size, one, many in _SHOWN_UNITS:
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{one if count == 1 else many}")
+    return " ".join(parts) or "0s"
+
+
+def _strict_duration(key: str, value: Any) -> str:
+    """A duration ``configure`` takes, as Monarch's does: a string with a unit (a bare number is
+    refused, so "30" is not silently 30 seconds); stored as Monarch shows it."""
+    if not isinstance(value, str):
+        raise ConfigValueError(f"{key} takes a duration string such as '30s', not {value!r}")
+    text = value.strip()
+    try:
+        float(text)
+        raise _bad_duration(value, "a unit is needed, e.g. '30s' or '30ms'")
+    except ValueError as e:
+        if isinstance(e, ConfigValueError):
+            raise
+    return format_duration(parse_duration(value))
+
+
+class BindSpec:
+    """Where a channel binds, as Monarch's ``BindSpec``: any address of a transport
+    (``BindSpec(ChannelTransport.Unix)``, ``BindSpec("tcp")``) or one explicit address
+    (``BindSpec("tcp://127.0.0.1:8080")``).  ``default_transport`` shows one; monarch's own wire
+    does not read it (see :func:`is_applied`)."""
+
+    #: The transport names a bare string may give, and the address schemes an explicit one may use.
+    _NAMES = {"tcp": "TcpWithHostname", "unix": "Unix", "tls": "Tls", "local": "Local", "quic": "Quic"}
+    _SCHEMES = {"tcp": "tcp", "unix": "unix", "ipc": "unix", "tls": "tls", "metatls": "metatls", "quic": "quic"}
+
+    __slots__ = ("transport", "address")
+
+    def __init__(self, spec: Any) -> None:
+        from monarch.actor._ids import ChannelTransport
+
+        self.transport: Any = None
+        self.address: tuple[str, str] | None = None
+        if isinstance(spec, BindSpec):
+            self.transport, self.address = spec.transport, spec.address
+        elif isinstance(spec, ChannelTransport):
+            self.transport = spec
+        elif isinstance(spec, str):
+            scheme, sep, rest = spec.partition("://")
+            if spec in self._NAMES:
+                self.transport = ChannelTransport[self._NAMES[spec]]
+            elif spec.startswith("enum:") and spec[5:] in ChannelTransport.__members__:
+                self.transport = ChannelTransport[spec[5:]]  # how a proc inherits one (for_procs_of)
+            elif sep and scheme in self._SCHEMES and rest:
+                self.address = (self._SCHEMES[scheme], rest)
+            else:
+                raise ValueError(f"not a bind spec: {spec!r} (a ChannelTransport, 'tcp', 'unix', or an "
+                                 f"address such as 'tcp://127.0.0.1:8080')")
+        else:
+            raise TypeError(f"a BindSpec is made from a ChannelTransport, a BindSpec or a string, not {spec!r}")
+
+    def _spec(self) -> str:
+        """A string :class:`BindSpec` parses back to this one."""
+        if self.address is not None:
+            return f"{self.address[0]}://{self.address[1]}"
+        return f"enum:{self.transport.name}"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BindSpec):
+            return NotImplemented
+        return (self.transport, self.address) == (other.transport, other.address)
+
+    def __hash__(self) -> int:
+        return hash((self.transport, self.address))
+
+    def __str__(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}" if self.address else self.transport.name
+
+    def __repr__(self) -> str:
+        return f"BindSpec({self._spec()!r})" if self.address else f"BindSpec(ChannelTransport.{self.transport.name})"
+
+    def __reduce__(self) -> tuple:
+        return BindSpec, (self._spec(),)
 
 
 def _check(key: str) -> _Setting:
@@ -282,8 +378,7 @@ def _normal(key: str, setting: _Setting, value: Any) -> Any:
     if kind == "duration?" and value is None:
         return None  # Monarch's "no such limit"
     if kind in ("duration", "duration?"):
-        parse_duration(value)
-        return value if isinstance(value, str) else f"{float(value):g}s"
+        return _strict_duration(key, value)
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -303,10 +398,11 @@ def _normal(key: str, setting: _Setting, value: Any) -> Any:
             return value
         raise ConfigValueError(f"{key} takes a string, not {value!r}")
     if kind == "transport":
-        # Monarch's ChannelTransport enum, a bind spec or an explicit address string.
-        if isinstance(value, str) or type(value).__name__ in ("ChannelTransport", "BindSpec"):
-            return value
-        raise ConfigValueError(f"{key} takes a ChannelTransport or an address string, not {value!r}")
+        # Monarch's ChannelTransport enum, a BindSpec, a transport's name or an explicit address.
+        try:
+            return BindSpec(value)
+        except TypeError:
+            raise ConfigValueError(f"{key} takes a ChannelTransport, a BindSpec or a string, not {value!r}") from None
     if isinstance(value, Encoding):
         return value
     raise ConfigValueError(f"{key} takes a monarch.config.Encoding, not {value!r}")
@@ -481,14 +577,30 @@ def _runtime_plain() -> dict[str, Any]:
 def for_procs_of(values: dict[str, Any]) -> str:
     """``values`` as the JSON object :data:`INHERIT_ENV` carries (plain values only)."""
     plain = (str, int, float, bool, type(None))
-    return json.dumps({k: v.name if isinstance(v, Encoding) else v if isinstance(v, plain) else str(v)
+    return json.dumps({k: v.name if isinstance(v, Encoding) else v._spec() if isinstance(v, BindSpec)
+                       else v if isinstance(v, plain) else str(v)
                        for k, v in values.items()})
+
+
+def _display(key: str, value: Any) -> Any:
+    """``value`` of ``key`` as Monarch's get_global_config shows it: a duration in humantime's
+    form ("1m 30s"), a transport as a :class:`BindSpec`.  A value that does not parse (a bad
+    environment variable) is shown as given: :func:`seconds` names it when it is used."""
+    kind = _SETTINGS[key].kind
+    try:
+        if kind in ("duration", "duration?") and value is not None:
+            return format_duration(parse_duration(value))
+        if kind == "transport":
+            return BindSpec(value)
+    except (TypeError, ValueError):
+        pass
+    return value
 
 
 def get_global_config() -> dict[str, Any]:
     """Every setting as it applies now: defaults, then the environment, then ``configure``."""
     with _lock:
-        return {key: _effective(key) for key in _SETTINGS}
+        return {key: _display(key, _effective(key)) for key in _SETTINGS}
 
 
 def get_runtime_config() -> dict[str, Any]:
@@ -577,5 +689,5 @@ def _answer_admin() -> None:
 
 _answer_admin()
 
-__all__ = ["ConfigValueError", "Encoding", "parametrize_config", "parametrize_config_pointwise", "clear_runtime_config", "configure", "configured", "get_global_config",
-           "get_runtime_config", "is_applied", "parse_duration", "seconds"]
+__all__ = ["BindSpec", "ConfigValueError", "Encoding", "parametrize_config", "parametrize_config_pointwise", "clear_runtime_config", "configure", "configured", "get_global_config",
+           "get_runtime_config", "is_applied", "format_duration", "parse_duration", "seconds"]

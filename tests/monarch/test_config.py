@@ -11,8 +11,8 @@ from monarch.actor import Actor, endpoint, this_host
 
 def test_layers_and_configured_restores():
     base = config.get_global_config()
-    assert base["mesh_proc_spawn_max_idle"] == "120s" and base["stop_actor_timeout"] == "5s"
-    with config.configured(stop_actor_timeout="30s", port_forward_connect_timeout=2) as merged:
+    assert base["mesh_proc_spawn_max_idle"] == "2m" and base["stop_actor_timeout"] == "5s"  # shown as Monarch shows
+    with config.configured(stop_actor_timeout="30s", port_forward_connect_timeout="2s") as merged:
         assert merged["stop_actor_timeout"] == "30s" and merged["port_forward_connect_timeout"] == "2s"
         assert config.get_runtime_config() == {"stop_actor_timeout": "30s", "port_forward_connect_timeout": "2s"}
         assert config.seconds("stop_actor_timeout") == 30.0
@@ -21,8 +21,8 @@ def test_layers_and_configured_restores():
 
 
 def test_environment_layer(monkeypatch):
-    monkeypatch.setenv("MONARCH_SPAWN_TIMEOUT", "90")
-    assert config.get_global_config()["mesh_proc_spawn_max_idle"] == "90s"
+    monkeypatch.setenv("MONARCH_SPAWN_TIMEOUT", "90")  # seconds, in the environment only
+    assert config.get_global_config()["mesh_proc_spawn_max_idle"] == "1m 30s"
     monkeypatch.setenv("MONARCH_SPAWN_TIMEOUT", "5m")  # the documented duration form
     assert config.seconds("mesh_proc_spawn_max_idle") == 300.0
 
@@ -55,7 +55,7 @@ def test_sync_stall_is_a_setting_and_a_bad_value_is_one_clear_error(monkeypatch)
     monkeypatch.setenv("MONARCH_SYNC_STALL_S", "2m")
     assert config.seconds("sync_stall_timeout") == 120.0
     monkeypatch.setenv("MONARCH_SYNC_STALL_S", "soon")
-    with pytest.raises(config.ConfigValueError, match=r"^MONARCH_SYNC_STALL_S='soon' \(sync_stall_timeout\): bad duration"):
+    with pytest.raises(config.ConfigValueError, match=r"^MONARCH_SYNC_STALL_S='soon' \(sync_stall_timeout\): Invalid duration format"):
         config.seconds("sync_stall_timeout")
     from monarch._workbench.workspace import WorkspacePusher
 
@@ -78,8 +78,12 @@ def test_bad_setting_in_the_environment_is_one_line_and_usage_exit(tmp_path):
 @pytest.mark.parametrize("kwargs, exc, match", [
     ({"mesh_orphan_timout": "1m"}, ValueError,
      "invalid configuration key: 'mesh_orphan_timout'; did you mean mesh_orphan_timeout"),
-    ({"stop_actor_timeout": "soon"}, TypeError, "bad duration 'soon'"),
-    ({"stop_actor_timeout": -1}, TypeError, "cannot be negative"),
+    ({"stop_actor_timeout": "soon"}, TypeError, "Invalid duration format 'soon'"),
+    ({"stop_actor_timeout": "30"}, TypeError, "Invalid duration format '30': a unit is needed"),
+    ({"stop_actor_timeout": -1}, TypeError, "stop_actor_timeout takes a duration string"),
+    ({"stop_actor_timeout": "-1s"}, TypeError, "Invalid duration format"),
+    ({"default_transport": 42}, TypeError, "default_transport takes a ChannelTransport"),
+    ({"default_transport": "random_string"}, ValueError, "not a bind spec"),
     ({"enable_log_forwarding": "yes"}, TypeError, "enable_log_forwarding takes True or False"),
     ({"tail_log_lines": "3"}, TypeError, "tail_log_lines takes an integer"),
     ({"mesh_admin_addr": 1729}, TypeError, "mesh_admin_addr takes a string"),
@@ -100,7 +104,7 @@ def test_monarch_keys_and_value_forms_accepted():
                            mesh_attach_config_timeout="500ms", enable_log_forwarding=True, tail_log_lines=10,
                            message_latency_sampling_rate=1, rdma_max_nics_per_buffer=None,
                            mesh_admin_addr="[::]:8080", default_transport="tcp") as merged:
-        assert merged["message_delivery_timeout"] == "1m 30s" and merged["mesh_orphan_timeout"] == "2 weeks"
+        assert merged["message_delivery_timeout"] == "1m 30s" and merged["mesh_orphan_timeout"] == "14days"
         assert merged["enable_log_forwarding"] is True and merged["tail_log_lines"] == 10
         assert merged["message_latency_sampling_rate"] == 1.0 and merged["rdma_max_nics_per_buffer"] is None
         assert config.seconds("mesh_attach_config_timeout") == 0.5
@@ -300,14 +304,14 @@ def test_procs_see_the_settings_of_their_client_at_spawn():
         first = this_host().spawn_procs(per_host={"gpus": 1})
         try:
             seen, runtime = first.spawn("s", _Settings).seen.call_one().get()
-            assert seen == {"stop_actor_timeout": "77s", "mesh_orphan_timeout": None,
+            assert seen == {"stop_actor_timeout": "1m 17s", "mesh_orphan_timeout": None,
                             "default_encoding": config.Encoding.Json, "tail_log_lines": 0}
             assert runtime == {}  # inherited, not set there
             config.configure(stop_actor_timeout="78s", tail_log_lines=5)
             second = this_host().spawn_procs(per_host={"gpus": 1})
             try:
-                assert second.spawn("s", _Settings).seen.call_one().get()[0]["stop_actor_timeout"] == "78s"
-                assert first.spawn("t", _Settings).seen.call_one().get()[0]["stop_actor_timeout"] == "77s"
+                assert second.spawn("s", _Settings).seen.call_one().get()[0]["stop_actor_timeout"] == "1m 18s"
+                assert first.spawn("t", _Settings).seen.call_one().get()[0]["stop_actor_timeout"] == "1m 17s"
             finally:
                 second.stop().get()
         finally:

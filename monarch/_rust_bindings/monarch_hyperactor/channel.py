@@ -1,6 +1,4 @@
-"""Compatibility only: Monarch's ``channel`` names (``ChannelTransport`` is monarch's)."""
+"""Compatibility only: Monarch's ``channel`` names (``ChannelTransport`` and ``BindSpec`` are monarch's)."""
 
-from monarch._src._placeholder import placeholder
 from monarch.actor import ChannelTransport  # noqa: F401
-
-BindSpec = placeholder(__name__, "BindSpec")
+from monarch.config import BindSpec  # noqa: F401
