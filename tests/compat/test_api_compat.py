@@ -152,9 +152,50 @@ spawned by an actor: ('parent', '<root>.<__main__.Parent parent>')
 a function using monarch.actor.config pickles: True
 """
 
+CONFIG_VALUES_OUT = """\
+duration '45s' -> '45s'
+duration '90s' -> '1m 30s'
+duration '1h30m' -> '1h 30m'
+duration '1h 30m' -> '1h 30m'
+duration '3661s' -> '1h 1m 1s'
+duration '1500ms' -> '1s 500ms'
+duration '120m' -> '2h'
+duration '2 weeks' -> '14days'
+duration '40d' -> '1month 9days 13h 26m 24s'
+duration '0s' -> '0s'
+duration '7200s' -> '2h'
+refused '30': TypeError True
+refused 'soon': TypeError True
+refused 'abc123': TypeError True
+refused '': TypeError True
+refused '-5s': TypeError True
+refused 30: TypeError False
+refused 2.5: TypeError False
+refused None: TypeError False
+default message_delivery_timeout '30s'
+default message_ack_time_interval '500ms'
+default get_proc_state_max_idle '1m'
+default supervision_watchdog_timeout '2m'
+default split_max_buffer_age '50ms'
+default cleanup_timeout '3s'
+default transport is unix: True
+transport 'TcpWithLocalhost': True False
+transport 'tcp': True False
+transport 'unix': True True
+transport 'tcp://127.0.0.1:8080': True False
+tcp address differs from another: False
+transport refused 'random_string': ValueError False
+transport refused 'invalid://scheme': ValueError False
+transport refused 42: TypeError False
+transport refused {}: TypeError False
+after: unix again True
+transports pickle: True
+done
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
-        "private_paths.py": PRIVATE_PATHS_OUT}
+        "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))
