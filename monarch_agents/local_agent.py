@@ -55,7 +55,9 @@ DEFAULT_IDLE_S = 300.0
 _PER_PROCESS_ENV = frozenset({"MONARCH_TEST_SESSION", "MONARCH_RUN_JOB", "MONARCH_ROOT", "MONARCH_SYS_PATH",
                               "MONARCH_ENV_UNSET", "MONARCH_CEILING_DIRECTORIES", "MONARCH_NOFILE_SOFT"})
 #: What the agent's code is made of: a change to any of these files means another agent.
-_CODE_DIRS = ("monarch_agents", "monarch_agents/services", "monarch/actor", "monarch_telemetry")
+#: The packages whose code a shared agent's zygote and procs run (every folder below each, too: a
+#: proc of a stale agent once ran an old monarch/config.py, which no listed folder named).
+_CODE_DIRS = ("monarch", "monarch_agents", "monarch_telemetry", "monarch_rdmafs")
 _MAX_MSG = 1 << 20
 _START_TIMEOUT_S = 60.0
 _BYE_TIMEOUT_S = 4.0
@@ -97,13 +99,18 @@ def code_version() -> str:
     older version is retired by the first script that finds it, so edits never pile up agents."""
     h = hashlib.sha256()
     root = _code_root()
-    for d in _CODE_DIRS:
-        try:
-            entries = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(os.path.join(root, d))
-                             if e.name.endswith(".py"))
-        except OSError:
-            continue
-        h.update(repr((d, entries)).encode())
+    for top in _CODE_DIRS:
+        for d, dirs, files in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+            entries = []
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    try:
+                        st = os.stat(os.path.join(d, name))
+                    except OSError:
+                        continue
+                    entries.append((name, st.st_mtime_ns, st.st_size))
+            h.update(repr((os.path.relpath(d, root), entries)).encode())
     return h.hexdigest()[:20]
 
 

@@ -147,11 +147,13 @@ def test_an_open_runtime_folder_is_not_used(shared_env):
     assert not glob.glob(str(rt_dir / "agent-*"))
 
 
-def test_an_agent_whose_code_was_edited_is_retired_by_the_next_script(shared_env):
+@pytest.mark.parametrize("path", [("monarch_agents", "names.py"),
+                                  ("monarch", "config.py")])  # a proc of a stale agent once ran an old one
+def test_an_agent_whose_code_was_edited_is_retired_by_the_next_script(shared_env, path):
     env, rt_dir, wd = shared_env
     assert _run(env, wd).returncode == 0
     (old,) = _agent_pids(rt_dir)
-    edited = os.path.join(ROOT, "monarch_agents", "names.py")
+    edited = os.path.join(ROOT, *path)
     st = os.stat(edited)
     os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as an edit would
     try:
