@@ -109,7 +109,12 @@ def test_wrong_client_key_gets_nothing(boxes, monkeypatch):
     keys = JobKeys.generate()
     server = boxes(keys, "server")
     intruder = boxes(_other_client(keys), "intruder")
-    intruder.mb.send(server.addr, _ping(intruder.addr))
+    try:
+        intruder.mb.send(server.addr, _ping(intruder.addr))
+    except PeerLost:
+        # ipc: the link is made (and its hello written) before the message; the server may refuse
+        # and end it first, and a write to an ended link says PeerLost: the same refusal, seen sooner.
+        pass
     with pytest.raises(queue.Empty):
         server.received.get(timeout=NOTHING_S)
     assert server.mb.stats_received == 0
