@@ -156,8 +156,11 @@ class Forwarder:
     def _adopt(self, t: threading.Thread, start: bool = False) -> threading.Thread:
         with self._tlock:
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
-        if start:
-            t.start()
+            if start:
+                # Under the lock: a thread not started yet reads as not alive, and another accept
+                # loop's _adopt pruned it in that moment; it then ran unseen by threads() and stop().
+                # (start() returns once the thread runs, before its target takes this lock.)
+                t.start()
         return t
 
     def _track(self, *socks) -> None:
