@@ -898,8 +898,7 @@ class Mailbox:
                 raise wire.WireError(f"a {total}-byte message from a proc's key is over the "
                                      f"{self.proc_frame_limit}-byte limit for procs")
         except (struct.error, wire.WireError) as e:
-            self.stats_dropped += 1
-            log.warning("%s: dropped a malformed message: %s", self.name, e)
+            self._dropped(e)
             return
         made = [shm.new_bytes(x)[1] for x in lengths]
         if not self._assembling:
@@ -1022,18 +1021,12 @@ class Mailbox:
             try:
                 decoded.append(wire.decode(frames))
             except wire.WireError as e:
-                self.stats_dropped += 1
-                log.warning("%s: dropped a malformed message: %s", self.name, e)
+                self._dropped(e)
         for msg in decoded:
             if type(msg) is tuple:
                 self._deliver(msg[0], msg[1], role)
                 continue
-            self.stats_received += 1
-            self.sender_role = role
-            try:
-                self.on_message(msg)
-            except Exception:
-                log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+            self._handle(msg, role)
 
     def _deliver(self, frames: Any, fds: Any, role: str) -> None:
         # A proc's key (any rank or actor holds one) is held to less than the client's: at a host
@@ -1047,15 +1040,9 @@ class Mailbox:
             try:
                 msg = wire.decode(frames)
             except wire.WireError as e:
-                self.stats_dropped += 1
-                log.warning("%s: dropped a malformed message: %s", self.name, e)
+                self._dropped(e)
                 return
-            self.stats_received += 1
-            self.sender_role = role
-            try:
-                self.on_message(msg)
-            except Exception:
-                log.exception("%s: handler failed for %s", self.name, type(msg).__name__)
+            self._handle(msg, role)
             return
         cls = None
         fds = list(fds)
@@ -1078,12 +1065,19 @@ class Mailbox:
             if cls is not None and type(msg) is not cls:
                 raise wire.WireError(f"the header says {cls.__name__}, the body is a {type(msg).__name__}")
         except wire.WireError as e:
-            self.stats_dropped += 1
-            log.warning("%s: dropped a malformed message: %s", self.name, e)
+            self._dropped(e)
             return
         finally:
             for fd in fds:  # not handed to the decoder: ours to close
                 os.close(fd)
+        self._handle(msg, role)
+
+    def _dropped(self, e: Exception) -> None:
+        self.stats_dropped += 1
+        log.warning("%s: dropped a malformed message: %s", self.name, e)
+
+    def _handle(self, msg: Any, role: str) -> None:
+        """A decoded message to its handler (the one place every path of :meth:`_deliver` ends)."""
         self.stats_received += 1
         self.sender_role = role
         try:
