@@ -1,4 +1,4 @@
-"""The ``monarch`` command's entry point: the lean ``monarch run`` first, else the Click app.
+"""The ``monarch`` command's entry point: the lean ``monarch run``/``sync``/``query`` first, else the Click app.
 
 ``monarch run -- CMD`` is typed again and again, and Python starts afresh each time: what it
 imports before the run starts is most of its cost.  A plain ``monarch run`` command line (the
@@ -6,7 +6,8 @@ options it takes every day, see :mod:`monarch_cli.lean`) therefore skips Click, 
 other commands altogether and goes straight to the same run code the Click command calls; every
 other command line (help, --json, a typo, a script.py, any other command) goes to the Click app
 in :mod:`monarch_cli.app`, which gives its help text and its errors.  Both end through the same
-exit-code table.
+exit-code table.  ``monarch sync`` (an edit pushed) and ``monarch query SQL`` take the same lean
+path, and the same warm runner (:mod:`monarch_cli.warm`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def main(argv: list[str] | None = None) -> None:
 
     command_process()  # this process hears only its host agents (an actor program runs in a child)
     try:
-        from monarch_cli.lean import lean_run
+        from monarch_cli.lean import lean_command
 
-        code = lean_run(argv)
+        code = lean_command(argv)
         lean = code is not None
         if code is None:
             from monarch_cli.app import run_app

@@ -12,7 +12,10 @@ and exits with it; a signal it gets (Ctrl-C, SIGTERM, SIGHUP) is passed on to th
 run stops its ranks as it would in-process (Ctrl-Z stops the child with it, ``fg`` continues both); if the command dies (kill -9), the runner kills the
 child, and the run's host agents see their client go, as they would have.
 
-What it does not take: anything but a lean run line, an actor program (``monarch run x.py``:
+A lean ``monarch sync`` or ``monarch query SQL`` line goes the same way: each is tens of ms of
+work behind ~100 ms of imports (the query's Rich table, the sync's packer and messages).
+
+What it does not take: anything but a lean run, sync or query line, an actor program (``monarch run x.py``:
 Ctrl-C must reach the program itself), a process that is not this user's (``SO_PEERCRED`` on
 both ends: nobody else may answer or ask), another interpreter, search path, code tree or
 ``MONARCH_*`` setting (each is a runner of its own: they name its socket), and code edited since
@@ -54,7 +57,10 @@ PRELOAD = ("monarch_cli.lean", "monarch_cli.commands.run_core", "monarch_cli.err
            "monarch._workbench.workspace",
            # Hosts on other machines (or network namespaces) are reached over TCP and CURVE: imported
            # here, made in the child (an import starts no thread, so forking stays safe).
-           "zmq", "monarch_agents.zap")
+           "zmq", "monarch_agents.zap",
+           # The lean sync and query (their answers printed as the Click commands print them).
+           "monarch_cli.commands.sync_core", "monarch_cli.commands.query_core", "monarch._workbench.telemetry",
+           "monarch_agents.fanout", "rich.table")
 
 
 def _key() -> str:
@@ -82,20 +88,21 @@ def _peer_uid(sock) -> int:
 
 
 def enabled(argv: list[str]) -> bool:
-    """Whether this command line may go to the runner (a lean run line, not an actor program)."""
+    """Whether this command line may go to the runner (a lean run line, not an actor program; a lean
+    sync or query line)."""
     if os.environ.get(ENV, "1") == "0":
         return False
-    from monarch_cli.lean import parse_run
+    from monarch_cli.lean import LeanRun, parse
 
-    run = parse_run(argv)
-    return run is not None and not run.command[0].endswith(".py")
+    cmd = parse(argv)
+    return cmd is not None and not (isinstance(cmd, LeanRun) and cmd.command[0].endswith(".py"))
 
 
 # -- the command's side --------------------------------------------------------------------------
 
 
 def warm_run(argv: list[str]) -> int | None:
-    """Run ``argv`` (a lean run line) in a child of the warm runner: its exit code; None when there is
+    """Run ``argv`` (a lean run, sync or query line) in a child of the warm runner: its exit code; None when there is
     no runner to take it (one is started for the next command) or it refused: run it in-process.
 
     The low-level modules only (``_socket``, ``_signal``: ``socket``, ``signal`` and ``json`` import
@@ -380,10 +387,10 @@ def _child(req: dict, fds: list[int], conn) -> int:
         random.seed()  # every child would otherwise draw the runner's sequence
     sys.argv = ["monarch", *req["argv"]]
     from monarch._workbench import command_process
-    from monarch_cli.lean import lean_run
+    from monarch_cli.lean import lean_command
 
     command_process()
-    code = lean_run(list(req["argv"]))
+    code = lean_command(list(req["argv"]))
     if code is None:  # the runner only takes lean lines; a parse that changed its mind is a bug
         sys.stderr.write("error: the warm runner was handed a command line it cannot run\n")
         code = 1

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
 
 import click
 
 from monarch_cli.commands._common import Duration, handled, name_option, opts
-from monarch_cli.output import err, escape, out, print_json
+from monarch_cli.commands.query_core import DEFAULT_LIMIT, print_result, query_main
+from monarch_cli.output import escape, out, print_json
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-#: Rows shown unless --limit/--no-limit say otherwise.
-DEFAULT_LIMIT = 1000
+__all__ = ["query", "print_result", "DEFAULT_LIMIT"]
 
 
 @click.command("query")
@@ -54,28 +50,7 @@ def query(ctx: click.Context, json_here: bool, sql: str | None, name: str | None
         if not sql:
             raise UsageError("no SQL given", 'e.g. `monarch query "SELECT * FROM runs"`; `monarch query --tables` lists the tables')
         row_limit = None if no_limit else limit
-        if from_dir:
-            from monarch._workbench.telemetry import query_saved
-
-            result = query_saved(from_dir, sql, row_limit=row_limit, timeout_s=timeout)
-        else:
-            from monarch._workbench.reserve import load_for_reading
-            from monarch._workbench.telemetry import query_on_agent as run_query
-            from monarch._workbench.telemetry import query_stopped
-
-            readable = load_for_reading(name)
-            if readable.stopped:
-                err.print(f"[yellow]note:[/] {escape(readable.note())}: the run_ranks and logs of its runs "
-                          "(the rest went with its agents; `monarch stop --save DIR` keeps it all)")
-                result = query_stopped(readable.record, sql, row_limit=row_limit, timeout_s=timeout)
-            else:
-                result = run_query(readable.record, sql, row_limit=row_limit, timeout_s=timeout, strict=strict)
-        for host in result.missing_hosts:
-            err.print(f"[yellow]warning:[/] host {escape(host)} did not answer ({escape(result.errors.get(host, ''))}); "
-                      "the answer covers the other hosts (--strict makes this an error)")
-        if result.limited:
-            err.print(f"[yellow]note:[/] showing the first {row_limit} rows; --limit N or --no-limit shows more")
-        print_result(result.table, fmt, result.missing_hosts)
+        query_main(sql, name=name, fmt=fmt, row_limit=row_limit, timeout=timeout, strict=strict, from_dir=from_dir)
 
 
 def _read_sql(sql: str | None, sql_file: str | None) -> str | None:
@@ -95,40 +70,6 @@ def _read_sql(sql: str | None, sql_file: str | None) -> str | None:
     if sql is not None and not sql.strip():
         raise UsageError("SQL query is empty")
     return sql
-
-
-def print_result(table: "pa.Table", fmt: str, missing_hosts: list[str]) -> None:
-    """Print an Arrow table as a Rich table, CSV, JSON ({"rows", "missing_hosts"}) or JSON lines (one row each)."""
-    if fmt == "json":
-        print_json({"rows": table.to_pylist(), "missing_hosts": missing_hosts})
-    elif fmt == "jsonl":
-        import json
-
-        for row in table.to_pylist():
-            sys.stdout.write(json.dumps(row, default=str) + "\n")
-        sys.stdout.flush()
-    elif fmt == "csv":
-        import csv
-
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(table.column_names)
-        for row in table.to_pylist():
-            w.writerow(["" if v is None else _text(v) for v in row.values()])
-        sys.stdout.flush()
-    else:
-        from rich.table import Table
-
-        t = Table(*table.column_names, show_lines=False)
-        for row in table.to_pylist():
-            t.add_row(*("" if v is None else escape(_text(v)) for v in row.values()))
-        out.print(t)
-        err.print(f"[dim]{table.num_rows} row{'s' if table.num_rows != 1 else ''}[/]")
-
-
-def _text(v: Any) -> str:
-    if hasattr(v, "isoformat"):
-        return v.isoformat(sep=" ")
-    return str(v)
 
 
 def _print_tables(fmt: str) -> None:

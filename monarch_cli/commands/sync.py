@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
 from monarch_cli.commands._common import handled, name_option, opts
-from monarch_cli.output import err, escape, print_json
+from monarch_cli.output import err, escape
 
 #: watchfiles yields once no new change came for this long (ms): an editor's save is one sync.
 _WATCH_STEP_MS = 10
@@ -28,22 +27,11 @@ _WATCH_IDLE_MS = 1000
 def sync(ctx: click.Context, name: str | None, watch: bool, source: str | None, env_dir: str | None,
          unreadable: str | None) -> None:
     """Push the workspace to every reserved host, where it is mounted read-only; only changes travel."""
-    from monarch.errors import UsageError, WorkspaceError
-    from monarch._workbench.reserve import load_live
-    from monarch._workbench.workspace import ReservationSync, set_workspace
+    from monarch.errors import WorkspaceError
+    from monarch_cli.commands.sync_core import sync_once
     o = opts(ctx)
     with handled(ctx):
-        record, path = load_live(name)
-        if source or env_dir or unreadable:
-            current = record.workspace or {}
-            set_workspace(record, path, source=source or current.get("source") or os.getcwd(),
-                          env_dir=env_dir if env_dir is not None else current.get("env_dir", ""),
-                          unreadable=unreadable or current.get("unreadable", "skip"))
-        if not record.workspace:
-            raise UsageError("this reservation has no workspace to sync",
-                             "`monarch sync --workspace .` (or `monarch serve --workspace .`)")
-        rs = ReservationSync(record)
-        results = rs.sync()
+        rs, record, results = sync_once(name, source=source, env_dir=env_dir, unreadable=unreadable)
         _report(o, results, len(record.hosts))
         if not watch:
             return
@@ -80,16 +68,6 @@ def _interesting(change, path: str) -> bool:
 
 
 def _report(o, results, hosts: int) -> None:
-    from monarch._workbench.workspace import describe
+    from monarch_cli.commands.sync_core import report
 
-    if o.json:
-        print_json([{"generation": r.generation, "files": r.files, "bytes": r.bytes, "sent_chunks": r.sent_chunks,
-                     "sent_bytes": r.sent_bytes, "seconds": round(r.seconds, 4), "changed": r.changed,
-                     "skipped": [{"path": p, "why": w} for p, w in r.skipped], "transport": r.transport,
-                     "transport_reason": r.transport_reason,
-                     "mounts": [{"host": m.get("host", ""), "mountpoint": m["mountpoint"], "mode": m["mode"]}
-                                for m in r.mounts]} for r in results])
-    else:
-        # Plain text, no markup: written as it is, without importing Rich (~50 ms of every sync).
-        sys.stderr.write(describe(results, hosts) + "\n")
-        sys.stderr.flush()
+    report(results, hosts, o.json)
