@@ -193,9 +193,62 @@ transports pickle: True
 done
 """
 
+SHAPES_OUT = """\
+grid Slice { offset: 2, sizes: [3, 4], strides: [8, 2] } ndim 2 len 12
+ranks [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24]
+rank 12 at [1, 1] position 5 position 5 is 12
+item [2, 3] 24 items 3:9:2 (8, 12, 16) item 11 24
+rank 3 -> ValueError value 3 not in slice
+position 12 -> ValueError index 12 out of range 12
+item 12 -> IndexError index 12 out of range 12
+item with one coordinate -> IndexError invalid dims: expected 2, got 1
+overlapping strides -> ValueError nonunique strides
+stride inside the space before -> ValueError stride 3 must be larger than size of previous space 4
+strides that do not nest -> ValueError nonrectangular shape
+one stride short -> ValueError invalid dims: expected 2, got 1
+negative offset -> OverflowError can't convert negative int to unsigned
+runs of ranks [Slice { offset: 1, sizes: [3], strides: [2] }, Slice { offset: 6, sizes: [2], strides: [1] }, Slice { offset: 9, sizes: [2], strides: [11] }]
+row major Slice { offset: 0, sizes: [2, 3, 4], strides: [12, 4, 1] } is NDSlice True
+equal and hash alike True True False
+pickles True ((), {'offset': 2, 'sizes': [3, 4], 'strides': [8, 2]})
+shape {host=2,gpu=3,port=4} Shape { labels: ["host", "gpu", "port"], slice: Slice { offset: 0, sizes: [2, 3, 4], strides: [12, 4, 1] } } 24
+rank 17 at {'host': 1, 'gpu': 1, 'port': 1} extent {host: 2, gpu: 3, port: 4} True
+gpu 2 ['host', 'port'] Slice { offset: 8, sizes: [2, 4], strides: [12, 1] } [8, 9, 10, 11, 20, 21, 22, 23]
+odd ports ['host', 'gpu', 'port'] Slice { offset: 1, sizes: [2, 3, 2], strides: [12, 4, 2] } [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23]
+host 1, gpu 0 [12, 13, 14, 15]
+ext {gpu=3,port=2} Slice { offset: 4, sizes: [2, 2, 4], strides: [12, 4, 1] }
+at a missing dimension -> ValueError invalid labels `["rack"]`
+at gpu 3 -> ValueError out of range 3:4:1 for dimension gpu of size 3
+at gpu -1 -> OverflowError can't convert negative int to unsigned
+select past the end -> ValueError out of range 3:3:1 for dimension gpu of size 3
+select nothing -> ValueError empty range 2:1:1
+rank 24 -> ValueError value 24 not in slice
+labels and sizes differ -> ValueError label slice dimension mismatch: 1 != 2
+ext missing dimension -> TypeError Shape does not have dimension labeled 'rack'
+ext gpu 5 -> IndexError index out of range
+a shape does not hash
+unity {} 1 [0]
+equal True False False
+pickles True
+region ['host', 'gpu', 'port'] Slice { offset: 1, sizes: [2, 3, 2], strides: [12, 4, 2] } True {'host': 1, 'gpu': 0, 'port': 1}
+mesh 24 {'host': 4, 'gpu': 6} 6 24 {host: 4, gpu: 6}
+split Slice { offset: 0, sizes: [2, 2, 2, 3], strides: [12, 6, 3, 1] }
+rename {dp=4,gpu=6} flatten Slice { offset: 0, sizes: [24], strides: [1] }
+cut [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22]
+flatten a sparse mesh -> ValueError cannot flatten sparse mesh: ndslice.strides=[6, 2] != dense_strides=[3, 1]
+split two unknowns -> ValueError Cannot infer size of ('a', 'b') because both b and a have unknown size. Specify at least one as argument, e.g. b=4
+split unevenly -> ValueError Dimension 'gpu' of size 6 is not evenly divided by ('a', 'b') with sizes ('?', 4)
+split to a name in use -> ValueError Duplicate dimension name 'gpu'
+unused size -> ValueError unused size constraints: ('zz',)
+split into a string -> ValueError expected a sequence of dimensions, but got 'dp'
+size of a missing dimension -> KeyError "Grid{host=4,gpu=6} does not have dimension 'rack'"
+done
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
-        "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT}
+        "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT,
+        "shapes.py": SHAPES_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))
