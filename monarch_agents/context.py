@@ -36,6 +36,9 @@ class MessageContext:
     point: dict = field(default_factory=dict)  # relative to the slice that was messaged
     extent: dict = field(default_factory=dict)
     rank: int = 0
+    #: The ``Context`` that ``monarch.actor.context()`` made for this message, so that every call
+    #: while handling it (in any task or thread it started) returns the same object, as Monarch's does.
+    view: Any = field(default=None, repr=False, compare=False)
 
 
 ROOT = MessageContext(None)

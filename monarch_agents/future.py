@@ -38,6 +38,14 @@ class Future(Generic[R]):
         f.set_result(value)
         return f
 
+    @classmethod
+    def _from_coro(cls, coro: Any) -> "Future":
+        """Monarch's future of a coroutine (or of anything awaitable, such as a ``PythonTask``).
+
+        It starts when first used, as Monarch's does: ``await`` runs it on the awaiting loop, and
+        ``get()``, ``add_done_callback()`` run it on the process's task loop (``monarch_agents.tasks``)."""
+        return _CoroFuture(coro)
+
     # -- producer side -------------------------------------------------------
 
     def set_result(self, value: Any) -> None:
@@ -143,3 +151,67 @@ class Future(Generic[R]):
     def __repr__(self) -> str:
         state = {_PENDING: "pending", _OK: "done", _ERR: "failed"}[self._state]
         return f"<Future {state}>"
+
+
+class _CoroFuture(Future):
+    """A ``Future`` whose value a coroutine computes, started by its first user."""
+
+    __slots__ = ("_coro",)
+
+    def __init__(self, coro: Any):
+        super().__init__()
+        self._coro: Any = coro
+
+    def _start(self, loop: Any = None) -> None:
+        if self._coro is None:
+            return
+        with self._lock:
+            coro, self._coro = self._coro, None
+        if coro is None:
+            return
+
+        async def drive() -> None:
+            try:
+                value = await coro
+            except BaseException as e:  # noqa: BLE001 - what the coroutine raised is this future's answer
+                self.set_exception(e)
+            else:
+                self.set_result(value)
+
+        if loop is not None:
+            loop.create_task(drive())
+        else:
+            from monarch_agents import tasks
+
+            tasks.submit(drive())
+
+    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
+        self._start()
+        super().add_done_callback(fn)
+
+    def get(self, timeout: float | None = None) -> Any:
+        if self._state == _PENDING:
+            from monarch_agents import tasks
+
+            if tasks.on_runner():
+                # Its coroutine needs this very loop to make progress: waiting here would hang forever.
+                raise RuntimeError("Future.get() cannot block on the task loop's thread; await it instead")
+            self._start()
+        return super().get(timeout)
+
+    def __await__(self):
+        if self._coro is not None:
+            import asyncio
+
+            self._start(asyncio.get_running_loop())
+        return super().__await__()
+
+    def as_asyncio(self) -> Any:
+        if self._coro is not None:
+            import asyncio
+
+            try:
+                self._start(asyncio.get_running_loop())
+            except RuntimeError:
+                pass  # super() says why
+        return super().as_asyncio()

@@ -790,8 +790,12 @@ class Context:
 
 
 def context() -> Context:
-    """The current actor and message."""
-    return Context()
+    """The current actor and message (the same object for the whole of one message's handling)."""
+    ctx = _current_ctx()
+    view = ctx.view
+    if view is None:
+        view = ctx.view = Context()
+    return view
 
 
 def current_rank() -> Point:

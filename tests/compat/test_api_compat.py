@@ -245,10 +245,26 @@ size of a missing dimension -> KeyError "Grid{host=4,gpu=6} does not have dimens
 done
 """
 
+PYTHON_TASKS_OUT = """\
+from_coro get: 3
+from_coro awaited: 4
+from_coro raised: from the coroutine
+accumulate: 6 [1, 2, 3] 42
+task in a task: (7, 2, 3)
+shared, twice: (7, 2, 3) (7, 2, 3) (7, 2, 3)
+from_value: 9
+select_one: (0, 1)
+the loser still finishes: 2
+with_timeout: TimeoutError
+client context is one object: True
+context through spawn: True True
+done
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT,
-        "shapes.py": SHAPES_OUT}
+        "shapes.py": SHAPES_OUT, "python_tasks.py": PYTHON_TASKS_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))
