@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from monarch_rdmafs import messages as wm
-from monarch_rdmafs.errors import CorruptChunk, StoreFull, SyncError
+from monarch_rdmafs.errors import StoreFull, SyncError
 from monarch_rdmafs.helper import HelperProcess, Spawn
 from monarch_rdmafs.manifest import Manifest
 from monarch_rdmafs.mount import FuseMount, MaterializedMount, fuse_unavailable_reason, unmount_stale
@@ -129,18 +129,12 @@ class WorkspaceService:
 
     def _store_batch(self, msg: wm.WsChunks) -> None:
         stored = 0
-        corrupt = []
+        corrupt: list[str] = []
         try:
             private_dir(self.root, top=self._private_top)
-            for cid, data in msg.chunks():
-                if self.store.has(cid):
-                    continue
-                try:
-                    if self.store.put(cid, data):
-                        stored += 1
-                        self.bytes_received += len(data)
-                except CorruptChunk:
-                    corrupt.append(cid)
+            # Small chunks together in one pack file, big ones in files of their own (see ChunkStore.put_many).
+            stored, size, corrupt = self.store.put_many(msg.chunks())
+            self.bytes_received += size
             self.chunks_received += stored
             done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt)
         except StoreFull as e:

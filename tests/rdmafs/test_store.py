@@ -73,3 +73,61 @@ def test_clean_removes_what_a_killed_writer_left(tmp_path):
     assert not os.path.exists(os.path.join(s.root, "tmp", "half"))
     assert fresh.has(chunk_id(kept)) and fresh.get(chunk_id(kept)) == kept
     assert fresh.put(chunk_id(b"next"), b"next")  # tmp/ is made again for the next chunk
+
+
+def test_put_many_packs_small_chunks_into_one_file_and_big_ones_into_their_own(tmp_path):
+    s = ChunkStore(str(tmp_path / "s"))
+    small = [f"file {i}\n".encode() * (i + 1) for i in range(50)]
+    big = [os.urandom(4 << 20), os.urandom((1 << 20) + 5)]  # the second's last block is partial
+    items = [(chunk_id(d), d) for d in small + big]
+    stored, size, corrupt = s.put_many(items + items[:3])  # repeats are stored once
+    assert (stored, size, corrupt) == (52, sum(map(len, small + big)), [])
+    assert len(os.listdir(os.path.join(s.root, "packs"))) == 1, "the 50 small chunks are one file"
+    assert s.put_many(items) == (0, 0, [])
+    reader = ChunkStore(s.root)  # another process: it finds the pack by itself
+    assert reader.missing([c for c, _ in items]) == []
+    for cid, data in items:
+        assert reader.get(cid) == data and bytes(reader.map(cid)) == data
+        fd = reader.read_fd(cid)
+        try:
+            assert os.read(fd, len(data) + 1) == data
+        finally:
+            os.close(fd)
+    for dirpath, _, files in os.walk(s.root):
+        assert os.stat(dirpath).st_mode & 0o777 == 0o700
+        for f in files:
+            assert os.stat(os.path.join(dirpath, f)).st_mode & 0o777 == 0o400
+    assert reader.statistics() == {"chunks": 52, "bytes": size}
+
+
+def test_put_many_lists_corrupt_chunks_and_stores_the_rest(tmp_path):
+    s = ChunkStore(str(tmp_path / "s"))
+    good, bad = b"good bytes", b"bad bytes"
+    stored, _, corrupt = s.put_many([(chunk_id(good), good), (chunk_id(b"what was sent"), bad)])
+    assert stored == 1 and corrupt == [chunk_id(b"what was sent")]
+    assert s.has(chunk_id(good)) and not s.has(chunk_id(b"what was sent"))
+
+
+def test_a_pack_goes_at_gc_only_once_none_of_its_chunks_is_used(tmp_path):
+    s = ChunkStore(str(tmp_path / "s"))
+    one = [(chunk_id(d), d) for d in (b"a", b"b")]
+    two = [(chunk_id(d), d) for d in (b"c", b"d")]
+    s.put_many(one)
+    s.put_many(two)
+    keep = {one[0][0]}
+    assert s.gc(keep, older_than=time.time() - 600) == 0, "recent packs stay (a sync may be in flight)"
+    assert s.gc(keep) == 2
+    assert len(os.listdir(os.path.join(s.root, "packs"))) == 1
+    fresh = ChunkStore(s.root)
+    assert fresh.missing([c for c, _ in one + two]) == [c for c, _ in two]
+    assert fresh.get(one[1][0]) == b"b", "an unused chunk of a used pack stays readable"
+
+
+def test_a_file_that_is_not_a_pack_is_ignored(tmp_path):
+    s = ChunkStore(str(tmp_path / "s"))
+    s.put_many([(chunk_id(b"x"), b"x")])
+    packs = os.path.join(s.root, "packs")
+    with open(os.path.join(packs, "junk"), "wb") as f:
+        f.write(b"MRFSPAK1" * 3)  # a footer that claims more entries than the file holds
+    fresh = ChunkStore(s.root)
+    assert fresh.has(chunk_id(b"x")) and fresh.get(chunk_id(b"x")) == b"x"

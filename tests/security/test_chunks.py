@@ -124,3 +124,77 @@ def test_a_workspace_is_not_mounted_where_another_user_could_swap_it(attacker, s
             assert f.read() == b"print('the real code')\n"
     finally:
         mine.stop()
+
+
+def _packed_tree(store: ChunkStore) -> tuple[Manifest, str, str]:
+    """A tree whose file and manifest are packed together (as a sync stores them); (manifest, chunk, pack path)."""
+    code = b"print('the real code')\n"
+    cid = chunk_id(code)
+    m = Manifest.build([Entry("", DIR, 0o755), Entry("x.py", FILE, 0o644, len(code), 1, (cid,))])
+    store.put_many([(cid, code), (m.id, m.data)])
+    packs = os.path.join(store.root, "packs")
+    (name,) = os.listdir(packs)
+    return m, cid, os.path.join(packs, name)
+
+
+def _rewrite(path: str, change) -> None:
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    os.chmod(path, 0o600)
+    with open(path, "wb") as f:
+        f.write(change(data))
+
+
+def test_a_swapped_byte_in_a_pack_is_refused_and_the_pack_dropped(tmp_path):
+    store = ChunkStore(str(tmp_path / "store"))
+    _, cid, pack = _packed_tree(store)
+    _rewrite(pack, lambda d: d.replace(b"real", b"evil"))
+    reader = ChunkStore(store.root)
+    with pytest.raises(CorruptChunk, match="does not match its hash"):
+        reader.get(cid)
+    assert not reader.has(cid) and not os.path.exists(pack)  # the next sync sends it again
+
+
+def test_a_truncated_pack_serves_nothing(tmp_path):
+    store = ChunkStore(str(tmp_path / "store"))
+    _, cid, pack = _packed_tree(store)
+    _rewrite(pack, lambda d: d[:10])
+    reader = ChunkStore(store.root)
+    assert not reader.has(cid)
+    with pytest.raises(OSError):
+        reader.get(cid)
+
+
+def test_a_pack_index_pointing_at_other_bytes_is_refused(tmp_path):
+    """An index rewritten to give one chunk's id another chunk's place: the hash check catches it."""
+    import struct
+
+    store = ChunkStore(str(tmp_path / "store"))
+    m, cid, pack = _packed_tree(store)
+
+    def swap_places(d: bytearray) -> bytearray:
+        n = struct.unpack_from("<Q", d, len(d) - 8)[0]
+        start = len(d) - 16 - 32 * n
+        e = [bytes(d[start + 32 * i:start + 32 * (i + 1)]) for i in range(n)]
+        e = [a[:16] + b[16:] for a, b in zip(e, e[::-1])]
+        d[start:start + 32 * n] = b"".join(e)
+        return d
+
+    _rewrite(pack, swap_places)
+    with pytest.raises(CorruptChunk):
+        ChunkStore(store.root).get(cid)
+
+
+def test_a_fuse_mount_answers_eio_for_swapped_bytes_in_a_pack(tmp_path, fuse):  # noqa: F811
+    store = ChunkStore(str(tmp_path / "store"))
+    m, cid, pack = _packed_tree(store)
+    mnt = FuseMount(store, str(tmp_path / "mnt"))
+    mnt.start(m.id)
+    try:
+        _rewrite(pack, lambda d: d.replace(b"real", b"evil"))
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(mnt.mountpoint, "x.py"), "rb") as f:
+                f.read()
+        assert e.value.errno == errno.EIO
+    finally:
+        mnt.stop()
