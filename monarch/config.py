@@ -50,6 +50,10 @@ setting                         what                                       envir
                                 0 s: reaped at once
 ``mesh_attach_config_timeout``  how long ``attach_to_workers`` waits for    ``HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT``
                                 every worker to take the job
+``codec_max_frame_length``     the longest message (bytes) this process   ``HYPERACTOR_CODEC_MAX_FRAME_LENGTH``
+                                sends: a longer one (64 KiB and more) is
+                                refused, its call failing with
+                                ``SupervisionError`` (``monarch_agents/settings``)
 ``mesh_admin_pyspy_*``,         the admin API's waits for a proc's host     ``HYPERACTOR_MESH_ADMIN_...``
 ``mesh_admin_config_dump_*``,   (stacks, settings), its longest profile,
 ``mesh_admin_tree_timeout``,    its whole tree's, and where it listens
@@ -145,6 +149,8 @@ _SETTINGS: dict[str, _Setting] = {
         "the longest profile the admin API takes (POST /v1/pyspy_profile_svg)"),
     "sync_stall_timeout": _Setting("60s", ("MONARCH_SYNC_STALL_S",),
                                    "how long a workspace sync waits with no host answering before it fails"),
+    "codec_max_frame_length": _Setting(10 << 30, ("HYPERACTOR_CODEC_MAX_FRAME_LENGTH",),
+                                       "the longest message (bytes) a client, proc or host agent sends", "int"),
 }
 
 # Monarch's other keys: (value form, Monarch's default).  Accepted and checked so a program written
@@ -156,7 +162,6 @@ _ACCEPTED: dict[str, tuple[str, Any]] = {
     "channel_tcp_congestion": ("str", ""),
     "channel_tcp_keepalive_idle": ("duration", "1m"),
     "cleanup_timeout": ("duration", "3s"),
-    "codec_max_frame_length": ("int", 10737418240),
     "default_encoding": ("encoding", None),  # Encoding.Multipart, set below
     "default_transport": ("transport", "unix"),
     "enable_dest_actor_reordering_buffer": ("bool", True),
@@ -423,6 +428,8 @@ def _effective_from(key: str) -> tuple[Any, str]:
     for name in setting.env:
         env = os.environ.get(name)
         if env:
+            if setting.kind in ("int", "int?"):
+                return (int(env) if env.strip().isdigit() else env), name
             return (env if not _is_number(env) else f"{env}s"), name
     return setting.default, ""
 
@@ -463,6 +470,18 @@ def limit(key: str) -> float | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
     return parse_duration(value)
+
+
+def integer(key: str) -> int:
+    """The integer setting ``key`` as it applies now; a bad value in the environment raises
+    ``ValueError`` naming the variable when it is used."""
+    if _check(key).kind != "int":
+        raise ValueError(f"{key} is not an integer setting")
+    with _lock:
+        value, env = _effective_from(key)
+    if isinstance(value, int):
+        return value
+    raise ConfigValueError(f"{env}={os.environ.get(env)!r} ({key}): takes an integer")
 
 
 def is_applied(key: str) -> bool:
@@ -685,6 +704,7 @@ def _answer_admin() -> None:
 
     context.config_source = _runtime_plain
     settings.source = limit
+    settings.int_source = integer
 
 
 _answer_admin()

@@ -87,6 +87,11 @@ class SupervisionError(RuntimeError):
         return _make_supervision_error, (self.message, self.actor, self.rank, self.host, self.exit_code, self.endpoint)
 
 
+class OversizedMessage(SupervisionError):
+    """A message longer than ``codec_max_frame_length`` was not sent (a call's arguments, an
+    answer): the call fails with it; the actor and the connection to it are fine."""
+
+
 def _make_supervision_error(message, actor, rank, host, exit_code, endpoint=None):  # pragma: no cover - trivial
     return SupervisionError(message, actor=actor, rank=rank, host=host, exit_code=exit_code, endpoint=endpoint)
 

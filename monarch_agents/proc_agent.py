@@ -42,7 +42,7 @@ from monarch_agents import actor_logging, actor_telemetry, supervision
 from monarch_agents import messages as m
 from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
 from monarch_agents.endpoints import EndpointProperty, PlainMethod
-from monarch_agents.errors import ActorError, MeshFailure, SupervisionError, actor_failed_text
+from monarch_agents.errors import ActorError, MeshFailure, OversizedMessage, SupervisionError, actor_failed_text
 from monarch_agents.ports import Port
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.transport import JobKeys
@@ -782,6 +782,12 @@ class ProcAgent:
             return  # nobody waits (an actor that stopped itself)
         try:
             self.rt.send(port.addr, m.Reply(port.port_id, rank, ok, value))
+        except OversizedMessage as e:
+            # Too long to send (codec_max_frame_length): the caller hears that instead of waiting.
+            try:
+                self.rt.send(port.addr, m.Reply(port.port_id, rank, False, OversizedMessage(f"the answer was not sent: {e.message}")))
+            except Exception as e2:
+                log.debug("could not answer %s: %s", port, e2)
         except Exception as e:
             log.debug("could not answer %s: %s", port, e)
 

@@ -22,11 +22,11 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable, Protocol
 
-from monarch_agents.errors import SupervisionError
+from monarch_agents.errors import OversizedMessage, SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.messages import PortRef, ProcDied, Reply, Streamed
 from monarch_agents.keys import CLIENT, HOST, PROC
-from monarch_agents.transport import JobKeys, Mailbox, PeerLost, is_host_agent
+from monarch_agents.transport import FrameTooLong, JobKeys, Mailbox, PeerLost, is_host_agent
 
 log = logging.getLogger("monarch.runtime")
 
@@ -211,6 +211,8 @@ class Runtime:
             self.mailbox.send(addr, msg)
         except PeerLost:
             raise self._death.get(addr) or SupervisionError(f"connection to {addr} was lost")
+        except FrameTooLong as e:
+            raise OversizedMessage(str(e)) from None
 
     def _revive(self, addr: str) -> None:
         """``addr`` was lost for reading nothing (``message_delivery_timeout``), not for closing its

@@ -13,6 +13,11 @@ setting                        where                                 environment
                                messages for that long is lost;
                                cross-host liveness and connecting
                                are bounded by it too
+``codec_max_frame_length``     ``transport``: a message of more      ``HYPERACTOR_CODEC_MAX_FRAME_LENGTH``
+                               bytes is not sent (the sender's
+                               call fails); only messages of
+                               ``CHECK_FROM`` bytes and more are
+                               measured against it
 =============================  ===================================  ====================================
 """
 
@@ -25,8 +30,18 @@ from typing import Callable
 
 #: Set by ``monarch.config`` when imported: ``key`` -> its seconds as it applies now (None: no limit).
 source: Callable[[str], float | None] | None = None
+#: Set by ``monarch.config`` when imported: ``key`` -> its integer as it applies now.
+int_source: Callable[[str], int] | None = None
 
-_ENV = {"message_delivery_timeout": "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT"}
+_ENV = {"message_delivery_timeout": "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT",
+        "codec_max_frame_length": "HYPERACTOR_CODEC_MAX_FRAME_LENGTH"}
+
+#: Monarch's default ``codec_max_frame_length``: 10 GiB.
+MAX_FRAME_LENGTH = 10 << 30
+#: Messages shorter than this are sent without reading ``codec_max_frame_length``: reading a
+#: setting costs as much as sending a small message, and every call and answer is one.  Monarch's
+#: own control messages are a few hundred bytes, so a limit that low would stop its runtime too.
+CHECK_FROM = 64 * 1024
 _UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
 
@@ -65,3 +80,23 @@ def seconds(key: str, default: float) -> float:
         if parsed is not None and parsed >= 0:
             return parsed
     return default
+
+
+def max_frame_length() -> int:
+    """``codec_max_frame_length`` in this process: the longest message it sends, in bytes."""
+    if int_source is not None:
+        try:
+            return int_source("codec_max_frame_length")
+        except Exception:  # a bad value was already reported where it was set; never break a send
+            return MAX_FRAME_LENGTH
+    try:
+        handed = json.loads(os.environ.get("MONARCH_CLIENT_CONFIG") or "{}")
+    except ValueError:
+        handed = {}
+    for value in ((handed.get("codec_max_frame_length") if isinstance(handed, dict) else None),
+                  os.environ.get(_ENV["codec_max_frame_length"], "").strip()):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return MAX_FRAME_LENGTH

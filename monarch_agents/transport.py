@@ -242,6 +242,16 @@ class PeerLost(Exception):
     """Sending to a peer whose connection is known to be gone."""
 
 
+class FrameTooLong(Exception):
+    """A message longer than ``codec_max_frame_length``: not sent (the peer is fine)."""
+
+    def __init__(self, addr: str, length: int, limit: int):
+        super().__init__(f"rejecting oversize frame: len={length} > max={limit} (not sent to {addr}); "
+                         "increase codec_max_frame_length (monarch.config) to allow it")
+        self.length = length
+        self.limit = limit
+
+
 class Mailbox:
     """This process's inbound address, its IO thread, and its outbound sockets.
 
@@ -595,6 +605,13 @@ class Mailbox:
         if type(p) is ipc.Link:
             fds: list[int] = []
             frames = wire.encode(msg, fds=fds if p.same_host else None)
+            if len(frames) > 2 or len(frames[1]) >= settings.CHECK_FROM:
+                try:
+                    _check_length(addr, frames)
+                except FrameTooLong:
+                    for fd in fds:
+                        os.close(fd)
+                    raise
             try:
                 drain = p.send(frames, fds)
             except ipc.PeerGone:
@@ -602,7 +619,10 @@ class Mailbox:
             if drain:
                 self.call_soon(lambda: self._watch_writable(p))
             return
-        self._send_zmq(addr, wire.encode(msg), p)
+        frames = wire.encode(msg)
+        if len(frames) > 2 or len(frames[1]) >= settings.CHECK_FROM:
+            _check_length(addr, frames)
+        self._send_zmq(addr, frames, p)
 
     def _send_zmq(self, addr: str, frames: list[Any], p: _Peer) -> None:
         big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
@@ -1237,6 +1257,16 @@ def _pieces(frames: list[Any]) -> list[list[Any]]:
         for off in range(0, r.nbytes, _PIECE_BYTES):
             out.append([_PIECE, r[off:off + _PIECE_BYTES]])
     return out
+
+
+def _check_length(addr: str, frames: list[Any]) -> None:
+    """Refuse a message longer than ``codec_max_frame_length``, as Monarch's channels do (before
+    anything of it is sent: the connection stays usable)."""
+    length = wire.message_bytes(frames)
+    if length >= settings.CHECK_FROM:
+        limit = settings.max_frame_length()
+        if length > limit:
+            raise FrameTooLong(addr, length, limit)
 
 
 def _nbytes(f: Any) -> int:

@@ -607,6 +607,22 @@ def encode_parts(body: bytes, buffers: Sequence[pickle.PickleBuffer], fds: list[
     return frames
 
 
+def message_bytes(frames: Sequence[Any]) -> int:
+    """How many bytes the message ``frames`` (from :func:`encode`) carries, its shared-memory
+    segments included: what ``codec_max_frame_length`` measures."""
+    n = 0
+    for f in frames:
+        n += memoryview(f).nbytes
+    head = frames[0]
+    if len(frames) > 2 and len(head) >= _HEADER.size:
+        nbuf = _HEADER.unpack_from(head)[2]
+        kinds = bytes(head[_HEADER.size:_HEADER.size + nbuf])
+        for kind, f in zip(kinds, frames[2:]):
+            if kind == _KIND_SEGMENT:
+                n += _SEGMENT.unpack(f)[0] - memoryview(f).nbytes
+    return n
+
+
 #: The header of a message without buffers, per type name (most messages: one made per type).
 _plain_headers: dict[bytes, bytes] = {}
 

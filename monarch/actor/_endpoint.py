@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
 # The descriptor lives where the proc agent that calls endpoints reads it; re-exported here.
 from monarch_agents.endpoints import EndpointProperty
-from monarch_agents.errors import SupervisionError, actor_failed_text
+from monarch_agents.errors import OversizedMessage, SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.messages import Call, Pickled, PortRef, Reply
 from monarch_agents import runtime
@@ -186,6 +186,9 @@ def _call_failed(label: str, rank: int | None, error: SupervisionError, addr: st
     """Monarch's "Endpoint call m.f() failed, The actor ... have failed:", then why."""
     # Without a rank of the messaged slice, name the failed proc's rank in its mesh (when we own it).
     rank = rank if rank is not None else error.rank
+    if isinstance(error, OversizedMessage):
+        # Nothing failed but this call: say only why (Monarch's channel broke instead).
+        return SupervisionError(error.message, actor=str(label), rank=rank, endpoint=str(label))
     if error.message.startswith(("The actor ", "actor mesh is stopped")):
         message = error.message  # already Monarch's words (a stopped mesh, a failed actor)
     else:

@@ -458,3 +458,19 @@ def test_agent_survives_10000_malformed_messages(client, tmp_path):
         sock.close(0)
         ctx.term()
         agent.stop()
+
+
+def test_message_bytes_counts_frames_and_shared_memory_segments():
+    """What codec_max_frame_length measures: every frame, and a shared-memory segment by its size."""
+    big = bytearray(3 << 20)
+    fds: list[int] = []
+    frames = wire.encode({"x": pickle.PickleBuffer(big)}, fds=fds)
+    try:
+        assert fds, "a buffer of 3 MiB to a same-host peer goes through shared memory"
+        assert wire.message_bytes(frames) == sum(len(memoryview(f).cast("B")) for f in frames[:2]) + len(big)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    inline = wire.encode({"x": pickle.PickleBuffer(big)})
+    assert wire.message_bytes(inline) == sum(memoryview(f).nbytes for f in inline)
+    assert wire.message_bytes(wire.encode(12)) == sum(len(f) for f in wire.encode(12))

@@ -261,10 +261,18 @@ context through spawn: True True
 done
 """
 
+FRAME_LIMIT_OUT = """\
+limit 2097152 passes: 1048576
+limit 1048576
+small call: 3
+a 1 MiB call was refused: SupervisionError
+default limit 10737418240
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT,
-        "shapes.py": SHAPES_OUT, "python_tasks.py": PYTHON_TASKS_OUT}
+        "shapes.py": SHAPES_OUT, "python_tasks.py": PYTHON_TASKS_OUT, "frame_limit.py": FRAME_LIMIT_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))

@@ -128,3 +128,27 @@ def test_one_program_holds_meshes_of_two_reservations_and_this_host(tmp_path, no
     finally:
         for d in dirs:
             monarch("stop", "--force", cwd=d)
+
+
+FRAME_LIMIT_OUT = """\
+limit 2097152 passes: 1048576
+limit 1048576
+small call: 3
+a 1 MiB call was refused: SupervisionError
+then: 4
+a 2 MiB answer was refused: True True
+still: 1000
+default limit 10737418240
+"""
+
+
+def test_a_message_over_codec_max_frame_length_fails_its_call_and_only_it(tmp_path, no_leaked_processes):
+    """A call whose arguments, or an answer, is longer than codec_max_frame_length fails with
+    SupervisionError naming the setting, at once; the actor and the connection to it go on (the
+    proc applies its client's limit: the answer is refused there)."""
+    e = {**os.environ, "PYTHONPATH": ROOT}
+    e.pop("MONARCH_JOB", None)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "frame_limit.py"), "after"], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == FRAME_LIMIT_OUT

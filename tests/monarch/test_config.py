@@ -115,7 +115,7 @@ def test_monarch_keys_and_value_forms_accepted():
                        "serve_agent_start_max_idle", "sync_stall_timeout", "message_delivery_timeout",
                        "mesh_orphan_timeout", "mesh_attach_config_timeout", "mesh_admin_pyspy_bridge_timeout",
                        "mesh_admin_config_dump_bridge_timeout", "mesh_admin_pyspy_max_profile_duration",
-                       "mesh_admin_addr", "mesh_admin_tree_timeout"}
+                       "mesh_admin_addr", "mesh_admin_tree_timeout", "codec_max_frame_length"}
     assert not config.is_applied("channel_reconnect_timeout") and not config.is_applied("rdma_qps_per_cq")
 
 
