@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/actor_bench.py                 # ours, table
     .venv/bin/python benchmarks/actor_bench.py --quick --json  # ours, few iterations, JSON on stdout
-    .venv/bin/python benchmarks/actor_bench.py --impl torchmonarch --torchmonarch-python /tmp/tm/venv/bin/python
+    .venv/bin/python benchmarks/actor_bench.py --impl torchmonarch --torchmonarch-python /work/wt/tm-venv/bin/python
     .venv/bin/python benchmarks/actor_bench.py --compare       # both, with ratios
     .venv/bin/python benchmarks/actor_bench.py --inter-host    # same-host vs a host in a network namespace (root)
 
@@ -56,7 +56,11 @@ from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DEFAULT_TM_PYTHON = "/tmp/tm/venv/bin/python"
+#: Where torchmonarch's interpreter is looked for when --torchmonarch-python is not given, in order
+#: (the same places as tests/compat and the other benchmarks; ``TORCHMONARCH_PYTHON`` first).
+TM_PYTHONS = [os.environ.get("TORCHMONARCH_PYTHON", ""), os.path.join(REPO, ".tm-venv", "bin", "python"),
+              "/work/wt/tm-venv/bin/python", "/tmp/tm/venv/bin/python"]
+DEFAULT_TM_PYTHON = next((p for p in TM_PYTHONS if p and os.path.exists(p)), "/tmp/tm/venv/bin/python")
 GET_TIMEOUT_S = 120.0
 MiB = 1 << 20
 ECHO_SIZES = [("1KiB", 1 << 10), ("1MiB", MiB), ("16MiB", 16 * MiB), ("64MiB", 64 * MiB)]
@@ -608,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", choices=["monarch", "torchmonarch"], default="monarch")
     ap.add_argument("--torchmonarch-python", default=None,
-                    help=f"interpreter with torchmonarch installed (default {DEFAULT_TM_PYTHON} when it exists)")
+                    help=f"interpreter with torchmonarch installed (default: the first that exists of "
+                         f"$TORCHMONARCH_PYTHON, {', '.join(p for p in TM_PYTHONS[1:])})")
     ap.add_argument("--monarch-python", default=sys.executable, help="interpreter for ours under --compare")
     ap.add_argument("--compare", action="store_true", help="run both implementations and print ratios")
     ap.add_argument("--quick", action="store_true", help="few iterations (smoke test)")

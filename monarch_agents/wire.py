@@ -233,15 +233,31 @@ def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
         # object, a BytesIO and a table per call) costs twice the pickling of small arguments,
         # so it is used only when the stream shows a tensor (deeper down than the walk looks).
         try:
-            body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+            body = _dumps5(obj, buffers)
         except Exception:
             body = None
-        if body is not None and _TORCH_MARKER in body and _tensor_dispatch() is not None:
+        # find(), not ``in``: bytes.__contains__ first tries its argument as an int, and the
+        # TypeError it makes and drops (a formatted message) cost more than the pickling (~4k
+        # instructions a call, twice per value).
+        if body is not None and body.find(_TORCH_MARKER) >= 0 and _tensor_dispatch() is not None:
             buffers = []
             body = _dumps_c(obj, buffers)
-    if body is not None and _REDO_MARKER not in body:
+    if body is not None and body.find(_REDO_MARKER) < 0:
         return body, buffers
     return dumps_full(obj)
+
+
+def _dumps5(obj: Any, buffers: list) -> bytes:
+    """``pickle.dumps(obj, protocol 5)`` with big buffers out of band into ``buffers``: one C call,
+    with no callback made per call (``list.append`` answers None: out of band); a value that had
+    a small buffer (rare) is pickled again, keeping those in band."""
+    body = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    if buffers:
+        for b in buffers:
+            if b.raw().nbytes < OOB_THRESHOLD:
+                buffers.clear()
+                return pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+    return body
 
 
 #: What a pickle stream that holds a torch object names (its module).
@@ -253,7 +269,7 @@ def _dumps_c(obj: Any, buffers: list) -> bytes | None:
     try:
         table = _tensor_dispatch()
         if table is None:  # one C call: a Pickler object and a BytesIO cost more than the pickling itself
-            return pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+            return _dumps5(obj, buffers)
         f = io.BytesIO()
         p = pickle.Pickler(f, protocol=5, buffer_callback=_keep_into(buffers))
         p.dispatch_table = table
@@ -451,9 +467,9 @@ def encode(obj: Any, *, fds: list[int] | None = None) -> list[Any]:
     if compact is not None:
         values = compact[1](obj)
         if values is not None:
-            body = pickle.dumps(values, protocol=5, buffer_callback=_keep_into(buffers))
+            body = _dumps5(values, buffers)
             return encode_parts(body, buffers, fds, compact[0])
-    body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+    body = _dumps5(obj, buffers)
     return encode_parts(body, buffers, fds, _type_name(type(obj)))
 
 
