@@ -318,6 +318,22 @@ class Rows:
         return [dict(zip(self.column_names, r)) for r in self.rows]
 
 
+def _program_tables_named(sql: str) -> list[str]:
+    """The tables of actor programs (:data:`_PROGRAM_TABLES`) that ``sql`` may read: named in it,
+    or through a view that names them.  Only these are read from the job folder and sent along
+    (every run ever made is in the runs file): a query of other tables reads none."""
+    import re
+
+    from monarch_telemetry.schema import VIEWS
+
+    words = set(re.findall(r"[a-z_][a-z0-9_]*", sql.lower()))
+    named = set(words)
+    for v in VIEWS.values():
+        if v.name in words:
+            named.update(re.findall(r"[a-z_][a-z0-9_]*", v.sql.lower()))
+    return [t for t in _PROGRAM_TABLES if t in named]
+
+
 #: Past this many rows an answer is finished here (on the client's engine), not carried as plain rows.
 _AGENT_ROWS_MAX = 100_000
 
@@ -339,7 +355,8 @@ def query_on_agent(record: JobRecord, sql: str, *, row_limit: int | None = None,
     if (record.spec.scheduler == "kubernetes" or row_limit is None or row_limit > _AGENT_ROWS_MAX
             or fanout.DEGREE <= 0 or not hosts):
         return query(record, sql, row_limit=row_limit, timeout_s=timeout_s, strict=strict)
-    extra = {n: rows for n, rows in program_rows(record, list(_PROGRAM_TABLES)).items() if rows}
+    wanted = _program_tables_named(sql)
+    extra = {n: rows for n, rows in program_rows(record, wanted).items() if rows} if wanted else {}
     targets = [[h.addr, h.host] for h in hosts]
     try:
         answer = record.runtime().request(

@@ -268,3 +268,15 @@ def _stop_runners() -> None:
                 p.wait(30)
         except (psutil.Error, OSError):
             continue
+
+
+@pytest.mark.parametrize("sql, tables", [
+    ("SELECT host, count(*) FROM run_ranks GROUP BY host", ["run_ranks"]),
+    ('SELECT * FROM "LOGS" l JOIN run_ranks r ON l.run_id = r.run_id', ["run_ranks", "logs"]),
+    ("SELECT * FROM runs", ["run_ranks"]),  # a view over run_ranks
+    ("SELECT count(*) FROM procs", []), ("SHOW TABLES", []),
+])
+def test_a_query_reads_only_the_program_tables_it_names(sql, tables):
+    from monarch._workbench.telemetry import _program_tables_named
+
+    assert sorted(_program_tables_named(sql)) == sorted(tables)
