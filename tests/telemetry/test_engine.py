@@ -269,3 +269,23 @@ def test_hosts_that_send_their_few_rows_raw_give_the_same_answer(sql, ordered):
     expected = _one_table(sql, tables)
     assert merged.column_names == expected.column_names
     assert _rows(merged, ordered) == _rows(expected, ordered)
+
+
+def test_a_query_asked_again_is_not_planned_again():
+    sql = "SELECT host, count(*) AS n, max(exit_code) AS hi FROM run_ranks GROUP BY host"
+    first = plan(sql, 1000)
+    assert plan(sql, 1000) is first
+    assert plan(sql, 5) is not first and plan(sql, 5).row_limit == 5  # the limit is part of the plan
+    with pytest.raises(QueryError):  # an error is said again each time, not kept
+        plan("SELECT nope FROM run_ranks", 1000)
+    with pytest.raises(QueryError):
+        plan("SELECT nope FROM run_ranks", 1000)
+
+
+def test_a_query_of_the_time_is_planned_each_time():
+    # DataFusion turns now() into the instant it plans: a kept plan would ask for the past.
+    sql = "SELECT host, count(*) FROM logs WHERE time > now() - interval '5 minutes' GROUP BY host"
+    first = plan(sql, 1000)
+    time.sleep(0.01)
+    again = plan(sql, 1000)
+    assert again is not first and again.scans != first.scans
