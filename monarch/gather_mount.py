@@ -11,8 +11,10 @@ mounted at the root, with no sub-folder.  Reads go to the host's agent over the
 job's authenticated connection; a small process here serves the FUSE mount and
 unmounts when closed, when its owner exits or dies.
 
-What it does not do: writes, or push change notices (attributes are at most a
-second old; file bytes are read fresh at each open).
+What it does not do: writes.  It has no change notices to wait for either: a
+file's attributes are asked of its host at each stat and open and its bytes read
+fresh at each open, so what a host appends or replaces shows at once (a folder's
+attributes and names may be a second old).
 """
 
 from __future__ import annotations

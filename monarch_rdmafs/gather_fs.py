@@ -2,12 +2,12 @@
 
 Every lookup, listing and read goes to the host that has the file, through a
 :class:`Remote` (the caller's connection to the hosts), from a worker thread so
-one slow host does not stall the others.  Names and attributes are cached by
-the kernel for a second; file bytes are not cached across opens, so a file a
-host is still writing reads fresh on every open.
+one slow host does not stall the others.  Names and a folder's attributes are
+cached by the kernel for a second; a file's attributes are asked of its host at
+each stat and open, and its bytes are not cached across opens, so a file a host
+is still writing (a log) or has replaced shows its new size and bytes at once.
 
-What it does not do: writes (EROFS), or tell the kernel when a host's file
-changes (attributes are at most a second old).
+What it does not do: writes (EROFS).
 """
 
 from __future__ import annotations
@@ -86,7 +86,10 @@ class GatherFS(pyfuse3.Operations):
     def _attrs(self, ino: int, mode: int, size: int, mtime_ns: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
-        a.entry_timeout = a.attr_timeout = _TIMEOUT_S
+        a.entry_timeout = _TIMEOUT_S
+        # A file's size and time are asked afresh each time: a host appends to or replaces its
+        # files (logs) under us, and nothing tells the kernel.  A folder's may be a second old.
+        a.attr_timeout = _TIMEOUT_S if stat.S_ISDIR(mode) else 0
         a.st_mode = mode
         a.st_nlink = 2 if stat.S_ISDIR(mode) else 1
         a.st_uid, a.st_gid = os.getuid(), os.getgid()

@@ -435,3 +435,44 @@ def test_workers_on_inherited_sockets(which, tmp_path, no_leaked_processes):
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == "['hello', 'hello']\nshut down\nworker exits: [0, 0]\n"
+
+
+GATHER_CHANGES_OUT = """\
+first reads: 'one\\n' 'version one, long\\n'
+stat size: 4
+appended line shows: True size 8
+shorter replacement shows: True size 3
+new file shows: True ['log.txt', 'new.txt', 'state.txt']
+writing is refused: OSError
+unmounted: True
+"""
+
+
+def _need_fuse() -> None:
+    from monarch_rdmafs.mount import fuse_unavailable_reason
+
+    why = fuse_unavailable_reason()
+    if why:
+        pytest.skip(f"gather_mount needs FUSE: {why}")
+
+
+@pytest.mark.parametrize("which", ["monarch", "monarch, every change read at once", "torchmonarch"])
+def test_gather_mount_shows_a_hosts_changes(which, tmp_path, no_leaked_processes):
+    """A file its host appends to or replaces, and a new one, read as the host has them now.
+    Monarch's hosts send change notices (within 50 ms); ours answers every stat and open afresh,
+    so even a read right after the change sees it."""
+    _need_fuse()
+    args = ["at_once"] if "at once" in which else []
+    if which == "torchmonarch":
+        py = _torchmonarch_python()
+        if py is None:
+            pytest.skip("torchmonarch 0.7.0 is not installed here: set TORCHMONARCH_PYTHON")
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("MONARCH", "PYTHONPATH"))}
+    else:
+        py = sys.executable
+        e = {**os.environ, "PYTHONPATH": ROOT}
+        e.pop("MONARCH_JOB", None)
+    r = subprocess.run([py, os.path.join(HERE, "gather_changes.py"), *args], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == GATHER_CHANGES_OUT

@@ -1,0 +1,1 @@
+"""Compatibility only: Monarch's ``monarch._src.gather_mount`` (see ``gather_mount``)."""
