@@ -1,6 +1,7 @@
 """Compatibility only: module paths of PyTorch Monarch's Rust extension that its own tests and
 programs import.  Monarch has no Rust extension; the few names with a monarch counterpart are
-aliases of it (``SupervisionError``, ``MeshFailure``, ``ChannelTransport``, ``Encoding``), the others
+aliases of it (``SupervisionError``, ``MeshFailure``, ``ChannelTransport``, ``Encoding``, the task API
+``pytokio`` of ``monarch.actor._pytokio``, the ``shape`` types of ``monarch.actor._ndslice``), the others
 are placeholders (``monarch._src._placeholder``) that raise ``NotImplementedError`` when used.
 New code should import from ``monarch.actor``."""
 

@@ -27,7 +27,7 @@ _STOP_WAIT_S = 30.0
 
 
 def check_usable(hm: HostMesh) -> None:
-    if getattr(hm, "_shut_down", False):
+    if getattr(hm, "_shut_down", False) or hm.__dict__.get("_inner_host_mesh", True) is None:
         raise RuntimeError("HostMesh has already been shut down")
 
 
@@ -63,7 +63,8 @@ def stop_spawned(hm: HostMesh, final: bool) -> Future:
     if final:
         check_usable(hm)
         hm._shut_down = True
-    meshes = hm.__dict__.pop("_spawned", [])
+    spawned = hm.__dict__.get("_spawned", [])  # shared with its slices: stopping the mesh stops theirs too
+    meshes, spawned[:] = list(spawned), []
     done: Future = Future()
     workers = final and hm.__dict__.get("_workers", False)
 
@@ -78,11 +79,15 @@ def stop_spawned(hm: HostMesh, final: bool) -> Future:
             from monarch.actor._bootstrap import release_workers
 
             release_workers([h.addr for h in hm.hosts])
+        if final:
+            hm._inner_host_mesh = None  # as in Monarch: a shut-down mesh lets go of its native mesh
         done.set_result(None)
 
     if meshes or workers:
         threading.Thread(target=stop_all, name="hostmesh-stop", daemon=True).start()
     else:
+        if final:
+            hm._inner_host_mesh = None
         done.set_result(None)
     return done
 

@@ -21,11 +21,11 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from monarch_agents import messages as m
 from monarch_agents import supervision
-from monarch_agents.context import current as _current_ctx
+from monarch_agents.context import ROOT as _ROOT_CTX, current as _current_ctx
 from monarch_agents.errors import MeshFailure, SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
@@ -40,6 +40,11 @@ from monarch.actor import _mock, _telemetry
 from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
+from monarch.actor import _ndslice as _nd
+
+if TYPE_CHECKING:
+    from monarch._rust_bindings.monarch_hyperactor.shape import Region, Slice, Shape as MonarchShape
+from monarch._rust_bindings.monarch_hyperactor.pytokio import PythonTask, Shared
 
 T = TypeVar("T")
 log = logging.getLogger("monarch.actor")
@@ -140,6 +145,30 @@ def _report(owner_actor: Any, failure: MeshFailure) -> None:
 _spawn_callbacks: list[Callable[["ProcMesh"], None]] = []
 
 
+class HyHostMesh:
+    """What Monarch's runtime holds of a host mesh (its native ``HostMesh``): the host agents, the
+    region of them the mesh names, and the interpreter its procs run (None: the agents' own)."""
+
+    def __init__(self, hosts: list[HostRef], shape: Shape, python_exe: str | None = None):
+        self._all = hosts
+        self._shape = shape
+        self.python_exe = python_exe
+
+    @property
+    def hosts(self) -> list[HostRef]:
+        return [self._all[i] for i in self._shape.indices]
+
+    @property
+    def region(self) -> Region:
+        return _nd.region_of(self._shape)
+
+    def sliced(self, shape: Shape) -> "HyHostMesh":
+        return HyHostMesh(self._all, shape, self.python_exe)
+
+    def __repr__(self) -> str:
+        return f"HyHostMesh({self.region!r})"
+
+
 class HostMesh(_MeshBase):
     """One or more hosts with a monarch host agent on each."""
 
@@ -150,15 +179,57 @@ class HostMesh(_MeshBase):
     #: A copy received from another process (unpickled): it may not shut the hosts down.
     _reference: bool = False
 
-    def __init__(self, hosts: list[HostRef], shape: Shape | None = None):
+    def __init__(self, hosts: list[HostRef], shape: Shape | None = None, python_exe: str | None = None):
         self._hosts = list(hosts)
         self._shape = shape or (Shape(("hosts",), (len(hosts),)) if len(hosts) > 1 else Shape((), (), (0,)))
+        # The mesh as Monarch's runtime holds it (its ``HyHostMesh``): which hosts, what region of
+        # them, how procs start there.  spawn_procs reads its hosts from it; shutdown drops it.
+        self._inner_host_mesh: Shared[HyHostMesh] | None = Shared.from_value(
+            HyHostMesh(self._hosts, self._shape, python_exe))
 
     def slice(self, **dims: Any) -> "HostMesh":
-        sub = HostMesh(self._hosts, self._shape.slice(**dims))
-        if self.__dict__.get("_reference"):
-            sub._reference = True  # a slice of a reference is one too
+        return self._new_with_shape(self._shape.slice(**dims))
+
+    def _new_with_shape(self, shape: "Shape | MonarchShape") -> "HostMesh":
+        """This mesh cut to ``shape`` (Monarch's: labels over a slice of the hosts), a reference:
+        as in Monarch, a slice may not shut the hosts down.  If the native mesh is still pending,
+        so is the slice's."""
+        cut = _nd.as_mesh_shape(shape)
+        hy = self._hy_host_mesh
+        sub = HostMesh.__new__(HostMesh)
+        sub._hosts, sub._shape, sub._reference = self._hosts, cut, True
+        sub.__dict__["_spawned"] = self.__dict__.setdefault("_spawned", [])  # the owner's shutdown stops what a slice spawned
+        done = hy.poll()
+        if done is not None:
+            sub._inner_host_mesh = Shared.from_value(done.sliced(cut))
+        else:
+            async def sliced() -> HyHostMesh:
+                return (await hy).sliced(cut)
+
+            sub._inner_host_mesh = PythonTask.from_coroutine(sliced()).spawn()
         return sub
+
+    @property
+    def _hy_host_mesh(self) -> "Shared[HyHostMesh]":
+        inner = self.__dict__.get("_inner_host_mesh")
+        if inner is None:
+            raise RuntimeError("HostMesh has already been shut down")
+        return inner
+
+    @property
+    def region(self) -> Region:
+        """The hosts this mesh names, as Monarch's ``Region`` of the hosts it was cut from."""
+        return _nd.region_of(self._shape)
+
+    @property
+    def _ndslice(self) -> Slice:
+        return self.region.slice()
+
+    @property
+    def stream_logs(self) -> bool:
+        """False: proc output reaches the client through the host agents, not streamed by the mesh
+        (Monarch's ``stream_logs`` of a job's mesh; see README, logs)."""
+        return False
 
     @property
     def hosts(self) -> list[HostRef]:
@@ -214,7 +285,7 @@ class HostMesh(_MeshBase):
         if unset:
             env[ENV_UNSET] = ",".join(unset)
         futures = []
-        hosts = self.hosts
+        hosts = self._hy_host_mesh.block_on().hosts  # as in Monarch, a spawn waits for its host mesh
         orphan_s = _config.limit("mesh_orphan_timeout")  # how long they outlive us, should we die
         for h in hosts:
             futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, env, preload,
@@ -248,7 +319,7 @@ class HostMesh(_MeshBase):
     def _check_owned(self, verb: str) -> None:
         if self.__dict__.get("_reference"):
             raise RuntimeError(f"cannot {verb} `HostMesh` that is a reference instead of owned "
-                               "(it was sent here from another process; its owner may)")
+                               "(it was sent here from another process, or cut from its owner by slicing: the owner may)")
 
     def shutdown(self) -> Future:
         """Stop every proc this mesh object spawned; the object is unusable afterwards.
@@ -286,8 +357,15 @@ class HostMesh(_MeshBase):
 
     def __getstate__(self) -> dict:
         # What a host mesh sent to an actor names: the hosts, not this client's proc bookkeeping;
-        # as in Monarch, the copy is a reference, which may not shut the hosts down.
-        return {"_hosts": self._hosts, "_shape": self._shape, "_reference": True}
+        # as in Monarch, the copy is a reference, which may not shut the hosts down, and pickling
+        # a mesh whose native mesh is still pending waits for it.
+        return {"_hosts": self._hosts, "_shape": self._shape, "_reference": True,
+                "_hy": self._hy_host_mesh.block_on()}
+
+    def __setstate__(self, state: dict) -> None:
+        hy = state.pop("_hy", None) or HyHostMesh(state["_hosts"], state["_shape"])
+        self.__dict__.update(state)
+        self._inner_host_mesh = Shared.from_value(hy)
 
     def __repr__(self) -> str:
         return f"HostMesh({self.extent}, hosts={[h.host for h in self.hosts]})"
@@ -326,6 +404,25 @@ class _MockSetup(Actor):
         _mock.set_registry_state(state)
 
 
+class HyProcMesh:
+    """What Monarch's runtime holds of a proc mesh (its native ``ProcMesh``): the procs, and the
+    region of them a mesh names."""
+
+    def __init__(self, procs: list[m.ProcInfo], shape: Shape):
+        self._procs = procs
+        self._shape = shape
+
+    @property
+    def region(self) -> Region:
+        return _nd.region_of(self._shape)
+
+    def sliced(self, shape: Shape) -> "HyProcMesh":
+        return HyProcMesh(self._procs, shape)
+
+    def __repr__(self) -> str:
+        return f"HyProcMesh({self.region!r})"
+
+
 class ProcMesh(_MeshBase):
     """Procs started on one or more hosts; spawn actors on them with :meth:`spawn`."""
 
@@ -342,14 +439,49 @@ class ProcMesh(_MeshBase):
         # Monarch's names of the actors spawned on each proc (by address), shared with slices: a
         # proc's death is reported, as in Monarch, as the failure of the actors it ran.
         self._actors_on: dict[str, list[str]] = {}
+        # The mesh as Monarch's runtime holds it (its ``HyProcMesh``): the procs up, and the region
+        # of them this mesh names.  Ours is up when spawn_procs returns.
+        self._proc_mesh: Shared[HyProcMesh] = Shared.from_value(HyProcMesh(procs, shape))
 
     def _first_addr(self) -> str:
         return self._procs[0].addr if self._procs else ""
 
     def __reduce__(self) -> Any:
         # A slice stays a slice in another process (it may not stop the whole mesh there either).
-        return ProcMesh, (self._procs, self._shape, self._mesh_id, self._name, self._host_mesh, False), \
+        # As in Monarch, sending a mesh whose native mesh is still pending waits for it.
+        hy = self.__dict__["_proc_mesh"].block_on() if "_proc_mesh" in self.__dict__ else None
+        procs, shape = (hy._procs, hy._shape) if hy is not None else (self._procs, self._shape)
+        return ProcMesh, (procs, shape, self._mesh_id, self._name, self._host_mesh, False), \
             {"_slice_of": self._slice_of, "_init_error": self._init_error}
+
+    @property
+    def _region(self) -> Region:
+        """The procs this mesh names, as Monarch's ``Region`` of the mesh it was cut from."""
+        return _nd.region_of(self._shape)
+
+    @property
+    def _ndslice(self) -> Slice:
+        return self._region.slice()
+
+    @property
+    def _labels(self) -> list[str]:  # type: ignore[override]  # Monarch's proc mesh labels are a list
+        return list(self._shape.labels)
+
+    def _new_with_shape(self, shape: "Shape | MonarchShape") -> "ProcMesh":
+        """This mesh cut to ``shape`` (Monarch's: labels over a slice of its procs); if the native
+        mesh is still pending, so is the slice's."""
+        cut = _nd.as_mesh_shape(shape)
+        sub = self._sliced(cut)
+        hy = self._proc_mesh
+        done = hy.poll()
+        if done is not None:
+            sub._proc_mesh = Shared.from_value(done.sliced(cut))
+        else:
+            async def sliced() -> HyProcMesh:
+                return (await hy).sliced(cut)
+
+            sub._proc_mesh = PythonTask.from_coroutine(sliced()).spawn()
+        return sub
 
     @property
     def host_mesh(self) -> HostMesh | None:
@@ -372,7 +504,10 @@ class ProcMesh(_MeshBase):
         return Future.completed(True)
 
     def slice(self, **dims: Any) -> "ProcMesh":
-        sub = ProcMesh(self._procs, self._shape.slice(**dims), self._mesh_id, self._name, self._host_mesh, False)
+        return self._new_with_shape(self._shape.slice(**dims))
+
+    def _sliced(self, shape: Shape) -> "ProcMesh":
+        sub = ProcMesh(self._procs, shape, self._mesh_id, self._name, self._host_mesh, False)
         # A slice is still ours: its procs' deaths already reach the owner through the whole mesh.
         sub._owner, sub._owner_actor = self._owner, self._owner_actor
         sub._slice_of = self._name
@@ -789,9 +924,39 @@ class Context:
         return Point(c.rank, Extent(list(c.extent), list(c.extent.values())))
 
 
+class _Lazy(Generic[T]):
+    """A value made on first ``get()`` (once, whichever thread asks first)."""
+
+    def __init__(self, init: Callable[[], T]) -> None:
+        self._lock = threading.Lock()
+        self._val: T | None = None
+        self._init = init
+
+    def get(self) -> T:
+        with self._lock:
+            if self._val is None:
+                self._val = self._init()
+            return self._val
+
+    def try_get(self) -> T | None:
+        return self._val
+
+
+def _root_context() -> Context:
+    return Context()
+
+
+#: The client's own context, what ``context()`` answers outside any actor (Monarch's name: its
+#: tests count the calls, to see that a thread asking does not make a new client each time).
+_client_context: _Lazy[Context] = _Lazy(_root_context)
+
+
 def context() -> Context:
-    """The current actor and message (the same object for the whole of one message's handling)."""
+    """The current actor and message (the same object for the whole of one message's handling);
+    outside any actor, the client's."""
     ctx = _current_ctx()
+    if ctx is _ROOT_CTX:
+        return _client_context.get()
     view = ctx.view
     if view is None:
         view = ctx.view = Context()

@@ -269,10 +269,50 @@ a 1 MiB call was refused: SupervisionError
 default limit 10737418240
 """
 
+MESH_GEOMETRY_OUT = """\
+hosts ['hosts'] 0 [4] [1]
+labels ('hosts',) stream_logs False
+native region is the mesh's True True
+odd hosts ['hosts'] 1 [2] [2]
+odd extent ['hosts'] [2]
+one host by slice() [] 2 [] []
+pending True True
+resolved cut ['hosts'] 3 [1] [1]
+procs ['hosts', 'gpus'] 0 [2, 3] [3, 1]
+proc labels ['hosts', 'gpus'] host mesh kept True
+native procs ['hosts', 'gpus'] 0 [2, 3] [3, 1]
+corner 1 [2, 2] [3, 1]
+corner ranks [1, 2, 4, 5]
+flattened HostMesh ['hosts'] [4]
+a copy may not shut down: RuntimeError
+a slice may not shut down: RuntimeError True
+shut down lets go True
+then spawn_procs: HostMesh has already been shut down
+is a HostMesh True
+done
+"""
+
+TASKS_AND_CONTEXT_OUT = """\
+block_on 5
+pending poll None
+shared twice ['opened', 'opened'] poll opened
+from_value 7
+spawn_blocking 42
+with_timeout in time
+with_timeout TimeoutError
+future before get []
+future get 11 ['ran']
+future raises from the coroutine
+client context asked 20 times by 20 threads
+same context True
+done
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT,
-        "shapes.py": SHAPES_OUT, "python_tasks.py": PYTHON_TASKS_OUT, "frame_limit.py": FRAME_LIMIT_OUT}
+        "shapes.py": SHAPES_OUT, "python_tasks.py": PYTHON_TASKS_OUT, "frame_limit.py": FRAME_LIMIT_OUT,
+        "mesh_geometry.py": MESH_GEOMETRY_OUT, "tasks_and_context.py": TASKS_AND_CONTEXT_OUT}
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))

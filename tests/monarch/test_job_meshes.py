@@ -96,7 +96,7 @@ def test_logging_option_sets_every_procs_level():
 def test_setup_torch_elastic_env_as_torchrun_numbers_ranks():
     pm = this_host().spawn_procs(per_host={"nodes": 2, "gpus": 2})
     try:
-        assert pm._labels == ("nodes", "gpus")
+        assert pm._labels == ["nodes", "gpus"]  # a list, as Monarch's
         setup_torch_elastic_env(pm)
         envs = list(pm.spawn("p", Probe).env.call().get().values())
         assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in envs] == [

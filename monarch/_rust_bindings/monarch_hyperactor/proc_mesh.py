@@ -1,7 +1,4 @@
-"""Compatibility only: placeholders for Monarch's ``monarch._rust_bindings.monarch_hyperactor.proc_mesh``
-(see ``monarch._src._placeholder``)."""
+"""Compatibility only: Monarch's native ``ProcMesh`` (what ``ProcMesh._proc_mesh`` resolves to),
+monarch's record of a proc mesh's procs and region."""
 
-from monarch._src._placeholder import placeholder, placeholder_function
-
-ProcMesh = placeholder(__name__, "ProcMesh")
-del placeholder_function
+from monarch.actor._mesh import HyProcMesh as ProcMesh  # noqa: F401

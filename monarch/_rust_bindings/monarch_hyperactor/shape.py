@@ -16,7 +16,7 @@ import json
 import operator
 from typing import Any, Iterator, Sequence
 
-from monarch.actor import Extent, Point
+from monarch.actor._shape import Extent, Point  # not monarch.actor: its meshes use these classes (import cycle)
 
 __all__ = ["Extent", "Point", "Region", "Shape", "Slice"]
 

@@ -27,6 +27,6 @@ from monarch.actor import (  # noqa: F401
 IN_PAR = False  # Monarch's: whether it runs from a Meta-internal .par archive; never here
 
 from monarch._src._placeholder import placeholder  # noqa: E402
+from monarch.actor._mesh import _client_context  # noqa: E402, F401
 
-_client_context = placeholder(__name__, "_client_context")
 _context = placeholder(__name__, "_context")

@@ -3,10 +3,8 @@ and its proc-mesh spawn callbacks (which Monarch's tests use)."""
 
 from typing import Callable
 
-from monarch._src._placeholder import placeholder
 from monarch.actor import ProcMesh, _mesh, get_or_spawn_controller  # noqa: F401
-
-HyProcMesh = placeholder(__name__, "HyProcMesh")
+from monarch.actor._mesh import HyProcMesh  # noqa: F401
 
 
 def register_proc_mesh_spawn_callback(callback: Callable[[ProcMesh], None]) -> None:
