@@ -105,8 +105,7 @@ class ChunkStore:
             return True
         if not is_chunk_id(cid):
             return False
-        if cid in self._packed or (refresh and self._load_packs() and cid in self._packed) \
-                or os.path.exists(self.path(cid)):
+        if cid in self._packed or os.path.exists(self.path(cid)) or (refresh and self._load_packs() and cid in self._packed):
             self._seen.add(cid)
             return True
         return False
@@ -318,11 +317,26 @@ class ChunkStore:
                     del self._pack_files[next(iter(self._pack_files))]
             return f
 
+    def _open_any(self, cid: str) -> tuple[int, bytes | None]:
+        """(a descriptor of ``cid``'s file, None), or (-1, its bytes) if it is packed; not checked yet.
+
+        Raises OSError if it is in neither.  The packs folder is listed again (packs another process
+        added since) only when there is no file: a mount reading big chunks never lists it."""
+        if cid in self._packed:
+            data = self._read_packed(cid)
+            if data is not None:
+                return -1, data
+        try:
+            return self._open(cid), None
+        except FileNotFoundError:
+            data = self._read_packed(cid) if self._load_packs() else None
+            if data is None:
+                raise
+            return -1, data
+
     def _read_packed(self, cid: str) -> bytes | None:
         """``cid``'s bytes from its pack (not checked yet), or None if it is in none."""
         where = self._packed.get(cid)
-        if where is None and self._load_packs():
-            where = self._packed.get(cid)
         if where is None:
             return None
         name, off, n = where
@@ -337,11 +351,10 @@ class ChunkStore:
 
     def get(self, cid: str) -> bytes:
         """The bytes of ``cid``, checked against it; raises CorruptChunk if they do not hash to it."""
-        packed = self._read_packed(cid) if is_chunk_id(cid) else None
+        fd, packed = self._open_any(cid)
         if packed is not None:
             self._check(cid, packed)
             return packed
-        fd = self._open(cid)
         try:
             data = _read_all(fd)
         finally:
@@ -353,14 +366,13 @@ class ChunkStore:
         """A read-only descriptor of ``cid`` (the caller closes it); its bytes are checked on the first open
         by this process.  Raises CorruptChunk if they do not hash to ``cid``, OSError if it is missing.
         A packed chunk's descriptor is a copy of its bytes (a memory file)."""
-        packed = self._read_packed(cid) if is_chunk_id(cid) else None
+        fd, packed = self._open_any(cid)
         if packed is not None:
             self._check(cid, packed)
             fd = os.memfd_create("chunk", os.MFD_CLOEXEC)
             os.write(fd, packed)
             os.lseek(fd, 0, os.SEEK_SET)
             return fd
-        fd = self._open(cid)
         if cid not in self._verified:
             try:
                 self._check(cid, _read_all(fd))
@@ -376,13 +388,20 @@ class ChunkStore:
         A chunk file is never written in place (it is renamed in whole), so the mapping stays the
         bytes that were checked.  A packed chunk (a small one) is read into ``bytes`` instead.
         Raises CorruptChunk, or OSError if it is missing."""
-        packed = self._read_packed(cid) if is_chunk_id(cid) else None
+        fd, packed = self._open_any(cid)
         if packed is not None:
             self._check(cid, packed)
             return packed
-        fd = self._open(cid)
         try:
             size = os.fstat(fd).st_size
+            if size:
+                # The whole file asked for first: the kernel reads it in large requests; populating the
+                # mapping alone reads around each fault.  Cold 4 MiB chunk files, 4 threads: ~0.8-0.96 ->
+                # ~1.0-1.24 GB/s here.
+                try:
+                    os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
             data = mmap.mmap(fd, size, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ) if size else b""
         finally:
             os.close(fd)  # the mapping holds the file

@@ -31,7 +31,7 @@ def test_sync_bench_small_runs_and_reports(tmp_path):
     out = json.loads(r.stdout)
     assert out["workspace"]["files"] == 205
     assert out["initial_sync"]["mode"] == ("materialized" if why else "fuse")
-    for section, keys in {"initial_sync": ["monarch_s", "rsync_s", "ratio"],
+    for section, keys in {"initial_sync": ["monarch_s", "rsync_s", "ratio", "monarch_cpu_s", "rsync_cpu_s"],
                           "edit_visible": ["monarch_sync_s", "monarch_watch_s", "rsync_s"],
                           "read_MBps": ["local_disk", "mount_first", "mount_again"]}.items():
         for k in keys:
