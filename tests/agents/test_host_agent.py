@@ -171,6 +171,45 @@ def test_shell(client, agent, streams):
     assert exited.exit_code == 3
 
 
+def test_a_spawned_command_gets_what_a_forked_one_did(client, agent, streams, tmp_path):
+    """A plain command is spawned (posix_spawn), not forked from the zygote: found from its working
+    directory as execvpe would, stdin from /dev/null, no descriptor but its three, its own session,
+    SIGPIPE at its default (as from a shell), and the variables its spawner removed are gone."""
+    script = tmp_path / "x.sh"
+    script.write_text("#!/bin/sh\nls /proc/self/fd; echo sid=$(ps -o sid= -p $$) pid=$$; echo gone=${GONE-unset}; grep SigIgn /proc/self/status; cat\n")
+    script.chmod(0o755)
+    run_id = _run(client, agent, streams, ["./x.sh"], env={"GONE": "1", "MONARCH_ENV_UNSET": "GONE"}, cwd=str(tmp_path))
+    out, exited = streams.collect(run_id)
+    assert exited.exit_code == 0, out
+    lines = out["stdout"].decode().split()
+    fds = lines[:next(i for i, x in enumerate(lines) if x.startswith("sid="))]
+    assert fds[:3] == ["0", "1", "2"] and len(fds) == 4, lines  # the 4th: the one ls reads /proc/self/fd with
+    sid, pid = (x.split("=")[1] for x in lines if x.startswith(("sid=", "pid=")))
+    assert sid.strip() == pid  # it leads its own session (killpg reaches all it starts)
+    assert "gone=unset" in lines
+    ignored = int(lines[lines.index("SigIgn:") + 1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), hex(ignored)
+
+
+def test_a_spawned_command_dies_with_its_zygote(client, tmp_path, streams):
+    """Killed with the zygote even when its host agent cannot do it (stopped): the parent-death signal."""
+    a = start_host_agent(client.keys, tmp_path, hostname="spawned-orphan")
+    try:
+        (zygote,) = a.children()
+        run_id = _run(client, a, streams, ["sh", "-c", "echo up; exec sleep 300"])
+        assert streams.queue(run_id).get(timeout=T).data == b"up\n"
+        [rank] = [c.pid for c in psutil.Process(zygote).children()]
+        os.kill(a.pid, signal.SIGSTOP)
+        try:
+            os.kill(zygote, signal.SIGKILL)
+            assert wait_gone([rank]) == []
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+    finally:
+        a.stop()
+    assert wait_gone([a.pid]) == []
+
+
 def test_zygote_death_stops_the_agent(client, tmp_path):
     a = start_host_agent(client.keys, tmp_path, hostname="zygote-dies")
     (zygote,) = a.children()
