@@ -138,6 +138,41 @@ def test_an_inner_agent_killed_mid_run_loses_only_its_rank(reservation):
     assert done == sorted(f"[host{i}] done {i}" for i in range(HOSTS) if i != 1), out
 
 
+def test_an_inner_agent_killed_mid_run_ends_the_run_in_one_line_naming_it(reservation):
+    """`monarch run` (the first failure stops the others): host1, which forwarded the run to host2
+    and host3, is killed -9; the run ends with status 5 and one error line naming host1, and no
+    rank is left anywhere (host1's own rank included: its zygote kills it)."""
+    workdir, pids = reservation
+    import subprocess
+
+    from tests.cli.conftest import MONARCH, ROOT
+
+    marker = "sleep 317"  # what only this test's ranks run
+    p = subprocess.Popen([*MONARCH, "run", "--", "sh", "-c", f"echo go; exec {marker}"],
+                         cwd=workdir, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **TREE},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_ranks(pids, marker)
+        deadline = time.monotonic() + 60
+        while len(everywhere := _anywhere(marker.split())) < HOSTS:  # each sh has exec'd it
+            assert time.monotonic() < deadline, everywhere
+            time.sleep(0.1)
+        assert len(everywhere) == HOSTS
+        os.kill(pids[1], signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 5, err  # a host agent lost
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "host1" in errors[0], err
+    assert not any(f"host{i}" in errors[0] for i in range(2, HOSTS)), err
+    assert sorted(line for line in out.splitlines() if line.endswith(" go")) == sorted(
+        f"[host{i}] go" for i in range(HOSTS)), out
+    assert wait_gone(everywhere) == []
+
+
 def test_an_inner_agent_stopped_mid_run_is_lost_not_waited_for(reservation):
     """SIGSTOP closes no connection: its parent's pings find it silent, and the hosts below it report."""
     workdir, pids = reservation
@@ -269,6 +304,11 @@ def _ranks(pids: list[int], cmd: str) -> list[int]:
         except psutil.Error:
             continue
     return found
+
+
+def _anywhere(argv: list[str]) -> list[int]:
+    """Every process on the machine running ``argv``, whoever its parent is now (an orphan too)."""
+    return [proc.pid for proc in psutil.process_iter(["cmdline"]) if proc.info["cmdline"] == argv]
 
 
 def _wait_for_ranks(pids: list[int], cmd: str) -> None:
