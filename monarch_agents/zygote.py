@@ -176,9 +176,10 @@ class Zygote:
             if cwd:
                 os.chdir(cwd)
             try:
-                # As execvpe would find it (a relative path from the command's working directory).
-                exe = _which(argv[0], env.get("PATH", os.defpath))
-                if exe is None:
+                # Found as execvpe would (a relative path from the command's working directory), else
+                # the fork's exec words the error.  setpriv looks it up again the same way (the same PATH
+                # and folder), so the command gets its argv[0] as given.
+                if _which(argv[0], env.get("PATH", os.defpath)) is None:
                     return -1
                 if limit is not None:
                     import resource
@@ -186,7 +187,7 @@ class Zygote:
                     saved = resource.getrlimit(resource.RLIMIT_NOFILE)
                     resource.setrlimit(resource.RLIMIT_NOFILE, limit)
                 try:
-                    return os.posix_spawn(prefix[0], [*prefix, exe, *argv[1:]], env, file_actions=actions,
+                    return os.posix_spawn(prefix[0], [*prefix, *argv], env, file_actions=actions,
                                           setsid=True, setsigdef=_DEFAULT_SIGNALS)
                 finally:
                     if limit is not None:
