@@ -246,8 +246,8 @@ class FrameTooLong(Exception):
     """A message longer than ``codec_max_frame_length``: not sent (the peer is fine)."""
 
     def __init__(self, addr: str, length: int, limit: int):
-        super().__init__(f"rejecting oversize frame: len={length} > max={limit} (not sent to {addr}); "
-                         "increase codec_max_frame_length (monarch.config) to allow it")
+        super().__init__(f"rejecting oversize frame: len={length} > max={limit} (not sent to {addr}); increase "
+                         "codec_max_frame_length (monarch.config, HYPERACTOR_CODEC_MAX_FRAME_LENGTH) to allow it")
         self.length = length
         self.limit = limit
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
 # The descriptor lives where the proc agent that calls endpoints reads it; re-exported here.
 from monarch_agents.endpoints import EndpointProperty
-from monarch_agents.errors import OversizedMessage, SupervisionError, actor_failed_text
+from monarch_agents.errors import MeshFailure, OversizedMessage, SupervisionError, actor_failed_text
 from monarch_agents.future import Future
 from monarch_agents.messages import Call, Pickled, PortRef, Reply
 from monarch_agents import runtime
@@ -273,24 +273,40 @@ class Endpoint(Generic[R]):
         shape = self._mesh._shape
         i = random.randrange(len(shape))
         sub = Shape((), (), (shape.indices[i],))
-        return self._one(args, kwargs, sub)
+        return self._one(args, kwargs, sub, "choose")
 
-    def _one(self, args: tuple, kwargs: dict, shape: Shape) -> Future:
+    def _one(self, args: tuple, kwargs: dict, shape: Shape, adverb: str = "call_one") -> Future:
         rt = self._mesh._rt()
         fut: Future = Future(_load_value)
         addr = self._mesh._procs[shape.indices[0]].addr
         # The rank of a one-actor slice is always 0; leave it to the error to say which proc it was.
         port = rt.open_port(_One(rt, fut, self, None), (addr,))
-        self._send_or_fail(args, kwargs, port, shape, fut, rt)
+        self._send_or_fail(args, kwargs, port, shape, fut, rt, adverb)
         return fut
 
+    def _undeliverable(self, error: OversizedMessage, adverb: str, shape: Shape) -> None:
+        """As in Monarch, a message that could not be sent is also a supervision event of its
+        sender: in the client, ``unhandled_fault_hook`` hears it (ours prints it by default,
+        Monarch's exits), on the runtime's thread as a proc's failure would be.  In an actor only
+        its call fails (Monarch fails the sending actor)."""
+        from monarch.actor._mesh import _current_ctx, _report
+
+        if _current_ctx().actor is not None:
+            return
+        mesh = self._mesh
+        host = mesh._procs[shape.indices[0]].host if shape.indices else ""
+        failure = MeshFailure(mesh._name, 0, host, f"undeliverable message for {self._label} ({adverb}): {error.message}")
+        mesh._rt().mailbox.call_soon(lambda: _report(None, failure))
+
     def _send_or_fail(self, args: tuple, kwargs: dict, port: PortRef, shape: Shape, fut: Future,
-                      rt: Any = None) -> None:
+                      rt: Any = None, adverb: str = "call") -> None:
         try:
             self._send(args, kwargs, port, shape, rt)
         except SupervisionError as e:
             self._mesh._rt().close_port(port.port_id)
             fut.set_exception(_call_failed(self._label, None, e))
+            if isinstance(e, OversizedMessage):
+                self._undeliverable(e, adverb, shape)
         except _Unborn as e:
             self._mesh._rt().close_port(port.port_id)
             fut.set_exception(e.error)
@@ -309,6 +325,8 @@ class Endpoint(Generic[R]):
         except SupervisionError as e:
             for f in handler.futures:
                 f.set_exception(_call_failed(self._label, None, e))
+            if isinstance(e, OversizedMessage):
+                self._undeliverable(e, "stream", shape)
         except _Unborn as e:
             rt.close_port(port.port_id)
             for f in handler.futures:
@@ -319,6 +337,8 @@ class Endpoint(Generic[R]):
         """Send to every actor without waiting for answers."""
         try:
             self._send(args, kwargs, None, self._mesh._shape)
+        except OversizedMessage as e:
+            self._undeliverable(e, "broadcast", self._mesh._shape)  # no caller to tell, as in Monarch
         except _Unborn:
             pass  # no caller to tell, as in Monarch: the failure is the proc mesh's (its initialized and stop raise it)
 

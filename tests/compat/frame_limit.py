@@ -7,7 +7,9 @@ fail after a 40 s wait) it goes on: the actor still answers, an answer over the 
 call at once, and the error says which setting to raise.
 """
 
+import re
 import sys
+import time
 
 import monarch.actor
 from monarch.actor import Actor, endpoint, this_host
@@ -31,9 +33,19 @@ class Packer(Actor):
         return bytes(n)
 
 
-# What a refused message becomes in Monarch is a supervision event too: this program only
-# looks at the call that failed.
-monarch.actor.unhandled_fault_hook = lambda failure: None
+# A refused message is a supervision event of its sender too: the client's hook hears of it
+# (Monarch's default hook would end this program).
+heard: list = []
+monarch.actor.unhandled_fault_hook = lambda failure: heard.append(str(failure))
+
+
+def hook_heard_of_it() -> bool:
+    deadline = time.monotonic() + 60
+    while not any("rejecting oversize frame" in h for h in heard) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return any(re.search(r"rejecting oversize frame: len=[0-9]+ > max=1048576.*CODEC_MAX_FRAME_LENGTH", h) for h in heard)
+
+
 parts = [bytes(MiB // 4) for _ in range(4)]  # 1 MiB, and the call's envelope on top
 
 with configured(codec_max_frame_length=2 * MiB):
@@ -52,6 +64,7 @@ with configured(codec_max_frame_length=MiB):
         print("a 1 MiB call went through")
     except SupervisionError:
         print("a 1 MiB call was refused: SupervisionError")
+    print("the hook heard of it:", hook_heard_of_it())
     if sys.argv[1:] == ["after"]:
         print("then:", packer.count.call_one([b"abcd"]).get())
         try:

@@ -266,6 +266,7 @@ limit 2097152 passes: 1048576
 limit 1048576
 small call: 3
 a 1 MiB call was refused: SupervisionError
+the hook heard of it: True
 default limit 10737418240
 """
 

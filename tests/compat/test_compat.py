@@ -135,6 +135,7 @@ limit 2097152 passes: 1048576
 limit 1048576
 small call: 3
 a 1 MiB call was refused: SupervisionError
+the hook heard of it: True
 then: 4
 a 2 MiB answer was refused: True True
 still: 1000
