@@ -18,8 +18,9 @@ class ActorPrefixFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         actor = CURRENT.get().actor
-        if actor is not None and record.msg and _prefix_on() and not getattr(record, "actor_prefix", None):
-            prefix = f"[actor={actor.qualname or actor.name}] "
+        name = ROOT_NAME if actor is None else actor.qualname or actor.name
+        if name is not None and record.msg and _prefix_on() and not getattr(record, "actor_prefix", None):
+            prefix = f"[actor={name}] "
             record.actor_prefix = prefix
             record.msg = f"{prefix}{record.msg}"
         return True
@@ -27,6 +28,10 @@ class ActorPrefixFilter(logging.Filter):
 
 #: Whether records made in an actor get the prefix (the actor API's config sets it).
 PREFIX_WITH_ACTOR = True
+
+#: The name records made outside any actor carry: ``<root>`` in the root client (as Monarch's
+#: client prefixes its own records once it runs), None elsewhere (left alone).
+ROOT_NAME: str | None = None
 
 
 def _prefix_on() -> bool:
@@ -38,9 +43,12 @@ _lock = threading.Lock()
 _installed = False
 
 
-def install() -> None:
-    """Put the filter on the root logger's handlers, now and as they are added (once per process)."""
-    global _installed
+def install(root_name: str | None = None) -> None:
+    """Put the filter on the root logger's handlers, now and as they are added (once per process);
+    ``root_name``: what records made outside any actor are prefixed with (the root client's)."""
+    global _installed, ROOT_NAME
+    if root_name is not None:
+        ROOT_NAME = root_name
     with _lock:
         if _installed:
             return

@@ -36,7 +36,7 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from monarch_agents.files import UnsafeFolder, private_dir
@@ -114,6 +114,18 @@ def code_version() -> str:
     return h.hexdigest()[:20]
 
 
+def _stdio_ids() -> tuple:
+    """Which files fds 1 and 2 are (device, inode), to notice a redirection."""
+    out = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 def _peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -149,13 +161,24 @@ class SharedAgent:
     pid: int
     keys: dict
     env: dict
+    stdio: tuple = ()
+    _join_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def join(self, owner: str, cwd: str) -> None:
-        """Become an owner: procs of ``owner`` write to our stdout/stderr and start in ``cwd``."""
-        _send(self.sock, {"op": "join", "owner": owner, "cwd": cwd}, [1, 2])
-        answer, _ = _recv(self.sock)
+        """Become an owner: procs of ``owner`` write to our stdout/stderr and start in ``cwd``.
+
+        Joining again hands over our stdout/stderr as they are now: procs started after it write
+        there (as Monarch's local procs write to the stdout their host had when they started)."""
+        with self._join_lock:
+            self.stdio = _stdio_ids()
+            _send(self.sock, {"op": "join", "owner": owner, "cwd": cwd}, [1, 2])
+            answer, _ = _recv(self.sock)
         if not answer or not answer.get("ok"):
             raise RuntimeError(f"the shared host agent refused this client: {answer}")
+
+    def stdio_moved(self) -> bool:
+        """Whether our stdout or stderr is another file than the one we last handed over."""
+        return _stdio_ids() != self.stdio
 
     def leave(self, timeout: float = _BYE_TIMEOUT_S) -> None:
         """Stop what we own there and wait (``timeout`` at most) until it has exited."""
@@ -452,7 +475,8 @@ class OwnerListener:
                 msg, fds = _recv(conn, 2)
                 if msg is None:
                     return
-                if msg.get("op") == "join" and not owner and len(fds) == 2:
+                # A second join of the same owner hands over its stdout/stderr again (it redirected them).
+                if msg.get("op") == "join" and owner in ("", str(msg["owner"])) and len(fds) == 2:
                     owner = str(msg["owner"])
                     agent.add_owner_place(owner, fds, str(msg.get("cwd") or "/"))
                     _send(conn, {"ok": True})

@@ -27,6 +27,7 @@ from monarch_agents import local_agent as _local_agent
 from monarch_agents import ports as _ports
 from monarch_agents.client import _lock
 from monarch_agents.keys import JobKeys
+from monarch_agents import actor_logging
 from monarch_agents.runtime import Runtime
 from monarch_rdmafs.helper import HelperProcess
 
@@ -42,8 +43,11 @@ def ensure_runtime(keys: JobKeys | None = None, reach: Iterable[str] = (), route
     """This client's runtime, started on first use; under ``monarch run script.py``, with the
     reservation's keys (so its hosts and this machine's can be used together), listening where
     those hosts can reach it (``route``: through the reservation's port-forward, where it has one)."""
-    if keys is None and rt_mod.current() is None:
-        keys, reach, route = _run_job()
+    if rt_mod.current() is None:
+        if keys is None:
+            keys, reach, route = _run_job()
+        if ROOT_ENV not in os.environ:  # the root client, not a proc: its records say so, as Monarch's
+            actor_logging.install(root_name="<root>")
     return _agents_client.ensure_runtime(keys, reach, route)
 
 
@@ -147,6 +151,18 @@ def _use_shared(shared: "_local_agent.SharedAgent") -> HostRef:
     _local_host = HostRef(shared.addr, shared.host, 0)
     atexit.register(_stop_local_host)
     return _local_host
+
+
+def refresh_local_stdio(rt: Runtime) -> None:
+    """Before procs start on the shared agent: if this program redirected its stdout or stderr since
+    it last handed them over, hand them over again, so those procs write where it writes now (as
+    Monarch's local procs do: they get the stdout of their host, this process, when they start)."""
+    shared = _shared
+    if shared is not None and shared.stdio_moved():
+        try:
+            shared.join(rt.addr, os.getcwd())
+        except (OSError, RuntimeError) as e:
+            log.warning("could not hand the shared host agent this program's new stdout/stderr: %s", e)
 
 
 #: Carries :func:`user_sys_path` to new procs (see ``monarch_agents.proc_agent.main``).

@@ -1,6 +1,6 @@
 """What ``HostMesh`` and ``ProcMesh`` add for Monarch's job API: pinning procs to CPUs
 (``spawn_procs(proc_bind=)``), ``shutdown``/``stop`` of what a host mesh spawned,
-``with_python_executable`` and ``ProcMesh.logging_option``.
+and ``with_python_executable`` (``ProcMesh.logging_option`` is ``monarch.actor._logging``'s).
 
 Kept apart from ``_mesh.py`` (the mesh mechanics) so each stays one job.
 """
@@ -194,27 +194,3 @@ def with_python_executable(hm: HostMesh, python_executable: str) -> HostMesh:
             f"{python_executable}. Reserve with that interpreter instead (`{python_executable} -m monarch_cli.main "
             "serve`, or SlurmJob(python_exe=...))")
     return HostMesh(hm._hosts, hm._shape)
-
-
-class _LogLevel(Actor):
-    @endpoint
-    def set(self, level: int) -> None:
-        logging.getLogger().setLevel(level)
-
-
-async def logging_option(pm: ProcMesh, stream_to_client: bool, aggregate_window_sec: int | None, level: int) -> None:
-    """Set the level of the root logger in every proc of ``pm``.
-
-    Where proc output goes is the host agent's: the client's terminal for ``this_host()``, the
-    job's logs (``monarch logs``) for a reservation.  ``stream_to_client`` and
-    ``aggregate_window_sec`` are checked as Monarch checks them and otherwise not used.
-    """
-    if aggregate_window_sec is not None and not stream_to_client:
-        raise ValueError("aggregate_window_sec is set but stream_to_client is False: aggregation needs streaming")
-    if not isinstance(level, int) or isinstance(level, bool):
-        raise ValueError(f"level must be a logging level such as logging.INFO, got {level!r}")
-    setter = pm.spawn("_log_level", _LogLevel)
-    try:
-        await setter.set.call(level)
-    finally:
-        await setter.stop()

@@ -37,7 +37,8 @@ from monarch_agents.runtime import for_peer as rt_for_peer
 from monarch_agents.runtime import pickling_for as rt_pickling_for
 from monarch import config as _config
 from monarch.actor import _mock, _telemetry
-from monarch.actor._client import ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host, user_sys_path
+from monarch.actor._client import (ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host,
+                                   refresh_local_stdio, user_sys_path)
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
 from monarch.actor._shape import Extent, Point, Shape
 from monarch.actor import _ndslice as _nd
@@ -49,6 +50,7 @@ from monarch._rust_bindings.monarch_hyperactor.pytokio import PythonTask, Shared
 T = TypeVar("T")
 log = logging.getLogger("monarch.actor")
 _mesh_ids = itertools.count()
+_logging_lock = threading.Lock()
 
 
 def _stop_actor_wait_s() -> float:
@@ -284,6 +286,7 @@ class HostMesh(_MeshBase):
         env[_config.INHERIT_ENV] = _config.for_procs()  # as in Monarch, procs see our settings as they are now
         if unset:
             env[ENV_UNSET] = ",".join(unset)
+        refresh_local_stdio(rt)
         futures = []
         hosts = self._hy_host_mesh.block_on().hosts  # as in Monarch, a spawn waits for its host mesh
         orphan_s = _config.limit("mesh_orphan_timeout")  # how long they outlive us, should we die
@@ -641,6 +644,10 @@ class ProcMesh(_MeshBase):
 
     def _stop(self, fut: Future, reason: str) -> None:
         rt = self._rt()
+        manager = self.__dict__.get("_logging")
+        if manager is not None:  # as in Monarch: what the procs wrote is printed before they stop
+            manager.flush()
+            manager.close()
         procs = [self._procs[i] for i in self._shape.indices]
         stop_timeout = _config.seconds("stop_actor_timeout")
         host_timeout = _config.seconds("proc_stop_max_idle")
@@ -704,10 +711,26 @@ class ProcMesh(_MeshBase):
     def rank_tensors(self) -> dict[str, Any]:
         return self._device_mesh.ranks
 
-    async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,
+    async def logging_option(self, stream_to_client: bool = False, aggregate_window_sec: int | None = None,
                              level: int = logging.INFO) -> None:
-        """Set the log level of every proc's root logger (see ``_hostmesh_extras.logging_option``)."""
-        await _hostmesh_extras.logging_option(self, stream_to_client, aggregate_window_sec, level)
+        """Stream the procs' stdout/stderr to this client (``configure(enable_log_forwarding=True)``
+        first), aggregated in windows of ``aggregate_window_sec`` s or line by line, and set the
+        level of every proc's root logger (see ``monarch.actor._logging``)."""
+        import asyncio  # here: a program that never awaits does not pay for asyncio
+
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._logging_manager.set_mode, stream_to_client, aggregate_window_sec, level)
+
+    @property
+    def _logging_manager(self) -> Any:
+        """This mesh's logging options and log client (made on first use; a slice has its own)."""
+        manager = self.__dict__.get("_logging")
+        if manager is None:
+            from monarch.actor._logging import LoggingManager
+
+            with _logging_lock:
+                manager = self.__dict__.setdefault("_logging", LoggingManager(self))
+        return manager
 
     def __enter__(self) -> "ProcMesh":
         return self
