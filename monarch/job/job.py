@@ -31,6 +31,7 @@ import importlib
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 import uuid
@@ -809,3 +810,71 @@ class LocalJob(JobTrait):
 
     def _kill(self) -> None:
         pass
+
+
+# -- LoginJob -----------------------------------------------------------------------------------
+
+
+class ProcessState(NamedTuple):
+    """A worker a ``LoginJob`` started: its process id, and the address its worker loop serves."""
+
+    pid: int
+    channel: str
+
+
+class LoginJob(JobTrait):
+    """Hosts given by name, each reached by a worker the subclass starts (``_start_host``: log in,
+    run a worker loop, return its ``ProcessState``); the job attaches to those workers.
+
+    Monarch's base of its SSH job, kept for programs that subclass it; a reservation of monarch's
+    goes through a scheduler instead (``ProcessJob``, ``SlurmJob``, ...).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._meshes: dict[str, list[str]] = {}
+        self._host_to_pid: dict[str, ProcessState] = {}
+
+    def add_mesh(self, name: str, hosts: list[str]) -> None:
+        """A host mesh called ``name`` of these hosts (one worker each)."""
+        self._meshes[name] = list(hosts)
+
+    @abc.abstractmethod
+    def _start_host(self, host: str) -> ProcessState:
+        """Start the worker of ``host`` (it serves ``run_worker_loop_forever(address=...)``)."""
+
+    def _create(self, client_script: str | None) -> None:
+        if client_script is not None:
+            raise RuntimeError("LoginJob cannot run batch-mode scripts")  # Monarch's error
+        for hosts in self._meshes.values():
+            for host in hosts:
+                self._host_to_pid[host] = self._start_host(host)
+
+    def _state(self) -> JobState:
+        from monarch.actor import attach_to_workers
+
+        if not self._pids_active():
+            raise RuntimeError("lost connection: a worker of this job is gone")
+        return JobState({name: attach_to_workers(name=name, ca="trust_all_connections",
+                                                 workers=[self._host_to_pid[h].channel for h in hosts])
+                         for name, hosts in self._meshes.items()})
+
+    def can_run(self, spec: JobTrait) -> bool:
+        return isinstance(spec, LoginJob) and spec._meshes == self._meshes and self._pids_active()
+
+    def _pids_active(self) -> bool:
+        if not self.active:
+            return False
+        for p in self._host_to_pid.values():
+            try:
+                os.kill(p.pid, 0)
+            except OSError:
+                return False
+        return True
+
+    def _kill(self) -> None:
+        for p in self._host_to_pid.values():
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
