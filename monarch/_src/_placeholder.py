@@ -36,7 +36,10 @@ def placeholder(module: str, name: str, why: str = "") -> type:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _refuse(f"{module}.{name}", why)
 
+    # ``Name[int]`` is the class itself, as for Monarch's generic runtime classes, so that an
+    # annotation naming one loads.
     return _Meta(name, (), {"__init__": __init__, "__module__": module, "__qualname__": name, "_why": why,
+                            "__class_getitem__": classmethod(lambda cls, item: cls),
                             "__doc__": f"Placeholder for Monarch's internal ``{name}``: using it raises "
                                        "NotImplementedError."})
 

@@ -169,27 +169,105 @@ def _strides(sizes: Sequence[int]) -> list[int]:
     return list(reversed(strides))
 
 
-class ValueMesh(Generic[R]):
-    """The answers of a whole mesh, one per point."""
+def _nd() -> Any:
+    # Monarch's Shape/Slice and MeshTrait import this module's Extent and Point: imported when used.
+    from monarch._rust_bindings.monarch_hyperactor import shape
 
-    def __init__(self, shape: Shape, values: list[R]):
-        self._shape = Shape(shape.labels, shape.sizes)
-        self._values = list(values)
+    return shape
+
+
+def _trait() -> Any:
+    from monarch._src.actor.shape import MeshTrait
+
+    return MeshTrait
+
+
+class ValueMesh(Generic[R]):
+    """The answers of a whole mesh, one per point.
+
+    As Monarch's, a ``MeshTrait`` (registered there): its ``_shape`` is Monarch's labelled
+    ``Slice`` (``monarch._rust_bindings.monarch_hyperactor.shape.Shape``) whose ranks are in the
+    order of the values; ``slice``, ``split``, ``rename`` and ``flatten`` keep each value with its
+    rank.  ``ValueMesh(shape, values)`` also takes a monarch mesh's shape (values row-major)."""
+
+    __slots__ = ("_shape", "_values")
+
+    def __init__(self, shape: Any, values: list[R]):
+        nd = _nd()
+        if not isinstance(shape, nd.Shape):
+            shape = nd.Shape(list(shape.labels), nd.Slice.new_row_major(shape.sizes))
+        values = list(values)
+        if len(values) != len(shape):
+            raise ValueError(f"ValueMesh of {len(shape)} ranks given {len(values)} values")
+        self._shape = shape
+        self._values = values
+
+    # ``ValueMesh[int]`` is ValueMesh itself at runtime, as Monarch's (a class its runtime makes).
+    def __class_getitem__(cls, item: Any) -> Any:
+        return cls
+
+    @staticmethod
+    def from_indexed(shape: Any, pairs: Any) -> "ValueMesh":
+        """A ValueMesh from ``(position, value)`` pairs: the last pair for a position wins, and every
+        position must have one."""
+        n = len(shape)
+        values: dict[int, Any] = {}
+        for i, v in pairs:
+            if not 0 <= i < n:
+                raise ValueError(f"index {i} out of range for a mesh of {n}")
+            values[i] = v
+        if len(values) != n:
+            raise ValueError(f"from_indexed: expected {n} values, but the pairs contains {len(values)} distinct ranks")
+        return ValueMesh(shape, [values[i] for i in range(n)])
+
+    @property
+    def _ndslice(self) -> Any:
+        return self._shape.ndslice
+
+    @property
+    def _labels(self) -> tuple[str, ...]:
+        return tuple(self._shape.labels)
+
+    def _new_with_shape(self, shape: Any) -> "ValueMesh[R]":
+        pos = {rank: i for i, rank in enumerate(self._shape.ndslice)}
+        return ValueMesh(shape, [self._values[pos[rank]] for rank in shape.ndslice])
+
+    def get(self, rank: int) -> R:
+        """The value at position ``rank`` (0 .. len-1) of the mesh's row-major order."""
+        if not 0 <= rank < len(self._values):
+            raise ValueError(f"index {rank} out of range for a mesh of {len(self._values)}")
+        return self._values[rank]
 
     @property
     def extent(self) -> Extent:
-        return self._shape.extent
+        return Extent(self._shape.labels, self._shape.ndslice.sizes)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(zip(self._shape.labels, self._shape.ndslice.sizes))
+
+    def slice(self, **dims: Any) -> "ValueMesh[R]":
+        """The values at a part of the mesh, as for ``ActorMesh.slice``: ``vm.slice(gpus=0)``."""
+        return _trait().slice(self, **dims)
+
+    def split(self, **dims: Any) -> "ValueMesh[R]":
+        """Dimensions split in several, row-major: ``vm.split(gpus=("pairs", "two"), two=2)``."""
+        return _trait().split(self, **dims)
+
+    def rename(self, **names: str) -> "ValueMesh[R]":
+        return _trait().rename(self, **names)
 
     def item(self, **coords: int) -> R:
         """The value at ``coords`` (every dimension named)."""
-        extra = set(coords) - set(self._shape.labels)
+        labels = self._shape.labels
+        extra = set(coords) - set(labels)
         if extra:
-            raise KeyError(f"unknown dimension(s) {sorted(extra)}; this mesh has {list(self._shape.labels)}")
-        missing = [k for k in self._shape.labels if k not in coords]
+            raise KeyError(f"unknown dimension(s) {sorted(extra)}; this mesh has {list(labels)}")
+        missing = [k for k in labels if k not in coords]
         if missing:
             raise KeyError(f"item() needs every dimension; missing {missing}")
         i = 0
-        for label, size in zip(self._shape.labels, self._shape.sizes):
+        for label, size in zip(labels, self._shape.ndslice.sizes):
             c = coords[label]
             if not 0 <= c < size:
                 raise IndexError(f"{label}={c} out of range 0..{size - 1}")
@@ -206,28 +284,26 @@ class ValueMesh(Generic[R]):
     def values(self) -> list[R]:
         return list(self._values)
 
-    def slice(self, **dims: Any) -> "ValueMesh[R]":
-        """The values at a part of the mesh, as for ``ActorMesh.slice``: ``vm.slice(gpus=0)``."""
-        sub = self._shape.slice(**dims)
-        return ValueMesh(Shape(sub.labels, sub.sizes), [self._values[i] for i in sub.indices])
-
     def flatten(self, name: str) -> "ValueMesh[R]":
-        """The same values along one dimension called ``name``: ``vm.flatten("rank")``."""
-        return ValueMesh(Shape((name,), (len(self._values),)), self._values)
+        """The same values along one dimension called ``name``: ``vm.flatten("rank")`` (a dense
+        mesh's: one sliced with a step is refused, as Monarch's is)."""
+        return _trait().flatten(self, name)
 
-    @property
-    def sizes(self) -> dict:
-        return dict(zip(self._shape.labels, self._shape.sizes))
-
-    def size(self, dim: str | None = None) -> int:
-        return len(self._values) if dim is None else self.sizes[dim]
+    def size(self, dim: Any = None) -> int:
+        return len(self._values) if dim is None else _trait().size(self, dim)
 
     def __len__(self) -> int:
         return len(self._values)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ValueMesh) and self._shape.sizes == other._shape.sizes and self._values == other._values
+        return (isinstance(other, ValueMesh) and self._shape.ndslice.sizes == other._shape.ndslice.sizes
+                and self._values == other._values)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return ValueMesh, (self._shape, self._values)
 
     def __repr__(self) -> str:
-        body = pprint.pformat(tuple((dict(p), v) for p, v in self.items()) if False else tuple(self.items()))
+        body = pprint.pformat(tuple(self.items()))
         return f"ValueMesh({self.extent}):\n  " + body.replace("\n", "\n  ")

@@ -339,6 +339,24 @@ BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT
         "client_logs.py": CLIENT_LOGS_OUT, "login_job.py": LOGIN_JOB_OUT}
 
 
+VALUE_MESHES_OUT = """\
+negative and junk items TypeError TypeError OverflowError
+selection Union(All(Range(Range(0, Some(4), 2), True)), Range(Range(1, Some(2), 1), Any(True))) All(True) Any(True)
+selection nests All(All(Union(Range(Range(0, Some(2), 1), True), Range(Range(6, None, 1), True)))) Intersection(Range(Range(0, Some(1), 1), True), Range(Range(1, None, 3), True))
+selection refused ValueError ValueError
+value mesh 3 ['a', 'b', 'c'] c ValueError True
+from_indexed ['x', 'y', 'w'] ValueError
+strided [2, 4] 3 ValueError {'a': 2, 'b': 2}
+answers True True True [0, 1, 2, 3, 4, 5]
+split {'pairs': 3, 'two': 2} [1, 3, 5] 4 3
+renamed {'ranks': 6} sliced then flattened [3, 4, 5]
+refused ValueError IndexError TypeError AttributeError
+pickled [2, 3]
+done
+"""
+BOTH["value_meshes.py"] = VALUE_MESHES_OUT
+
+
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
     r = run_program(program, tmp_path)

@@ -182,7 +182,12 @@ class Slice:
             if start < 0 or stop < 0:
                 raise IndexError("Only positive indices are support")
             return tuple(self._get(k, IndexError) for k in range(start, stop, step))
-        return self._get(_unsigned(i, "range"), IndexError)
+        try:
+            index = _unsigned(i, "range")
+        except (TypeError, OverflowError) as e:
+            # Monarch takes an int or a slice here: neither fitting is a TypeError, a negative int too
+            raise TypeError(f"argument 'range': failed to extract enum Range ('int | slice'): {e}") from None
+        return self._get(index, IndexError)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Slice):

@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterator, Sequence, TypeVar
 
 from monarch._rust_bindings.monarch_hyperactor.shape import Extent, Shape, Slice
+from monarch.actor._shape import ValueMesh
 
 __all__ = ["MeshTrait", "NDSlice", "Shape", "ShapeExt", "Slice", "iter_ranks"]
 
@@ -160,3 +161,8 @@ class MeshTrait(ABC):
 
     def __len__(self) -> int:
         return len(self._ndslice)
+
+
+# monarch's ValueMesh is one, as Monarch's is (it gets the methods by calling these; monarch.actor
+# cannot subclass this class: its module imports monarch.actor's Extent and Point).
+MeshTrait.register(ValueMesh)
