@@ -356,6 +356,21 @@ done
 """
 BOTH["value_meshes.py"] = VALUE_MESHES_OUT
 
+TOOLS_HELPERS_OUT = """\
+ipv4 literal 127.0.0.1:8080 127.0.0.1
+ipv6 literal [::1]:8080 ::1
+ipv4 asked of an ipv6 literal RuntimeError
+link-local skipped RuntimeError RuntimeError
+this host resolves True
+types ['Default', 'IPv4', 'IPv6']
+MONARCH_HOME home home/conda-pack/out True True
+no conda None None AssertionError
+conda train-py3 /opt/conda/envs/train-py3 /x
+equal True False False
+done
+"""
+BOTH["tools_helpers.py"] = TOOLS_HELPERS_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
