@@ -5,7 +5,8 @@ A sync is: ``WsMissing`` to every host (which chunk ids does it lack), then
 tree (each host stores what it lacks and forwards the batch to its subtrees;
 every host acknowledges each batch to the client), then ``WsCommit`` to every
 host (switch the mount to the new manifest, which is itself a chunk).  The
-same messages serve a later sync: only missing chunks travel.
+same messages serve a later sync: only missing chunks travel; an edit's few new
+chunks ride inside its ``WsCommit`` (one round).
 
 ``reply`` fields are the agents' port references (opaque here); answers are
 the agents' ``Reply`` messages, sent through the callable the service is given.
@@ -96,6 +97,10 @@ class WsCommit:
     mountpoint: str
     source: str
     reply: Any
+    #: An edit's few new chunks (a ``WsChunks``), stored before the switch: one round to every host
+    #: instead of two.  If they cannot all be stored, the answer is their ``WsBatchDone`` and the
+    #: host does not switch.
+    inline: Any = None
 
 
 @dataclass(slots=True)

@@ -128,6 +128,10 @@ class WorkspaceService:
         self._jobs.put((self._store_batch, msg))
 
     def _store_batch(self, msg: wm.WsChunks) -> None:
+        self._reply(msg.reply, self._store(msg), True)
+
+    def _store(self, msg: wm.WsChunks) -> wm.WsBatchDone:
+        """Store what ``msg`` carries that this host lacks; what came of it."""
         stored = 0
         corrupt: list[str] = []
         try:
@@ -143,7 +147,7 @@ class WorkspaceService:
             done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"{self.host}: {e.message} ({e.hint})")
         except OSError as e:
             done = wm.WsBatchDone(self._addr(), msg.batch, stored, corrupt, f"cannot store chunks: {e}")
-        self._reply(msg.reply, done, True)
+        return done
 
     def _missing(self, msg: wm.WsMissing) -> None:
         self._reply(msg.reply, self.store.missing(msg.ids), True)
@@ -195,6 +199,14 @@ class WorkspaceService:
 
     def _commit(self, msg: wm.WsCommit) -> None:
         try:
+            inline = getattr(msg, "inline", None)
+            if inline is not None:
+                # An edit's chunks ride in its switch: stored first; if they could not all be, the
+                # answer says so (a WsBatchDone) and this host keeps serving what it served.
+                done = self._store(inline)
+                if done.error or done.corrupt:
+                    self._reply(msg.reply, done, True)
+                    return
             self._reply(msg.reply, self.commit(msg.name, msg.manifest_id, msg.mountpoint, msg.source), True)
             if time.monotonic() - self._last_gc > _GC_EVERY_S:
                 self._last_gc = time.monotonic()

@@ -3,7 +3,9 @@
 A sync packs the directory (only files whose stat changed are read again),
 asks every host which chunks it lacks, sends those chunks once, to the first
 host of a fan-out tree (hosts forward to hosts; each acknowledges each batch
-here), and then tells every host to switch its mount to the new manifest.
+here), and then tells every host to switch its mount to the new manifest.  An
+edit (a few KiB new since the last commit) is one round: its chunks inside each
+host's switch message, through the tree of host agents.
 A batch a host finds corrupted is sent again to that host; a file that changed
 while it was being sent restarts the sync from a fresh snapshot; a host that
 dies or runs out of disk fails the sync with one line, and no host switches.
@@ -124,6 +126,14 @@ class WorkspacePusher:
                     m = packed.manifest
                     return SyncResult(m.id, m.files, m.total_bytes, 0, 0, time.monotonic() - t0, False, packed.skipped,
                                       [], choice.kind, choice.reason)
+                pushed = self._push_edit(packed)
+                if pushed is not None:
+                    m = packed.manifest
+                    sent_chunks, sent_bytes, mounts = pushed
+                    self.committed = m.id
+                    self.present = {*packed.sources, m.id}
+                    return SyncResult(m.id, m.files, m.total_bytes, sent_chunks, sent_bytes, time.monotonic() - t0,
+                                      True, packed.skipped, mounts, choice.kind, choice.reason)
                 sent_chunks, sent_bytes = self._send(packed)
                 break
             except SourceChanged as e:
@@ -153,30 +163,39 @@ class WorkspacePusher:
         """Stop serving this mount on every host."""
         return self._ask(lambda t: wm.WsUnmount(self.name, _NO_PORT))
 
-    def _ask(self, make: Callable[[Target], Any]) -> list:
-        """``make(target)`` to every host through the tree of host agents; their answers, in order.
+    def _ask(self, make: Callable[[Target], Any], targets: list[Target] | None = None) -> list:
+        """``make(target)`` to every host (or ``targets``) through the tree of host agents; their
+        answers, in order.
 
         Raises WorkspaceError naming the first host (by rank) that failed or did not answer."""
+        targets = self.targets if targets is None else targets
+        out = []
+        for t, (ok, value) in zip(targets, self._answers(make, targets)):
+            if not ok:
+                raise self._failure(t, value)
+            out.append(value)
+        return out
+
+    def _answers(self, make: Callable[[Target], Any], targets: list[Target]) -> list[tuple[bool, Any]]:
+        """``make(target)`` to each of ``targets`` through the tree of host agents: ``(ok, answer or
+        why not)`` of each, in order (None: no answer)."""
         from monarch_agents.fanout import fan_out
 
-        call = fan_out(self.rt, [(t.addr, t.host, make(t)) for t in self.targets], timeout_s=self.stall_s,
+        call = fan_out(self.rt, [(t.addr, t.host, make(t)) for t in targets], timeout_s=self.stall_s,
                        direct=self.direct)
         call.wait(self.stall_s + _FANOUT_GRACE_S)
-        out = []
-        for i, t in enumerate(self.targets):
-            ok, value = call.results.get(i, (False, None))
-            if ok:
-                out.append(value)
-                continue
-            why = str(value).strip().splitlines()[0] if value is not None and str(value).strip() else ""
-            if value is None or why.endswith("gave no answer in time"):
-                raise WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {self.stall_s:.0f} s",
-                                     "`monarch status` shows the hosts")
-            if "stopped answering" in why:
-                raise WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
-                                     "`monarch status` shows the hosts; `monarch serve` reserves again")
-            raise WorkspaceError(why)
-        return out
+        return [call.results.get(i, (False, None)) for i in range(len(targets))]
+
+    def _failure(self, t: Target, value: Any) -> WorkspaceError:
+        """Host ``t`` failed or did not answer (``value``: why, or None), in a user's words."""
+        why = str(value).strip().splitlines()[0] if value is not None and str(value).strip() else ""
+        if value is None or why.endswith("gave no answer in time"):
+            return WorkspaceError(f"host {t.host} (rank {t.rank}) did not answer within {self.stall_s:.0f} s",
+                                  "`monarch status` shows the hosts")
+        if "stopped answering" in why:
+            return WorkspaceError(f"host {t.host} (rank {t.rank}) died during the sync",
+                                  "`monarch status` shows the hosts; `monarch serve` reserves again")
+        return WorkspaceError(why)
 
     # -- steps --------------------------------------------------------------------
 
@@ -211,6 +230,50 @@ class WorkspacePusher:
 
         fanout = max(self.fanout, SMALL_FANOUT) if size <= SMALL_BYTES and self.fanout == FANOUT else self.fanout
         return _Transfer(self, list(missing), read, fanout).run()
+
+    def _push_edit(self, packed: PackResult) -> tuple[int, int, list[dict]] | None:
+        """An edit (every host had the last commit; at most :data:`INLINE_BYTES` new) in one round:
+        its chunks inside each host's switch.  ``(chunks, bytes, mounts)``, or None where it is not
+        an edit, or the two rounds must finish it (a chunk corrupted on the way, one a host no
+        longer had).  A host that fails otherwise (full disk, gone, silent) fails the sync, and the
+        hosts that had switched are switched back to the last commit: as with two rounds, a failed
+        sync leaves every host serving the previous tree (those that switched served the new one
+        for the moment in between)."""
+        manifest = packed.manifest
+        if not self.committed or not self.present:
+            return None
+        ids = [c for c in (*packed.sources, manifest.id) if c not in self.present]
+        sizes = [packed.sources[c].length if c in packed.sources else len(manifest.data) for c in ids]
+        if not ids or sum(sizes) > INLINE_BYTES:
+            return None
+        data = [manifest.data if c == manifest.id else self.packer.read_chunk(c, packed.sources[c]) for c in ids]
+        payload = b"".join(data)
+        wire = self._tamper(0, payload) if self._tamper else payload
+        chunks = wm.WsChunks(uuid.uuid4().hex[:12], 0, ids, [len(d) for d in data], wire, [], 1, _NO_PORT)
+        answers = self._answers(lambda t: wm.WsCommit(self.name, manifest.id, t.mountpoint, self.source, _NO_PORT,
+                                                      chunks), self.targets)
+        if all(ok and isinstance(v, dict) for ok, v in answers):
+            return len(ids), len(payload), [v for _, v in answers]
+        failed = [(t, ok, v) for t, (ok, v) in zip(self.targets, answers) if not (ok and isinstance(v, dict))]
+
+        def redo(ok: bool, v: Any) -> bool:
+            """The two rounds finish it: a chunk corrupted on the way, one a host no longer had."""
+            return (ok and isinstance(v, wm.WsBatchDone) and bool(v.corrupt) and not v.error) or \
+                (not ok and "never arrived" in str(v))
+
+        if all(redo(ok, v) for _, ok, v in failed):
+            if any(not ok for _, ok, _ in failed):
+                self.present = set()  # a host lost chunks it had: the two rounds ask every host
+            return None
+        switched = [t for t, (ok, v) in zip(self.targets, answers) if ok and isinstance(v, dict)]
+        if switched:
+            previous = self.committed
+            self._answers(lambda t: wm.WsCommit(self.name, previous, t.mountpoint, self.source, _NO_PORT), switched)
+        t, ok, v = next(f for f in failed if not redo(f[1], f[2]))
+        if ok and isinstance(v, wm.WsBatchDone):
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}): {v.error}",
+                                 "`monarch status` shows the hosts; sync again once fixed")
+        raise self._failure(t, v)
 
     def _send_inline(self, ids: list[str], read: Callable[[str], bytes]) -> tuple[int, int]:
         """The chunks of a small edit to every host, one message each through the tree of host agents."""

@@ -86,8 +86,8 @@ def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, a
     r2 = p.sync()
     assert (r2.sent_chunks, r2.changed) == (2, True)  # the edited file and the new manifest
     # An edit: no host asked which chunks it lacks first; its two small chunks go inside each host's
-    # message (through the tree of agents where there are enough hosts), then the switch.
-    assert asked == {"WsChunks": 4, "WsCommit": 4}
+    # switch (through the tree of agents where there are enough hosts): one round.
+    assert asked == {"WsCommit+chunks": 4}
     for mnt in mounts:
         assert open(os.path.join(mnt, "train.py")).read() == "print('train v2')\n"
     r3 = p.sync()
@@ -103,14 +103,15 @@ def test_sync_to_four_hosts_sends_each_byte_once_and_then_only_changes(client, a
 def _count_questions(pusher) -> dict:
     """{message type: how many hosts} of what ``pusher`` asks every host from now on."""
     asked: dict = {}
-    ask = pusher._ask
+    answers = pusher._answers
 
-    def counted(make):
-        name = type(make(pusher.targets[0])).__name__
-        asked[name] = asked.get(name, 0) + len(pusher.targets)
-        return ask(make)
+    def counted(make, targets):
+        msg = make(targets[0])
+        name = type(msg).__name__ + ("+chunks" if getattr(msg, "inline", None) is not None else "")
+        asked[name] = asked.get(name, 0) + len(targets)
+        return answers(make, targets)
 
-    pusher._ask = counted
+    pusher._answers = counted
     return asked
 
 
@@ -197,6 +198,39 @@ def test_a_host_with_a_full_disk_fails_the_sync_clearly_and_keeps_serving(client
             a.stop()
     assert wait_gone([a.pid for a in started]) == []
     assert not is_mounted(mnt)
+
+
+def test_an_edit_one_host_cannot_store_switches_no_host(client, tmp_path, fuse, tiny_disk):
+    """An edit is one round (its chunks inside the switch): the hosts that switched are switched back."""
+    started = [start_agent(client, tmp_path, 0), start_agent(client, tmp_path, 1, {"MONARCH_WORKSPACE_DIR": str(tiny_disk / "ws")})]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("v1\n")
+    filler = tiny_disk / "filler"
+    try:
+        p = WorkspacePusher(client, str(ws), targets(started))
+        mnts = [m["mountpoint"] for m in p.sync().mounts]
+        # Nothing left on h1's disk.
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"x" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        (ws / "a.py").write_text("v2\n")
+        with pytest.raises(WorkspaceError) as e:
+            p.sync()
+        assert "host h1 (rank 1): no space left on the host's disk" in e.value.message
+        assert [open(os.path.join(m, "a.py")).read() for m in mnts] == ["v1\n", "v1\n"], "h0 was switched back"
+        filler.unlink()
+        r = p.sync()
+        assert r.changed and [open(os.path.join(m, "a.py")).read() for m in mnts] == ["v2\n", "v2\n"]
+    finally:
+        for a in started:
+            a.stop()
+    assert wait_gone([a.pid for a in started]) == []
 
 
 def test_stopping_the_agent_leaves_no_mount_and_no_store(client, tmp_path, fuse):
@@ -307,12 +341,12 @@ def test_a_sync_asks_and_switches_the_hosts_through_the_tree_of_agents(client, a
     assert forwarded == [2, 0, 2, 0], forwarded
     for m in r.mounts:
         assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 1\n"
-    # An edit: its chunks inside each host's message too, then the switch.
+    # An edit: its chunks inside each host's switch, one message through the tree.
     (ws / "a.py").write_text("A = 2\n")
     r = p.sync()
     assert r.sent_chunks == 2
     forwarded = [workspace_of_fanout(client, a) - b for a, b in zip(agents, before)]
-    assert forwarded == [4, 0, 4, 0], forwarded
+    assert forwarded == [3, 0, 3, 0], forwarded
     for m in r.mounts:
         assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 2\n"
 
