@@ -265,12 +265,11 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
                       name: Optional[str] = None) -> Any:
     """A ``HostMesh({hosts: len(workers)})`` of workers that run a worker loop (each a ``tcp://`` address,
     or a ``Future`` of one)."""
-    from monarch.actor._client import HostRef, ensure_runtime
+    from monarch.actor._client import ensure_runtime
     from monarch.actor._mesh import HostMesh
     from monarch.actor._shape import Shape
     from monarch_agents.keys import JobKeys
     from monarch_agents.messages import Ping
-    from monarch_agents import runtime as rt_mod
 
     _check_security(private_key, ca)
     # Monarch's attach barrier: every worker takes the job (our keys, where Monarch pushes its
@@ -288,36 +287,91 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
     # The workers are a job of their own, with keys made for them: what crosses the enrollment
     # connections opens these workers only, not this client's other jobs.
     rt = ensure_runtime(JobKeys.generate())
-    keys = rt.keys.as_dict()
-    refs = []
-    for rank, w in enumerate(workers):
-        address = w.get() if isinstance(w, Future) else w
-        host, port = _dial_address(address)
-        s = _connect_when_up(host, port, address, left)
-        try:
-            s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
-            s.settimeout(left(address))
-            answer = json.loads(s.makefile("rb").readline() or b"{}")
-        except OSError:
-            s.close()
-            left(address)  # raises when the barrier's time is up; else it was the connection's own failure
-            raise
-        if "addr" not in answer:
-            s.close()
-            raise RuntimeError(f"worker {address} did not start a host agent: {answer.get('error', 'no answer')}")
-        s.settimeout(None)
-        _links[answer["addr"]] = s
-        refs.append(HostRef(answer["addr"], answer.get("host", host), rank))
-    rt_mod.claim(rt, [r.addr for r in refs])
-    for r in refs:  # each agent learns its owner (and stops when it goes away)
-        try:
-            rt.request(r.addr, lambda port: Ping(port)).get(timeout=left(r.addr))
-        except TimeoutError:
-            left(r.addr)
-            raise
+    refs: list = []
+    try:
+        _enroll(rt, workers, refs, left)
+        for r in refs:  # each agent learns its owner (and stops when it goes away)
+            try:
+                rt.request(r.addr, lambda port: Ping(port)).get(timeout=left(r.addr))
+            except Exception as e:
+                failure: Exception = e
+                try:
+                    left(r.addr)  # the barrier's time is up: that is the failure
+                except TimeoutError as late:
+                    failure = late
+                failure.worker = _worker_name(r.addr)  # type: ignore[attr-defined]
+                raise failure from None
+    except Exception as e:
+        # As in Monarch, a failed attach fails closed, yet attach_to_workers returns: the mesh's
+        # `initialized` (and any spawn on it) raises why, naming the worker.
+        for r in refs:
+            link = _links.pop(r.addr, None)
+            if link is not None:
+                link.close()
+        err = RuntimeError("attach failed: config push failed during attach on 1 host(s):\n"
+                           f"  - {getattr(e, 'worker', '?')}: {e}")
+        err.__cause__ = e
+        return _failed_mesh([w if isinstance(w, str) else "?" for w in workers], err)
     mesh = HostMesh(refs, Shape(("hosts",), (len(refs),)))
     mesh._workers = True  # its shutdown() ends the workers' host agents, as Monarch's does
     return mesh
+
+
+def _failed_mesh(addresses: list[str], err: BaseException) -> Any:
+    """A host mesh of workers that could not be attached: using it raises ``err``."""
+    import concurrent.futures
+
+    from monarch._rust_bindings.monarch_hyperactor.pytokio import Shared
+    from monarch.actor._client import HostRef
+    from monarch.actor._mesh import HostMesh
+    from monarch.actor._shape import Shape
+
+    mesh = HostMesh([HostRef(a, a, i) for i, a in enumerate(addresses)], Shape(("hosts",), (len(addresses),)))
+    failed: concurrent.futures.Future = concurrent.futures.Future()
+    failed.set_exception(err)
+    mesh._inner_host_mesh = Shared(failed)
+    return mesh
+
+
+def _enroll(rt: Any, workers: Sequence[Any], refs: list, left: Callable[[str], float]) -> None:
+    """Hand each worker the job's keys and note its agent (in ``refs``), in order."""
+    from monarch_agents import runtime as rt_mod
+
+    keys = rt.keys.as_dict()
+    for rank, w in enumerate(workers):
+        address = w.get() if isinstance(w, Future) else w
+        try:
+            _enroll_one(address, rank, keys, refs, left)
+        except Exception as e:
+            e.worker = _worker_name(address)  # type: ignore[attr-defined]
+            raise
+    rt_mod.claim(rt, [r.addr for r in refs])
+
+
+def _worker_name(address: str) -> str:
+    """A worker's address as Monarch's errors name it (``ipc://PATH`` is ``unix:PATH``)."""
+    return "unix:" + address[len("ipc://"):] if address.startswith("ipc://") else address
+
+
+def _enroll_one(address: str, rank: int, keys: dict, refs: list, left: Callable[[str], float]) -> None:
+    from monarch.actor._client import HostRef
+
+    host, port = _dial_address(address)
+    s = _connect_when_up(host, port, address, left)
+    try:
+        s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
+        s.settimeout(left(address))
+        answer = json.loads(s.makefile("rb").readline() or b"{}")
+    except OSError:
+        s.close()
+        left(address)  # raises when the barrier's time is up; else it was the connection's own failure
+        raise
+    if "addr" not in answer:
+        s.close()
+        raise RuntimeError(f"worker {address} did not start a host agent: {answer.get('error', 'no answer')}")
+    s.settimeout(None)
+    _links[answer["addr"]] = s
+    refs.append(HostRef(answer["addr"], answer.get("host", host), rank))
 
 
 def release_workers(addrs: Sequence[str]) -> None:

@@ -248,7 +248,16 @@ class HostMesh(_MeshBase):
 
     @property
     def initialized(self) -> Future:
-        return Future.completed(True)
+        """True once the hosts are up; raises why they are not (an attach that failed)."""
+        inner = self.__dict__.get("_inner_host_mesh")
+        if inner is None:
+            return Future.completed(True)
+
+        async def ready() -> bool:
+            await inner
+            return True
+
+        return Future._from_coro(ready())
 
     def spawn_procs(self, per_host: dict[str, int] | None = None, bootstrap: Callable[[], Any] | None = None,
                     name: str | None = None, proc_bind: list[dict[str, str]] | None = None) -> "ProcMesh":

@@ -140,8 +140,8 @@ def test_mesh_orphan_timeout_keeps_a_dead_clients_procs_that_long(served):
 
 
 def test_mesh_attach_config_timeout_fails_the_attach_closed():
-    """A "worker" that accepts the connection but never takes the job: attach_to_workers gives up
-    after mesh_attach_config_timeout, naming it, while the worker still holds the connection."""
+    """A "worker" that accepts the connection but never takes the job: the attach gives up after
+    mesh_attach_config_timeout, naming it, while the worker still holds the connection."""
     listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     done = threading.Event()
@@ -158,9 +158,13 @@ def test_mesh_attach_config_timeout_fails_the_attach_closed():
     t.start()
     try:
         with config.configured(mesh_attach_config_timeout="1s"):
-            with pytest.raises(TimeoutError, match=r"mesh_attach_config_timeout \(1 s\)"):
-                attach_to_workers(ca="trust_all_connections",
-                                  workers=[f"tcp://127.0.0.1:{listener.getsockname()[1]}"])
+            # As in Monarch, attach_to_workers returns; the mesh's `initialized` raises why.
+            hosts = attach_to_workers(ca="trust_all_connections",
+                                      workers=[f"tcp://127.0.0.1:{listener.getsockname()[1]}"])
+            with pytest.raises(RuntimeError, match=r"(?s)attach failed: config push failed during attach.*"
+                                                   r"mesh_attach_config_timeout \(1 s\)") as failed:
+                hosts.initialized.get()
+            assert isinstance(failed.value.__cause__, TimeoutError)
         assert held and held[0].fileno() >= 0  # it failed while the worker still held on
     finally:
         done.set()
