@@ -55,14 +55,20 @@ class Future(Generic[R]):
         self._finish(_ERR, exc)
 
     def _finish(self, state: int, value: Any) -> None:
-        with self._lock:
-            if self._state != _PENDING:
-                return
-            self._state, self._value = state, value
-            callbacks, self._callbacks = self._callbacks, None
+        # acquire/release rather than ``with``: the hot path (every answer) pays for the lookup
+        # of __enter__ and __exit__ and a bound method each time; nothing here can raise.
+        lock = self._lock
+        lock.acquire()
+        if self._state != _PENDING:
+            lock.release()
+            return
+        self._state, self._value = state, value
+        callbacks, self._callbacks = self._callbacks, None
+        lock.release()
         self._done.release()
-        for cb in callbacks or ():
-            cb(self)
+        if callbacks is not None:
+            for cb in callbacks:
+                cb(self)
 
     def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
         with self._lock:
@@ -94,7 +100,7 @@ class Future(Generic[R]):
     def get(self, timeout: float | None = None) -> R:
         """Wait for the value; raise what the remote side raised."""
         if self._state == _PENDING:
-            if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            if not self._done.acquire(True, -1 if timeout is None else max(timeout, 0)):  # positional: no keyword parsing
                 raise TimeoutError(f"no answer within {timeout} s")
             self._done.release()  # for the next waiter
         return self._outcome()

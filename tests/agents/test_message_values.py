@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import io
 import signal
+import struct
 import sys
 
 import pytest
@@ -87,6 +88,9 @@ def test_every_message_round_trips_with_plain_values(cls):
     frames = wire.encode(msg)
     body = bytes(frames[1])
     assert len(frames) == 2  # no out-of-band buffer: the samples are small
+    if frames[0].endswith(b"=Call/raw"):  # a raw call: its repeated part is the pickle in it
+        (n,) = struct.unpack_from("!I", body)
+        body = body[4:4 + n]
     strange = {g for g in _globals_named(body) if not _allowed(*g)}
     assert not strange, f"{cls.__name__} pickles globals {strange} (only plain values may cross the wire)"
     got = wire.decode([bytes(f) for f in frames])

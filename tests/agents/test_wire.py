@@ -194,10 +194,14 @@ def test_calls_and_answers_travel_compact():
     big = m.Call("a", "f", m.Pickled.of(("x" * 100_000, np.arange(20_000))), {}, {}, None, 0, "s")
     answers = [m.Reply(5, 2, True, m.Pickled.of([1, 2])), m.Reply(5, 0, False, m.Pickled.of(ValueError("no"))),
                m.Reply(6, 0, True, True), m.Reply(6, 1, False, RuntimeError("agent says no"))]
-    for msg in [small, big, *answers]:
+    broadcast = m.Call("a", "f", m.Pickled.of(((1,), {})), {"gpus": 0}, {"gpus": 2}, None, 0, "s")
+    for msg in [small, big, broadcast, *answers]:
         frames = wire.encode(msg)
         compact = type(msg.payload) is m.Pickled
-        raw = compact and type(msg) is m.Reply  # an answer without buffers: struct and the body, no pickle
+        # An answer, or a call that waits for one, without buffers: struct and the body (a call's
+        # repeated part as a pickle its receiver decodes once), no pickle per message.
+        raw = compact and not (msg.payload.buffers or len(msg.payload.body) >= wire.OOB_THRESHOLD) and (
+            type(msg) is m.Reply or msg.reply is not None)
         assert frames[0].endswith(b"=" + type(msg).__name__.encode() + (b"/raw" if raw else b"")) == compact
         assert wire.message_type(frames) is type(msg)
         got = wire.decode([memoryview(bytes(f)) if not isinstance(f, bytes) else f for f in frames])
@@ -214,7 +218,8 @@ def test_calls_and_answers_travel_compact():
 def test_compact_bodies_name_no_class():
     """A peer that puts a class (or any global) into a compact body has its message dropped as
     malformed before anything is imported or called; so does one whose values do not fit."""
-    header = wire.encode(_call(1))[0]
+    header = wire.encode(m.Call("actor-1", "echo", m.Pickled.of(((1,), {})), {}, {}, None, 0, "s"))[0]
+    assert header.endswith(b"=Call")
     evil = b"\x80\x05\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."  # os.system("true")
     for body in [evil, pickle.dumps((1, 2), protocol=5), pickle.dumps([1] * 10, protocol=5)]:
         with pytest.raises(wire.WireError):
@@ -228,6 +233,34 @@ def test_compact_bodies_name_no_class():
                    [raw[0][:6] + struct.pack("!I", 1) + b"\0" + raw[0][10:], raw[1], b"x"]):
         with pytest.raises(wire.WireError):
             wire.decode(frames)
+
+
+def test_raw_calls_name_no_class_and_share_nothing():
+    """A raw call's repeated part is read by the unpickler that refuses every global, its values are
+    checked, what is cached of it stays bounded, and each call gets dicts of its own."""
+    good = wire.encode(_call(1))
+    assert good[0].endswith(b"=Call/raw")
+    head = good[0]
+    n = struct.unpack_from("!I", good[1])[0]
+    rest = good[1][4 + n:]
+    evil = b"\x80\x05\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."  # os.system("true")
+    bad_prefixes = [evil, pickle.dumps((1, 2), protocol=5), pickle.dumps(("a", "f", [], {}, "r", "s"), protocol=5),
+                    pickle.dumps(("a", "f", {}, {}, None, "s"), protocol=5), b"\x80\x04K\x01.",
+                    b"\x80\x05Nr" + (1 << 30).to_bytes(4, "little") + b"."]  # a memo index of 1 GiB: checked first
+    for prefix in bad_prefixes:
+        with pytest.raises(wire.WireError):
+            wire.decode([head, struct.pack("!I", len(prefix)) + prefix + rest])
+    for body in [good[1][:3], good[1][:4 + n - 1], good[1][:4 + n + 5], struct.pack("!I", 1 << 30) + good[1][4:]]:
+        with pytest.raises(wire.WireError):
+            wire.decode([head, body])
+    a, b = wire.decode(good), wire.decode(good)
+    assert a.point == b.point == {"gpus": 1} and a.point is not b.point and a.extent is not b.extent
+    a.point["gpus"] = 3  # what one call's receiver does to its dicts is not the next one's
+    assert wire.decode(good).point == {"gpus": 1}
+    for i in range(m._CALL_CACHE_MAX + 10):  # many distinct callers: the cache is bounded
+        wire.decode(wire.encode(m.Call(f"actor-{i}", "f", m.Pickled.of(((i,), {})), {}, {},
+                                       m.PortRef("tcp://127.0.0.1:5555", i + 1), 0, "s")))
+    assert len(m._call_statics) <= m._CALL_CACHE_MAX and len(m._call_prefixes) <= m._CALL_CACHE_MAX
 
 
 def test_segment_path_takes_over_descriptors():
