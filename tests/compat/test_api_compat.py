@@ -379,6 +379,16 @@ done
 """
 BOTH["tools_helpers.py"] = TOOLS_HELPERS_OUT
 
+AUTO_RELOAD_OUT = """\
+nothing changed: []
+changed: ['early_mod', 'late_mod'] reload called for ['early_mod', 'late_mod']
+values: early 2 late 2 steady
+again, nothing: []
+closed hook, untracked: [] after 1
+done
+"""
+BOTH["auto_reload.py"] = AUTO_RELOAD_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):

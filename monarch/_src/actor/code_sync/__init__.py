@@ -1,0 +1,1 @@
+"""Compatibility only: Monarch's ``monarch._src.actor.code_sync`` (see ``auto_reload``)."""
