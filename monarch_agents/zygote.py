@@ -13,7 +13,8 @@ on every page either side writes next): ~1.5 ms of CPU instead of ~9-10 ms for a
 the most of what a ``monarch run -- true`` costs a host.  The child still dies with the zygote:
 it starts as ``setpriv --pdeathsig KILL -- CMD`` (util-linux), which asks for the parent-death
 signal and execs the command.  A host without such a ``setpriv``, a command not found, a terminal,
-or ``MONARCH_EXEC_SPAWN=0`` take the fork as before (and its error messages).
+or ``MONARCH_EXEC_SPAWN=0`` (the agent's, or the command's own) take the fork as before (and its
+error messages).
 
 The zygote is single-threaded and has no ZeroMQ context, so forking it is
 safe.  It talks to its host agent over a SOCK_SEQPACKET socket pair: JSON
@@ -49,7 +50,8 @@ _preload_threads: int | None = None
 #: What every zygote imports, whatever ``--preload`` names (asyncio: async actors, imported lazily).
 ALWAYS_PRELOAD = ("monarch_agents.proc_agent", "asyncio")
 _MAX_FDS = 4
-#: ``MONARCH_EXEC_SPAWN=0``: every command forked from the zygote (the spawn's baseline, and a way out).
+#: ``MONARCH_EXEC_SPAWN=0`` where the agent starts: every command forked from the zygote (a way out);
+#: in a command's own environment: that command (the spawn's baseline, in one reservation).
 SPAWN_ENV = "MONARCH_EXEC_SPAWN"
 #: The signals a command gets back at their defaults, as from a shell: the zygote's handlers, and the
 #: two Python ignores (a rank writing to a closed pipe dies of it, as ``yes | head`` expects).
@@ -159,6 +161,8 @@ class Zygote:
         env = dict(os.environ if given is None else given)
         for name in env.pop(ENV_UNSET, "").split(","):
             env.pop(name, None)
+        if env.get(SPAWN_ENV) == "0":  # this command asks for the fork (`monarch run -e MONARCH_EXEC_SPAWN=0`)
+            return -1
         actions: list[tuple] = []
         if len(fds) == 3:
             stdin, stdout, stderr = fds

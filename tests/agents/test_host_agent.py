@@ -171,14 +171,16 @@ def test_shell(client, agent, streams):
     assert exited.exit_code == 3
 
 
-def test_a_spawned_command_gets_what_a_forked_one_did(client, agent, streams, tmp_path):
+@pytest.mark.parametrize("how", [{}, {"MONARCH_EXEC_SPAWN": "0"}], ids=["spawned", "forked"])
+def test_a_spawned_command_gets_what_a_forked_one_did(client, agent, streams, tmp_path, how):
     """A plain command is spawned (posix_spawn), not forked from the zygote: found from its working
     directory as execvpe would, its argv as given, stdin from /dev/null, no descriptor but its three, its own session,
     SIGPIPE at its default (as from a shell), and the variables its spawner removed are gone."""
     script = tmp_path / "x.sh"
     script.write_text("#!/bin/sh\nls /proc/self/fd; echo sid=$(cut -d' ' -f6 /proc/$$/stat) pid=$$; echo gone=${GONE-unset}; echo argv0=$0; grep SigIgn /proc/self/status; cat\n")
     script.chmod(0o755)
-    run_id = _run(client, agent, streams, ["./x.sh"], env={"GONE": "1", "MONARCH_ENV_UNSET": "GONE"}, cwd=str(tmp_path))
+    env = {"GONE": "1", "MONARCH_ENV_UNSET": "GONE", **how}
+    run_id = _run(client, agent, streams, ["./x.sh"], env=env, cwd=str(tmp_path))
     out, exited = streams.collect(run_id)
     assert exited.exit_code == 0, out
     lines = out["stdout"].decode().split()
