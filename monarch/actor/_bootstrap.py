@@ -321,7 +321,7 @@ def _failed_mesh(addresses: list[str], err: BaseException) -> Any:
     """A host mesh of workers that could not be attached: using it raises ``err``."""
     import concurrent.futures
 
-    from monarch._rust_bindings.monarch_hyperactor.pytokio import Shared
+    from monarch.actor._pytokio import Shared
     from monarch.actor._client import HostRef
     from monarch.actor._mesh import HostMesh
     from monarch.actor._shape import Shape

@@ -45,7 +45,7 @@ from monarch.actor import _ndslice as _nd
 
 if TYPE_CHECKING:
     from monarch._rust_bindings.monarch_hyperactor.shape import Region, Slice, Shape as MonarchShape
-from monarch._rust_bindings.monarch_hyperactor.pytokio import PythonTask, Shared
+from monarch.actor._pytokio import PythonTask, Shared
 
 T = TypeVar("T")
 log = logging.getLogger("monarch.actor")
