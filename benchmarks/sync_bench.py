@@ -74,10 +74,14 @@ def generate(root: str, files: int, size: int, seed: int = 0) -> int:
 
 
 def rsync_all(src: str, dests: list[str]) -> float:
-    """``rsync -a`` of ``src`` to every folder in ``dests`` at once; wall seconds."""
+    """``rsync -a`` of ``src`` to every folder in ``dests`` at once; wall seconds.
+
+    ``.monarch/`` (the reservation's own folder) is left out, as a sync leaves it out: both copy the
+    same files, and rsync never races the sync watcher writing its index there."""
     t = time.perf_counter()
+    cmd = ["rsync", "-a", "--exclude=/.monarch"]
     with ThreadPoolExecutor(len(dests)) as ex:
-        for r in ex.map(lambda d: subprocess.run(["rsync", "-a", src + "/", d + "/"], capture_output=True), dests):
+        for r in ex.map(lambda d: subprocess.run([*cmd, src + "/", d + "/"], capture_output=True), dests):
             if r.returncode != 0:
                 raise RuntimeError(f"rsync failed: {r.stderr.decode()}")
     return time.perf_counter() - t
