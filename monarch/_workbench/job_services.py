@@ -244,7 +244,8 @@ class AdminTree:
             failed += status == "failed"
         props = {"Proc": {"proc_name": f"{p['mesh']}/{pid}", "num_actors": len(live), "system_children": [],
                           "stopped_children": stopped, "stopped_retention_cap": 0,
-                          "is_poisoned": p["status"] in ("failed", "killed"), "failed_actor_count": failed,
+                          "is_poisoned": failed > 0 or p["status"] in ("failed", "killed"),  # Monarch: a failed actor poisons its proc
+                          "failed_actor_count": failed,
                           "debug": {"memory": {"process_rss_bytes": p["rss_bytes"], "process_vm_size_bytes": None},
                                     "actor_work_queue_depth_total": 0, "actor_work_queue_depth_max": 0,
                                     "actor_work_queue_depth_high_water_mark": 0}}}

@@ -398,6 +398,18 @@ done
 """
 BOTH["auto_reload.py"] = AUTO_RELOAD_OUT
 
+ADMIN_FAILURES_OUT = """\
+admin url is http(s): True
+work [1, 1]
+crash reported: SupervisionError
+fault hook ran: True
+poisoned proc counts it: True and lists it: True
+status says failed: True
+failure_info: True True False
+done
+"""
+BOTH["admin_failures.py"] = ADMIN_FAILURES_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
