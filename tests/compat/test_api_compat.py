@@ -346,13 +346,22 @@ another thread stood still for the hold: True
 done
 """
 
+SPAWN_ADMIN_OUT = """\
+says where it listens: True
+bound where configured: True True
+MONARCH_ADMIN_URL: True
+root answers: 200 has children: True
+no host meshes: _spawn_admin requires at least one HostMesh
+done
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT,
         "shapes.py": SHAPES_OUT, "python_tasks.py": PYTHON_TASKS_OUT, "frame_limit.py": FRAME_LIMIT_OUT,
         "mesh_geometry.py": MESH_GEOMETRY_OUT, "tasks_and_context.py": TASKS_AND_CONTEXT_OUT,
         "client_logs.py": CLIENT_LOGS_OUT, "login_job.py": LOGIN_JOB_OUT,
-        "attach_unreachable.py": ATTACH_UNREACHABLE_OUT,
+        "attach_unreachable.py": ATTACH_UNREACHABLE_OUT, "spawn_admin.py": SPAWN_ADMIN_OUT,
         "gil_hold.py": GIL_HOLD_OUT}
 
 

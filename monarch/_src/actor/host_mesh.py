@@ -41,6 +41,7 @@ def _spawn_admin(host_meshes: list[HostMesh], admin_addr: str | None = None,
                               bind=bind, port=port)
         _servers.append(server)
         os.environ["MONARCH_ADMIN_URL"] = server.url  # where Monarch's tools look for it
+        print(f"Mesh admin server listening on {server.url}", flush=True)  # Monarch's says where, on stdout
         return server.url, _AdminRef(server.url)
 
     return Future._from_coro(start())
