@@ -263,11 +263,16 @@ class ChunkStore:
                 self._seen.add(cid)
 
     def _load_packs(self) -> bool:
-        """Read the index of every pack not read yet (another process may have added some); True if any."""
+        """Read the index of every pack not read yet (another process may have added some); True if any.
+
+        Packs gone from the folder are forgotten: a mount process that found one corrupt removed it,
+        and this store (the agent's) must then say its chunks are missing, so that they are sent again."""
         try:
             names = os.listdir(self._packs)
         except FileNotFoundError:
-            return False
+            names = []
+        for gone in set(self._pack_ids).difference(names):
+            self._forget_pack(gone)
         added = False
         for name in names:
             if name in self._pack_ids:
@@ -438,6 +443,9 @@ class ChunkStore:
 
     def _drop_pack(self, name: str) -> int:
         _unlink(os.path.join(self._packs, name))
+        return self._forget_pack(name)
+
+    def _forget_pack(self, name: str) -> int:
         with self._lock:
             ids = self._pack_ids.pop(name, [])
             self._pack_files.pop(name, None)

@@ -153,6 +153,7 @@ def test_a_swapped_byte_in_a_pack_is_refused_and_the_pack_dropped(tmp_path):
     with pytest.raises(CorruptChunk, match="does not match its hash"):
         reader.get(cid)
     assert not reader.has(cid) and not os.path.exists(pack)  # the next sync sends it again
+    assert store.missing([cid]) == [cid], "the writer (the agent) learns it is gone, and asks for it again"
 
 
 def test_a_truncated_pack_serves_nothing(tmp_path):
