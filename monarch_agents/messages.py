@@ -152,6 +152,10 @@ class SpawnProcs(Message):
     #: How long the procs outlive ``owner`` once it is gone (the owner's ``mesh_orphan_timeout``):
     #: 0 at once, None never (they run until stopped, or until their host agent stops).
     orphan_s: float | None = 0.0
+    #: One entry per proc, or None: ``{"env": {name: value or None to unset}, "python": path or
+    #: None}``: that proc's variables on top of ``env``, and the interpreter it runs (None: forked
+    #: from the warm zygote; a path: that program runs ``-m monarch_agents.proc_exec``).
+    per_proc: list | None = None
 
 
 @message

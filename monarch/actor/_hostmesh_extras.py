@@ -7,6 +7,7 @@ Kept apart from ``_mesh.py`` (the mesh mechanics) so each stays one job.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -180,17 +181,108 @@ def bind_procs(pm: ProcMesh, proc_bind: list[dict[str, str]], procs_per_host: in
 
 
 def with_python_executable(hm: HostMesh, python_executable: str) -> HostMesh:
-    """The same hosts, for procs that run ``python_executable``.
-
-    monarch starts procs by forking a warm copy of the host agent's interpreter, so the only
-    interpreter it can give them is that one: naming it works (a no-op), another one raises
-    ``NotImplementedError`` saying so.
-    """
+    """The same hosts, for procs that run ``python_executable`` (``-m monarch_agents.proc_exec``)
+    instead of forking the host agent's warm interpreter; ``this_host()`` inside them is such a
+    mesh too, so the procs they spawn run it as well."""
     check_usable(hm)
-    found = shutil.which(python_executable) or python_executable
-    if os.path.realpath(found) != os.path.realpath(sys.executable):
-        raise NotImplementedError(
-            f"procs run the host agents' interpreter ({sys.executable}); monarch cannot start them under "
-            f"{python_executable}. Reserve with that interpreter instead (`{python_executable} -m monarch_cli.main "
-            "serve`, or SlurmJob(python_exe=...))")
-    return HostMesh(hm._hosts, hm._shape)
+    out = HostMesh(hm._hosts, hm._shape, python_exe=_python_of(python_executable))
+    if hm.__dict__.get("_reference"):
+        out._reference = True
+    return out
+
+
+def _python_of(program: str) -> str | None:
+    """None for the interpreter procs fork from (this one's), else the program to exec."""
+    found = shutil.which(program) or program
+    return None if os.path.realpath(found) == os.path.realpath(sys.executable) else program
+
+
+#: The entry points a bootstrap command may name: monarch's, and Monarch's (which means the same).
+_ENTRY_ARGS = (["-m", "monarch_agents.zygote"], ["-m", "monarch._src.actor.bootstrap_main"])
+
+
+def bootstrap_plans(command: Any, hy: Any, per_host: dict[str, int], count: int) -> list[dict] | None:
+    """For ``spawn_procs(bootstrap_command=...)``: each proc's ``{"env", "python"}`` (the
+    ``SpawnProcs.per_proc`` entries, host by host), or None when every proc starts the usual way.
+
+    A command sets a proc's environment (``with_env``; ``None`` unsets) and its interpreter (its
+    program); its arguments must name the proc entry point, since procs run monarch's.
+    """
+    from monarch.actor._bootstrap import BootstrapCommand
+    from monarch.actor._shape import Extent, Point
+
+    if command is None:
+        if hy.python_exe is None:
+            return None
+        return [{"env": {}, "python": hy.python_exe}] * (len(hy.hosts) * count)
+    if not (isinstance(command, BootstrapCommand) or callable(command)):
+        raise TypeError(f"bootstrap_command must be a BootstrapCommand or a function of a Point, got {command!r}")
+    labels = [*hy._shape.labels, *per_host]
+    sizes = [*hy._shape.sizes, *per_host.values()]
+    plans = []
+    for rank in range(len(hy.hosts) * count):
+        cmd = command if isinstance(command, BootstrapCommand) else command(Point(rank, Extent(labels, sizes)))
+        if not isinstance(cmd, BootstrapCommand):
+            raise TypeError(f"bootstrap_command returned {cmd!r}, not a BootstrapCommand")
+        if list(cmd.args) not in _ENTRY_ARGS:
+            raise NotImplementedError(
+                f"bootstrap_command {cmd}: procs run monarch's entry point; a command may set their interpreter "
+                f"(program) and environment (with_env), and its args must be {_ENTRY_ARGS[0]}")
+        if not cmd.inherit_env:
+            raise NotImplementedError("bootstrap_command with inherit_env=False: a proc starts from its host "
+                                      "agent's environment; unset variables with with_env({name: None})")
+        python = _python_of(cmd.program) if cmd.program else None
+        plans.append({"env": dict(cmd.env), "python": python or hy.python_exe})
+    return plans
+
+
+#: In a proc: the hosts its mesh was cut from (JSON: each host's address, name and rank; the
+#: interpreter its procs run) and which of them is its own, for ``this_host()`` there.
+HOST_MESH_ENV = "MONARCH_HOST_MESH"
+HOST_INDEX_ENV = "MONARCH_HOST_INDEX"
+
+
+def host_mesh_env(hy: Any) -> str:
+    return json.dumps({"hosts": [[h.addr, h.host, h.host_rank] for h in hy._all], "python": hy.python_exe})
+
+
+def this_host_in_proc(own: Any) -> HostMesh | None:
+    """``this_host()`` in a proc, as Monarch's: its own host, cut from the hosts its mesh was
+    spawned on (so ``region`` and ``_new_with_shape`` place it among them), carrying their
+    interpreter.  Its own entry is the address it was started by (the client's may be a forward)."""
+    from monarch.actor._client import HostRef
+    from monarch.actor._shape import Shape
+
+    try:
+        desc = json.loads(os.environ[HOST_MESH_ENV])
+        index = int(os.environ[HOST_INDEX_ENV])
+        hosts = [HostRef(str(a), str(n), int(r)) for a, n, r in desc["hosts"]]
+        hosts[index] = own
+    except (KeyError, ValueError, TypeError, IndexError):
+        return None
+    python = desc.get("python")
+    return HostMesh(hosts, Shape((), (), (index,)), python_exe=python if isinstance(python, str) else None)
+
+
+class _LogLevel(Actor):
+    @endpoint
+    def set(self, level: int) -> None:
+        logging.getLogger().setLevel(level)
+
+
+async def logging_option(pm: ProcMesh, stream_to_client: bool, aggregate_window_sec: int | None, level: int) -> None:
+    """Set the level of the root logger in every proc of ``pm``.
+
+    Where proc output goes is the host agent's: the client's terminal for ``this_host()``, the
+    job's logs (``monarch logs``) for a reservation.  ``stream_to_client`` and
+    ``aggregate_window_sec`` are checked as Monarch checks them and otherwise not used.
+    """
+    if aggregate_window_sec is not None and not stream_to_client:
+        raise ValueError("aggregate_window_sec is set but stream_to_client is False: aggregation needs streaming")
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise ValueError(f"level must be a logging level such as logging.INFO, got {level!r}")
+    setter = pm.spawn("_log_level", _LogLevel)
+    try:
+        await setter.set.call(level)
+    finally:
+        await setter.stop()

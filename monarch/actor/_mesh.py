@@ -260,12 +260,17 @@ class HostMesh(_MeshBase):
         return Future._from_coro(ready())
 
     def spawn_procs(self, per_host: dict[str, int] | None = None, bootstrap: Callable[[], Any] | None = None,
-                    name: str | None = None, proc_bind: list[dict[str, str]] | None = None) -> "ProcMesh":
+                    name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
+                    bootstrap_command: Any = None) -> "ProcMesh":
         """Start ``prod(per_host)`` procs on each host; their mesh has the host dims then ``per_host``'s.
 
         ``proc_bind`` (one dict per proc of a host) pins each proc to CPUs: ``cpus`` or
         ``physcpubind`` (``"0-3,8"``), or ``cpunodebind`` (the CPUs of those NUMA nodes);
         ``membind`` is accepted and not applied (monarch does not set memory policy).
+
+        ``bootstrap_command`` (a ``BootstrapCommand``, or a function of each proc's ``Point`` over
+        the host and ``per_host`` dims returning one) sets that proc's environment and interpreter,
+        for this spawn only (see ``_hostmesh_extras.bootstrap_plans``).
         """
         _hostmesh_extras.check_usable(self)
         per_host = dict(per_host or {})
@@ -297,11 +302,20 @@ class HostMesh(_MeshBase):
             env[ENV_UNSET] = ",".join(unset)
         refresh_local_stdio(rt)
         futures = []
-        hosts = self._hy_host_mesh.block_on().hosts  # as in Monarch, a spawn waits for its host mesh
+        hy = self._hy_host_mesh.block_on()  # as in Monarch, a spawn waits for its host mesh
+        hosts = hy.hosts
+        plans = _hostmesh_extras.bootstrap_plans(bootstrap_command, hy, per_host, count)
+        # What this_host() is inside the procs: their own host, within the hosts it was cut from.
+        env[_hostmesh_extras.HOST_MESH_ENV] = _hostmesh_extras.host_mesh_env(hy)
         orphan_s = _config.limit("mesh_orphan_timeout")  # how long they outlive us, should we die
-        for h in hosts:
-            futures.append(rt.request(h.addr, lambda port: m.SpawnProcs(mesh_id, count, rt.addr, port, env, preload,
-                                                                         orphan_s=orphan_s)))
+        for pos, h in enumerate(hosts):
+            host_env = {**env, _hostmesh_extras.HOST_INDEX_ENV: str(hy._shape.indices[pos])}
+            per_proc = plans[pos * count:(pos + 1) * count] if plans is not None else None
+
+            def ask(port: m.PortRef, host_env: dict = host_env, per_proc: list | None = per_proc) -> m.SpawnProcs:
+                return m.SpawnProcs(mesh_id, count, rt.addr, port, host_env, preload, orphan_s=orphan_s,
+                                    per_proc=per_proc)
+            futures.append(rt.request(h.addr, ask))
         procs: list[m.ProcInfo] = []
         for h, f in zip(hosts, futures):
             try:
@@ -371,8 +385,9 @@ class HostMesh(_MeshBase):
         # What a host mesh sent to an actor names: the hosts, not this client's proc bookkeeping;
         # as in Monarch, the copy is a reference, which may not shut the hosts down, and pickling
         # a mesh whose native mesh is still pending waits for it.
+        inner = self.__dict__.get("_inner_host_mesh")
         return {"_hosts": self._hosts, "_shape": self._shape, "_reference": True,
-                "_hy": self._hy_host_mesh.block_on()}
+                "_hy": inner.block_on() if inner is not None else None}
 
     def __setstate__(self, state: dict) -> None:
         hy = state.pop("_hy", None) or HyHostMesh(state["_hosts"], state["_shape"])
@@ -776,7 +791,9 @@ class ActorMesh(_MeshBase, Generic[T]):
         return self._procs[0].addr if self._procs else ""
 
     def __reduce__(self) -> Any:
-        return ActorMesh, (self._actor_id, self._name, self._class, self._procs, self._shape, None)
+        # With its proc mesh (and so its host mesh), as Monarch's: a mesh received from an actor
+        # still says where it runs (``mesh._proc_mesh._host_mesh.region``).
+        return ActorMesh, (self._actor_id, self._name, self._class, self._procs, self._shape, self._proc_mesh)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -850,7 +867,8 @@ def this_host() -> HostMesh:
     """
     agent = os.environ.get("MONARCH_HOST_AGENT")
     if agent:
-        return HostMesh([HostRef(agent, os.environ.get("MONARCH_HOSTNAME", ""), int(os.environ.get("MONARCH_HOST_RANK", "0")))])
+        own = HostRef(agent, os.environ.get("MONARCH_HOSTNAME", ""), int(os.environ.get("MONARCH_HOST_RANK", "0")))
+        return _hostmesh_extras.this_host_in_proc(own) or HostMesh([own])
     return HostMesh([local_host()])
 
 

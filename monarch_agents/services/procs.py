@@ -8,6 +8,7 @@ status; one that dies later is reported to its owner as ``ProcDied`` at once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -107,6 +108,7 @@ class ProcsService(Service):
         agent.track_owner(msg.owner)
         pending = _PendingSpawn(msg, [None] * msg.count)
         cwd, env = agent.place_child(agent.owner_cwd(msg.owner), agent.child_env(msg.env))
+        per_proc = msg.per_proc if isinstance(msg.per_proc, list) and len(msg.per_proc) == msg.count else None
         for i in range(msg.count):
             token = uuid.uuid4().hex
             proc = _Proc(self, msg, token, i, pending)
@@ -124,12 +126,40 @@ class ProcsService(Service):
                 "env": msg.env,
             }
             fds = agent.stdio_for(f"procs/{path_component(msg.mesh_id)}-{i}.log", msg.owner)
+            own = per_proc[i] if per_proc is not None and isinstance(per_proc[i], dict) else {}
+            proc_env = env
+            if own.get("env"):
+                proc_env = dict(env)
+                for k, v in own["env"].items():
+                    if v is None:
+                        proc_env.pop(str(k), None)
+                    else:
+                        proc_env[str(k)] = str(v)
+            python = own.get("python")
             try:
-                agent.start_child({"kind": "proc", "config": config, "env": env, "cwd": cwd}, fds, proc)
+                if isinstance(python, str) and python:
+                    self._exec_proc(python, config, proc_env, cwd, fds, proc)
+                else:
+                    agent.start_child({"kind": "proc", "config": config, "env": proc_env, "cwd": cwd}, fds, proc)
             finally:
                 for fd in fds:
                     if fd > 2:
                         os.close(fd)
+
+    def _exec_proc(self, python: str, config: dict, env: dict, cwd: str | None, fds: list[int], proc: _Proc) -> None:
+        """Start a proc under another interpreter: ``python -m monarch_agents.proc_exec``, its
+        configuration (keys among it) written to its stdin, never in its arguments or environment."""
+        r, w = os.pipe()
+        try:
+            self.agent.start_child({"kind": "exec", "argv": [python, "-m", "monarch_agents.proc_exec"], "env": env,
+                                    "cwd": cwd}, [r, *fds[:2]], proc)
+        finally:
+            os.close(r)
+        try:
+            # Small (well under a pipe's buffer): the write does not wait for the proc to read.
+            os.write(w, json.dumps(config).encode())
+        finally:
+            os.close(w)
 
     def on_proc_ready(self, msg: m.ProcReady) -> None:
         with self.lock:

@@ -407,6 +407,17 @@ done
 """
 BOTH["auto_reload.py"] = AUTO_RELOAD_OUT
 
+PROC_BOOTSTRAP_OUT = """\
+one command: ['red', 'red']
+next spawn without it: ''
+one per proc: ['shade0', 'shade1', 'shade2']
+wrapped: True inner wrapped again: True
+this_host in actors: [([], 0, []), ([], 1, []), ([], 2, [])]
+cut to its own: [(['hosts'], 0, ''), (['hosts'], 1, ''), (['hosts'], 2, '')]
+done
+"""
+BOTH["proc_bootstrap.py"] = PROC_BOOTSTRAP_OUT
+
 ADMIN_FAILURES_OUT = """\
 admin url is http(s): True
 work [1, 1]

@@ -1,7 +1,5 @@
-"""Compatibility only: placeholders for Monarch's ``monarch._rust_bindings.monarch_hyperactor.host_mesh``
-(see ``monarch._src._placeholder``)."""
+"""Compatibility only: Monarch's ``host_mesh`` names: ``BootstrapCommand`` is monarch's
+(``monarch.actor._bootstrap``), ``HostMesh`` its record of a host mesh (``HyHostMesh``)."""
 
-from monarch._src._placeholder import placeholder, placeholder_function
-
-BootstrapCommand = placeholder(__name__, "BootstrapCommand")
-del placeholder_function
+from monarch.actor._bootstrap import BootstrapCommand  # noqa: F401
+from monarch.actor._mesh import HyHostMesh as HostMesh  # noqa: F401
