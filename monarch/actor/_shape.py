@@ -195,7 +195,9 @@ class ValueMesh(Generic[R]):
     def __init__(self, shape: Any, values: list[R]):
         nd = _nd()
         if not isinstance(shape, nd.Shape):
-            shape = nd.Shape(list(shape.labels), nd.Slice.new_row_major(shape.sizes))
+            # Monarch's new_row_major refuses no dimensions: a 0-d mesh (one point) is the empty slice.
+            dense = nd.Slice.new_row_major(shape.sizes) if shape.sizes else nd.Slice(offset=0, sizes=[], strides=[])
+            shape = nd.Shape(list(shape.labels), dense)
         values = list(values)
         if len(values) != len(shape):
             raise ValueError(f"ValueMesh of {len(shape)} ranks given {len(values)} values")
