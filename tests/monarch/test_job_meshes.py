@@ -75,11 +75,12 @@ def test_host_mesh_shutdown_stops_its_procs_and_the_context_manager_shuts_down()
     h2.spawn_procs().stop().get()
 
 
-def test_with_python_executable_names_the_agents_interpreter_or_says_why_not():
+def test_with_python_executable_runs_procs_under_it_or_the_spawn_says_why_not():
     hm = this_host().with_python_executable(sys.executable)
     assert hm.hosts == this_host().hosts
-    with pytest.raises(NotImplementedError, match="procs run the host agents' interpreter"):
-        this_host().with_python_executable("/no/such/python")
+    missing = this_host().with_python_executable("/no/such/python")
+    with pytest.raises(Exception, match="failed to start"):
+        missing.spawn_procs(per_host={"gpus": 1})
 
 
 def test_logging_option_sets_every_procs_level():
