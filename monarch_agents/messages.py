@@ -57,7 +57,7 @@ class Pickled(Message):
     @classmethod
     def of(cls, value: Any) -> "Pickled":
         body, buffers = wire.dumps(value)
-        return cls(body, list(buffers))
+        return cls(body, buffers)  # a list of its own already
 
     def load(self) -> Any:
         return wire.loads(self.body, self.buffers)

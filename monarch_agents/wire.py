@@ -106,6 +106,8 @@ def _wrap_buffers(obj: Any) -> Any:
 
 
 def _has_big(obj: Any) -> bool:
+    if type(obj) in _ATOMS:  # a result is often one number or string: no walk
+        return False
     return _big_in(obj, _WALK_DEPTH, [_WALK_ITEMS])
 
 
@@ -123,7 +125,17 @@ def _big_in(o: Any, depth: int, budget: list[int]) -> bool:
             return False
         for x in (o.values() if t is dict else o):
             tx = type(x)
-            if tx in _ATOMS or ((tx is tuple or tx is dict or tx is list) and not x):  # no call for what holds nothing
+            if tx in _ATOMS:
+                continue
+            if tx is tuple or tx is list:
+                # No call for what holds nothing, or a few atoms (an endpoint's positional arguments).
+                if len(x) <= 8:
+                    for y in x:
+                        if type(y) not in _ATOMS:
+                            break
+                    else:
+                        continue
+            elif tx is dict and not x:
                 continue
             if _big_in(x, depth - 1, budget):
                 return True
@@ -225,7 +237,10 @@ def _tensor_dispatch() -> dict | None:
 def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle a user value; returns the body and its out-of-band buffers."""
     buffers: list[pickle.PickleBuffer] = []
-    if _has_big(obj):  # big bytes or a big tensor within reach: out of band
+    # _has_big and _dumps5 written out here: a Python call is ~1k instructions, and every call
+    # and answer comes through.
+    if type(obj) not in _ATOMS and _big_in(obj, _WALK_DEPTH, [_WALK_ITEMS]):
+        # Big bytes or a big tensor within reach: out of band.
         obj = _rebuild(obj, _WALK_DEPTH)
         body = _dumps_c(obj, buffers)
     else:
@@ -233,7 +248,10 @@ def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
         # object, a BytesIO and a table per call) costs twice the pickling of small arguments,
         # so it is used only when the stream shows a tensor (deeper down than the walk looks).
         try:
-            body = _dumps5(obj, buffers)
+            body = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+            if buffers and _any_small(buffers):  # (rare) small ones stay in band: again, keeping them
+                buffers = []
+                body = pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
         except Exception:
             body = None
         # find(), not ``in``: bytes.__contains__ first tries its argument as an int, and the
@@ -252,12 +270,17 @@ def _dumps5(obj: Any, buffers: list) -> bytes:
     with no callback made per call (``list.append`` answers None: out of band); a value that had
     a small buffer (rare) is pickled again, keeping those in band."""
     body = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    if buffers:
-        for b in buffers:
-            if b.raw().nbytes < OOB_THRESHOLD:
-                buffers.clear()
-                return pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
+    if buffers and _any_small(buffers):
+        buffers.clear()
+        return pickle.dumps(obj, protocol=5, buffer_callback=_keep_into(buffers))
     return body
+
+
+def _any_small(buffers: list) -> bool:
+    for b in buffers:
+        if b.raw().nbytes < OOB_THRESHOLD:
+            return True
+    return False
 
 
 #: What a pickle stream that holds a torch object names (its module).
