@@ -198,8 +198,10 @@ class Zygote:
                         resource.setrlimit(resource.RLIMIT_NOFILE, saved)
             finally:
                 os.fchdir(self._home_fd)
-        except OSError:
-            return -1  # the fork's exec says what is wrong, as it always has
+        except (OSError, NotImplementedError, AttributeError):
+            # The fork's exec says what is wrong, as it always has (a libc without posix_spawn's
+            # setsid, NotImplementedError, takes the fork too).
+            return -1
 
     def _reap(self) -> None:
         while True:
