@@ -19,7 +19,7 @@ import shlex
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -180,6 +180,17 @@ class HostTelemetry:
         """
         deadline = time.monotonic() + timeout_s
         return self._pool.submit(self._scan, scans, deadline).result()
+
+    def scan_then(self, scans: dict[str, str], timeout_s: float, then: Callable[[Future], None]) -> None:
+        """:meth:`scan` without a thread waiting for it: ``then(future)`` runs on the scan pool's
+        thread when the scan is done (or at once, here, if the pool is shut down)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            future = self._pool.submit(self._scan, scans, deadline)
+        except RuntimeError as e:  # shut down: the agent stops
+            future = Future()
+            future.set_exception(e)
+        future.add_done_callback(then)
 
     def _scan(self, scans: dict[str, str], deadline: float) -> dict[str, Any]:
         from monarch_telemetry.raw import RAW_MAX_ROWS, mark_raw

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from monarch_agents import messages as m
@@ -97,8 +97,14 @@ class TelemetryService(Service):
     def on_scan(self, msg: m.TelemetryScan) -> None:
         self.tel.addr = self.agent.rt.addr
         timeout = min(max(float(msg.timeout_s), 0.01), 600.0)
-        threading.Thread(target=self._answer, args=(msg.reply, lambda: self.tel.scan(dict(msg.scans), timeout)),
-                         name="telemetry-scan-wait", daemon=True).start()
+        reply = msg.reply
+
+        def then(done: Future) -> None:
+            self._answer(reply, done.result)
+
+        # Answered from the scan pool's thread when it is done: no thread started (and waited for, by
+        # this IO thread, until it runs) per scan, which every host of a query paid on its way.
+        self.tel.scan_then(dict(msg.scans), timeout, then)
 
     def on_query(self, msg: m.TelemetryQuery) -> None:
         threading.Thread(target=self._answer, args=(msg.reply, lambda: self._query(msg)),
@@ -178,7 +184,7 @@ class TelemetryService(Service):
     def _answer(self, reply: m.PortRef, work: Callable[[], Any]) -> None:
         try:
             value = work()
-        except Exception as e:
+        except (Exception, CancelledError) as e:  # cancelled: the scan pool was shut down (the agent stops)
             log.warning("telemetry request failed: %s", e)
             self.agent.reply(reply, RuntimeError(f"telemetry on {self.agent.host}: {e}"), ok=False)
             return
