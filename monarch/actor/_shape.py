@@ -7,6 +7,7 @@ A mesh is a row-major grid of named dimensions over some underlying items
 
 from __future__ import annotations
 
+import functools
 import itertools
 import pprint
 from collections.abc import Mapping
@@ -176,6 +177,16 @@ def _nd() -> Any:
     return shape
 
 
+@functools.lru_cache(maxsize=256)
+def _row_major(labels: tuple[str, ...], sizes: tuple[int, ...]) -> Any:
+    """Monarch's dense Shape over ``sizes``.  Every ``call()`` of a mesh makes a ValueMesh of the
+    mesh's shape: made once per shape (it is immutable) rather than checked anew each time."""
+    nd = _nd()
+    # Monarch's new_row_major refuses no dimensions: a 0-d mesh (one point) is the empty slice.
+    dense = nd.Slice.new_row_major(list(sizes)) if sizes else nd.Slice(offset=0, sizes=[], strides=[])
+    return nd.Shape(list(labels), dense)
+
+
 def _trait() -> Any:
     from monarch._src.actor.shape import MeshTrait
 
@@ -193,11 +204,8 @@ class ValueMesh(Generic[R]):
     __slots__ = ("_shape", "_values")
 
     def __init__(self, shape: Any, values: list[R]):
-        nd = _nd()
-        if not isinstance(shape, nd.Shape):
-            # Monarch's new_row_major refuses no dimensions: a 0-d mesh (one point) is the empty slice.
-            dense = nd.Slice.new_row_major(shape.sizes) if shape.sizes else nd.Slice(offset=0, sizes=[], strides=[])
-            shape = nd.Shape(list(shape.labels), dense)
+        if not isinstance(shape, _nd().Shape):
+            shape = _row_major(tuple(shape.labels), tuple(shape.sizes))
         values = list(values)
         if len(values) != len(shape):
             raise ValueError(f"ValueMesh of {len(shape)} ranks given {len(values)} values")
