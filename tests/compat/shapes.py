@@ -32,6 +32,7 @@ attempt("one stride short", lambda: Slice(offset=0, sizes=[2, 2], strides=[1]))
 attempt("negative offset", lambda: Slice(offset=-1, sizes=[1], strides=[1]))
 print("runs of ranks", Slice.from_list([9, 1, 3, 5, 6, 7, 20]))
 print("row major", Slice.new_row_major([2, 3, 4]), "is NDSlice", NDSlice is Slice)
+print("row major of no dimensions", Slice.new_row_major([]), list(Slice.new_row_major([])), "one", Slice.new_row_major([5]))
 print("equal and hash alike", grid == Slice(offset=2, sizes=[3, 4], strides=[8, 2]),
       hash(grid) == hash(Slice(offset=2, sizes=[3, 4], strides=[8, 2])), grid == list(grid))
 print("pickles", pickle.loads(pickle.dumps(grid)) == grid, grid.__getnewargs_ex__())

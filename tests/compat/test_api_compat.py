@@ -209,6 +209,7 @@ one stride short -> ValueError invalid dims: expected 2, got 1
 negative offset -> OverflowError can't convert negative int to unsigned
 runs of ranks [Slice { offset: 1, sizes: [3], strides: [2] }, Slice { offset: 6, sizes: [2], strides: [1] }, Slice { offset: 9, sizes: [2], strides: [11] }]
 row major Slice { offset: 0, sizes: [2, 3, 4], strides: [12, 4, 1] } is NDSlice True
+row major of no dimensions Slice { offset: 0, sizes: [], strides: [] } [0] one Slice { offset: 0, sizes: [5], strides: [1] }
 equal and hash alike True True False
 pickles True ((), {'offset': 2, 'sizes': [3, 4], 'strides': [8, 2]})
 shape {host=2,gpu=3,port=4} Shape { labels: ["host", "gpu", "port"], slice: Slice { offset: 0, sizes: [2, 3, 4], strides: [12, 4, 1] } } 24

@@ -79,7 +79,8 @@ class Slice:
     def new_row_major(sizes: Sequence[int]) -> Slice:
         """A dense slice from 0 over ``sizes``, the last dimension varying fastest."""
         sizes_l = _unsigned_list(sizes, "ranks")
-        strides = list(itertools.accumulate(reversed(sizes_l[1:]), operator.mul, initial=1))[::-1]
+        # no dimensions: no strides (one rank, the offset)
+        strides = list(itertools.accumulate(reversed(sizes_l[1:]), operator.mul, initial=1))[::-1] if sizes_l else []
         return Slice(offset=0, sizes=sizes_l, strides=strides)
 
     @staticmethod
