@@ -211,6 +211,19 @@ class HostMesh(_MeshBase):
             sub._inner_host_mesh = PythonTask.from_coroutine(sliced()).spawn()
         return sub
 
+    def _identity(self) -> tuple:
+        return (tuple(h.addr for h in self.hosts), tuple(self._shape.labels), tuple(self._shape.sizes))
+
+    def __eq__(self, other: object) -> bool:
+        """The same hosts in the same arrangement, as Monarch compares host meshes (so an actor's
+        ``this_host()`` equals the client's slice of that host)."""
+        if not isinstance(other, HostMesh):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    #: As Monarch's: equal by value, so not hashable.
+    __hash__ = None  # type: ignore[assignment]
+
     @property
     def _hy_host_mesh(self) -> "Shared[HyHostMesh]":
         inner = self.__dict__.get("_inner_host_mesh")

@@ -356,6 +356,14 @@ no host meshes: _spawn_admin requires at least one HostMesh
 done
 """
 
+HOST_EQUALITY_OUT = """\
+a slice equals itself made again: True
+two hosts differ: True
+actors see their host: True
+hashable: False
+done
+"""
+
 BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT, "stop_waits.py": STOP_WAITS_OUT, "init_never_returns.py": INIT_NEVER_RETURNS_OUT, "port_forward_flow.py": PORT_FORWARD_FLOW_OUT, "instrument_values.py": INSTRUMENT_VALUES_OUT, "supervise_while_waiting.py": SUPERVISE_WHILE_WAITING_OUT, "api_names.py": API_NAMES_OUT, "semantics.py": SEMANTICS_OUT, "stop_own_procs.py": STOP_OWN_PROCS_OUT,
         "proc_mesh_ready.py": PROC_MESH_READY_OUT, "failed_meshes.py": FAILED_MESHES_OUT,
         "private_paths.py": PRIVATE_PATHS_OUT, "config_values.py": CONFIG_VALUES_OUT,
@@ -363,6 +371,7 @@ BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT
         "mesh_geometry.py": MESH_GEOMETRY_OUT, "tasks_and_context.py": TASKS_AND_CONTEXT_OUT,
         "client_logs.py": CLIENT_LOGS_OUT, "login_job.py": LOGIN_JOB_OUT,
         "attach_unreachable.py": ATTACH_UNREACHABLE_OUT, "spawn_admin.py": SPAWN_ADMIN_OUT,
+        "host_equality.py": HOST_EQUALITY_OUT,
         "gil_hold.py": GIL_HOLD_OUT}
 
 
