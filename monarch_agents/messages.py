@@ -646,7 +646,7 @@ def _reply_from_raw(data: Any) -> Reply:
     port_id, rank, ok = _REPLY_RAW.unpack_from(data)
     if ok > 1:
         raise ValueError("a malformed answer")
-    return Reply(port_id, rank, bool(ok), Pickled(bytes(data[_REPLY_RAW.size:]), []))
+    return Reply(port_id, rank, ok == 1, Pickled(bytes(data[_REPLY_RAW.size:]), []))  # ok: 0 or 1 (checked)
 
 
 wire.register_raw(Reply, _reply_raw, _reply_from_raw)
