@@ -247,7 +247,7 @@ class FrameTooLong(Exception):
 
     def __init__(self, addr: str, length: int, limit: int):
         super().__init__(f"rejecting oversize frame: len={length} > max={limit} (not sent to {addr}); increase "
-                         "codec_max_frame_length (monarch.config, HYPERACTOR_CODEC_MAX_FRAME_LENGTH) to allow it")
+                         "codec_max_frame_length (configure(codec_max_frame_length=...) or HYPERACTOR_CODEC_MAX_FRAME_LENGTH) to allow it")
         self.length = length
         self.limit = limit
 
