@@ -59,6 +59,11 @@ _WAKE = object()  # a supervision event waits in ``ActorSlot.events``
 child_stop_s: Callable[[], float] = lambda: 5.0
 #: How many stopped actors a proc remembers, to say "stopped" rather than "no such actor".
 _GONE_KEPT = 10_000
+#: How long a call for an actor this proc has not heard of waits for its spawn: the spawn and the
+#: call may come from different processes (an actor spawns a mesh and returns it; its caller calls
+#: it), and then the call may arrive first.  Then, and for at most this many actors, it waits.
+_EARLY_WAIT_S = 5.0
+_EARLY_KEPT = 1_000
 
 
 _specs: dict[tuple[type, str], Any] = {}
@@ -648,6 +653,7 @@ class ProcAgent:
         self.actors: dict[str, ActorSlot] = {}
         self.lazy: dict[str, Callable[[m.PortRef], m.SpawnActor]] = {}
         self.gone: collections.OrderedDict[str, None] = collections.OrderedDict()  # stopped actors, newest last
+        self.early: dict[str, list[m.Call]] = {}  # calls that came before their actor's spawn (_EARLY_WAIT_S)
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
@@ -671,6 +677,9 @@ class ProcAgent:
         slot = ActorSlot(self, msg)
         with self.lock:
             self.actors[msg.actor_id] = slot
+            held = self.early.pop(msg.actor_id, None) if self.early else None
+        for call in held or ():
+            slot.post(call)  # queued behind its __init__, in the order they came
         slot.thread.start()
 
     def forget(self, actor_id: str) -> None:
@@ -687,10 +696,37 @@ class ProcAgent:
                 self.on_spawn(make(m.PortRef(self.rt.addr, 0)))  # port 0: nobody waits for it
             slot = self.actors.get(msg.actor_id)
         if slot is None:
+            if msg.actor_id not in self.gone and self._hold_early(msg):
+                return
             if msg.reply is not None:
                 self.send_reply(msg.reply, self._no_actor(msg), ok=False, rank=msg.rank)
             return
         slot.post(msg)
+
+    def _hold_early(self, msg: m.Call) -> bool:
+        """Keep a call for an actor not spawned here yet until its spawn comes (False: refuse it now)."""
+        with self.lock:
+            slot = self.actors.get(msg.actor_id)
+            if slot is None:
+                waiting = self.early.get(msg.actor_id)
+                first = waiting is None
+                if first:
+                    if len(self.early) >= _EARLY_KEPT:
+                        return False
+                    waiting = self.early[msg.actor_id] = []
+                waiting.append(msg)
+        if slot is not None:  # spawned meanwhile
+            slot.post(msg)
+        elif first:
+            self.rt.mailbox.call_later(_EARLY_WAIT_S, lambda: self._early_expired(msg.actor_id))
+        return True
+
+    def _early_expired(self, actor_id: str) -> None:
+        with self.lock:
+            held = self.early.pop(actor_id, [])
+        for msg in held:
+            if msg.reply is not None:
+                self.send_reply(msg.reply, self._no_actor(msg), ok=False, rank=msg.rank)
 
     def _no_actor(self, msg: m.Call) -> SupervisionError:
         name = msg.actor_id.rsplit("-", 1)[0]

@@ -517,3 +517,18 @@ class ControllerUser(Actor):
 
         counter = get_or_spawn_controller("counter", Counter, 100).get(timeout=30)
         return counter.incr.call_one().get(timeout=30), counter.pid.call_one().get(timeout=30)
+
+
+class Notebook(Actor):
+    """Remembers what it is told, in order (tests/monarch/test_early_calls.py)."""
+
+    def __init__(self) -> None:
+        self.notes: list = []
+
+    @endpoint
+    def remember(self, note: str) -> None:
+        self.notes.append(note)
+
+    @endpoint
+    def recall(self) -> list:
+        return list(self.notes)
