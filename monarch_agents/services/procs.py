@@ -8,6 +8,7 @@ status; one that dies later is reported to its owner as ``ProcDied`` at once.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -138,7 +139,8 @@ class ProcsService(Service):
             python = own.get("python")
             try:
                 if isinstance(python, str) and python:
-                    self._exec_proc(python, config, proc_env, cwd, fds, proc)
+                    if not self._exec_proc(python, config, proc_env, cwd, fds, proc):
+                        return  # the spawn failed as a whole: the procs after this one are not started
                 else:
                     agent.start_child({"kind": "proc", "config": config, "env": proc_env, "cwd": cwd}, fds, proc)
             finally:
@@ -146,20 +148,30 @@ class ProcsService(Service):
                     if fd > 2:
                         os.close(fd)
 
-    def _exec_proc(self, python: str, config: dict, env: dict, cwd: str | None, fds: list[int], proc: _Proc) -> None:
+    def _exec_proc(self, python: str, config: dict, env: dict, cwd: str | None, fds: list[int], proc: _Proc) -> bool:
         """Start a proc under another interpreter: ``python -m monarch_agents.proc_exec``, its
-        configuration (keys among it) written to its stdin, never in its arguments or environment."""
+        configuration (keys among it) on its stdin, never in its arguments or environment.  False
+        when it could not be handed over (the spawn is failed then).
+
+        The configuration is written whole into the pipe before the proc exists, and the pipe is
+        grown to hold it: written after the start, a configuration bigger than a pipe (the
+        client's environment rides in it) would block this thread until the proc reads, forever
+        if the program never does, and one that exited at once would raise BrokenPipeError here."""
+        data = json.dumps(config).encode()
         r, w = os.pipe()
         try:
+            try:
+                _fill_pipe(w, data)
+            except OSError as e:
+                proc.on_failed(f"its configuration ({len(data)} bytes) does not fit in a pipe: {e.strerror or e}")
+                return False
+            finally:
+                os.close(w)
             self.agent.start_child({"kind": "exec", "argv": [python, "-m", "monarch_agents.proc_exec"], "env": env,
                                     "cwd": cwd}, [r, *fds[:2]], proc)
         finally:
             os.close(r)
-        try:
-            # Small (well under a pipe's buffer): the write does not wait for the proc to read.
-            os.write(w, json.dumps(config).encode())
-        finally:
-            os.close(w)
+        return True
 
     def on_proc_ready(self, msg: m.ProcReady) -> None:
         with self.lock:
@@ -251,3 +263,17 @@ class ProcsService(Service):
                 killpg(p.pid, signal.SIGKILL)
         self.agent.reply(pending.msg.reply, RuntimeError(f"proc on {self.agent.host} failed to start: {reason}"),
                          ok=False)
+
+
+def _fill_pipe(w: int, data: bytes) -> None:
+    """Write all of ``data`` into the empty pipe ``w`` without waiting for a reader: the pipe is
+    grown to hold it (up to /proc/sys/fs/pipe-max-size); OSError if it cannot be."""
+    import fcntl
+
+    os.set_blocking(w, False)
+    if len(data) > 4096:
+        size = fcntl.fcntl(w, fcntl.F_GETPIPE_SZ)
+        if size < len(data):
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
+    if os.write(w, data) != len(data):
+        raise OSError(errno.EMSGSIZE, "the pipe took only part of it")

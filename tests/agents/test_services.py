@@ -86,3 +86,33 @@ def test_sigterm_stops_the_agent_in_order(client, plugged):
     assert exited.reason == "killed by SIGTERM (its host agent is shutting down: the reservation was released)"
     assert plugged.proc.wait(timeout=T) == 0
     assert wait_gone(children) == []
+
+
+def test_a_proc_configuration_is_written_whole_before_any_reader_exists():
+    # The host agent writes an exec'd proc's configuration before the proc starts: it must never
+    # wait for a reader, so the pipe is grown to hold it, or the write is refused at once.
+    from monarch_agents.services.procs import _fill_pipe
+
+    data = os.urandom(300_000)
+    r, w = os.pipe()
+    try:
+        _fill_pipe(w, data)
+        os.close(w)
+        w = -1
+        got = bytearray()
+        while chunk := os.read(r, 1 << 20):
+            got += chunk
+        assert bytes(got) == data
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    with open("/proc/sys/fs/pipe-max-size") as f:
+        too_big = int(f.read()) * 2
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError):
+            _fill_pipe(w, bytes(too_big))
+    finally:
+        os.close(r)
+        os.close(w)

@@ -83,6 +83,23 @@ def test_with_python_executable_runs_procs_under_it_or_the_spawn_says_why_not():
         missing.spawn_procs(per_host={"gpus": 1})
 
 
+class EnvSize(Actor):
+    @endpoint
+    def length(self, name: str) -> int:
+        return len(os.environ.get(name, ""))
+
+
+def test_with_python_executable_hands_over_a_configuration_bigger_than_a_pipe(monkeypatch):
+    # The client's environment rides in the proc's configuration on its stdin: 100 KiB of it is
+    # more than a pipe holds unless the host agent grows the pipe before the proc starts.
+    monkeypatch.setenv("REVIEW_TEST_BIG_VALUE", "x" * 100_000)
+    pm = this_host().with_python_executable(sys.executable).spawn_procs(per_host={"gpus": 1})
+    try:
+        assert list(pm.spawn("e", EnvSize).length.call("REVIEW_TEST_BIG_VALUE").get(timeout=60).values()) == [100_000]
+    finally:
+        pm.stop().get()
+
+
 def test_logging_option_sets_every_procs_level():
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     try:
