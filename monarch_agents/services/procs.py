@@ -139,10 +139,11 @@ class ProcsService(Service):
             python = own.get("python")
             try:
                 if isinstance(python, str) and python:
-                    if not self._exec_proc(python, config, proc_env, cwd, fds, proc):
-                        return  # the spawn failed as a whole: the procs after this one are not started
+                    started = self._exec_proc(python, config, proc_env, cwd, fds, proc)
                 else:
-                    agent.start_child({"kind": "proc", "config": config, "env": proc_env, "cwd": cwd}, fds, proc)
+                    started = self._start(proc, {"kind": "proc", "config": config, "env": proc_env, "cwd": cwd}, fds)
+                if not started:
+                    return  # the spawn failed as a whole: the procs after this one are not started
             finally:
                 for fd in fds:
                     if fd > 2:
@@ -167,10 +168,23 @@ class ProcsService(Service):
                 return False
             finally:
                 os.close(w)
-            self.agent.start_child({"kind": "exec", "argv": [python, "-m", "monarch_agents.proc_exec"], "env": env,
-                                    "cwd": cwd}, [r, *fds[:2]], proc)
+            return self._start(proc, {"kind": "exec", "argv": [python, "-m", "monarch_agents.proc_exec"], "env": env,
+                                      "cwd": cwd}, [r, *fds[:2]])
         finally:
             os.close(r)
+
+    def _start(self, proc: _Proc, request: dict, fds: list[int]) -> bool:
+        """Hand ``request`` to the zygote; False when it could not be (the spawn is failed then, in
+        one line, instead of left unanswered: the request is one datagram, and an environment of a
+        few hundred KiB is more than the zygote's socket takes)."""
+        try:
+            self.agent.start_child(request, fds, proc)
+        except OSError as e:
+            why = e.strerror or str(e)
+            if e.errno == errno.EMSGSIZE:
+                why += " (the environment handed to the procs is too large)"
+            proc.on_failed(f"could not ask this host's zygote to start it: {why}")
+            return False
         return True
 
     def on_proc_ready(self, msg: m.ProcReady) -> None:

@@ -100,6 +100,18 @@ def test_with_python_executable_hands_over_a_configuration_bigger_than_a_pipe(mo
         pm.stop().get()
 
 
+def test_a_spawn_whose_environment_the_zygote_cannot_take_fails_in_one_line(monkeypatch):
+    host = this_host()
+    host.spawn_procs().stop().get()  # the host agent up before the environment grows
+    # One datagram carries a start to the zygote: ~600 KiB of environment is more than it takes.
+    monkeypatch.setenv("REVIEW_TEST_HUGE_VALUE", "x" * 100_000)
+    for n in range(1, 6):
+        monkeypatch.setenv(f"REVIEW_TEST_HUGE_VALUE_{n}", "x" * 100_000)
+    for mesh in (host, host.with_python_executable(sys.executable)):
+        with pytest.raises(Exception, match="failed to start.*too large"):
+            mesh.spawn_procs(per_host={"gpus": 2})
+
+
 def test_logging_option_sets_every_procs_level():
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     try:
