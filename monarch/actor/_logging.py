@@ -341,6 +341,7 @@ class LoggingManager:
         self._lock = threading.Lock()
         self._client: LogClient | None = None
         self._forwarders: Any = None
+        self._rt: Any = None  # the runtime the client's port is open on
 
     @property
     def _logging_mesh_client(self) -> LogClient | None:
@@ -355,7 +356,8 @@ class LoggingManager:
                 port: Any = None
                 if _config.get_global_config().get("enable_log_forwarding"):
                     self._client = LogClient()
-                    port = Port(ensure_runtime().open_port(self._client))
+                    self._rt = ensure_runtime()
+                    port = Port(self._rt.open_port(self._client))
                 self._forwarders = self._pm.spawn("log_forwarder", _LogForwarder, port)
             return self._forwarders
 
@@ -394,5 +396,9 @@ class LoggingManager:
         await asyncio.get_running_loop().run_in_executor(None, self.flush)
 
     def close(self) -> None:
+        """Stop the log client (after what it holds is printed) and close its port: a stopped mesh
+        leaves no port, handler or thread behind in this process's runtime."""
         if self._client is not None:
             self._client.close()
+            if self._rt is not None:
+                self._rt.close_port(self._client.port_id)

@@ -123,6 +123,21 @@ def test_logging_option_sets_every_procs_level():
         pm.stop().get()
 
 
+def test_a_stopped_mesh_closes_its_log_clients_port():
+    from monarch import config
+    from monarch.actor._client import ensure_runtime
+
+    with config.configured(enable_log_forwarding=True):
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            asyncio.run(pm.logging_option(stream_to_client=True, level=logging.INFO))
+            client = pm._logging_manager._logging_mesh_client
+            assert client is not None and client.port_id in ensure_runtime()._ports
+        finally:
+            pm.stop().get()
+    assert client.port_id not in ensure_runtime()._ports
+
+
 def test_setup_torch_elastic_env_as_torchrun_numbers_ranks():
     pm = this_host().spawn_procs(per_host={"nodes": 2, "gpus": 2})
     try:
