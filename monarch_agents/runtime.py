@@ -32,8 +32,10 @@ from monarch_agents.transport import FrameTooLong, JobKeys, Mailbox, PeerLost, i
 log = logging.getLogger("monarch.runtime")
 
 #: How long to wait for a host agent's ProcDied (which has the exit status)
-#: after a connection to a proc we own closed.
-_DEATH_GRACE_S = 0.1
+#: after a connection to a proc we own closed.  The host agent must first reap the proc (through
+#: its zygote) and send; 0.1 s was too short on a loaded machine, and a SIGSEGV then read
+#: "connection lost" instead of its signal.  Only a host that died with its proc pays the wait.
+_DEATH_GRACE_S = 2.0
 #: The sender role of a message this process sent itself.
 SELF = "self"
 
