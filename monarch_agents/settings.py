@@ -63,6 +63,15 @@ def _parse(value: object) -> float | None:
     return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
+def _handed(key: str) -> object:
+    """``key`` as the client handed its settings down to this process (``MONARCH_CLIENT_CONFIG``), else None."""
+    try:
+        handed = json.loads(os.environ.get("MONARCH_CLIENT_CONFIG") or "{}")
+    except ValueError:
+        return None
+    return handed.get(key) if isinstance(handed, dict) else None
+
+
 def seconds(key: str, default: float) -> float:
     """The duration setting ``key`` in this process, in seconds; ``default`` where nothing (valid) sets it."""
     if source is not None:
@@ -71,11 +80,7 @@ def seconds(key: str, default: float) -> float:
             return default if value is None else float(value)
         except Exception:  # a bad value was already reported where it was set; never break a send
             return default
-    try:
-        handed = json.loads(os.environ.get("MONARCH_CLIENT_CONFIG") or "{}")
-    except ValueError:
-        handed = {}
-    for value in ((handed.get(key) if isinstance(handed, dict) else None), os.environ.get(_ENV.get(key, ""))):
+    for value in (_handed(key), os.environ.get(_ENV.get(key, ""))):
         parsed = _parse(value)
         if parsed is not None and parsed >= 0:
             return parsed
@@ -89,12 +94,7 @@ def max_frame_length() -> int:
             return int_source("codec_max_frame_length")
         except Exception:  # a bad value was already reported where it was set; never break a send
             return MAX_FRAME_LENGTH
-    try:
-        handed = json.loads(os.environ.get("MONARCH_CLIENT_CONFIG") or "{}")
-    except ValueError:
-        handed = {}
-    for value in ((handed.get("codec_max_frame_length") if isinstance(handed, dict) else None),
-                  os.environ.get(_ENV["codec_max_frame_length"], "").strip()):
+    for value in (_handed("codec_max_frame_length"), os.environ.get(_ENV["codec_max_frame_length"], "").strip()):
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
         if isinstance(value, str) and value.isdigit():
