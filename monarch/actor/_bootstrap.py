@@ -361,11 +361,19 @@ def _enroll_one(address: str, rank: int, keys: dict, refs: list, left: Callable[
     try:
         s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
         s.settimeout(left(address))
-        answer = json.loads(s.makefile("rb").readline() or b"{}")
+        line = s.makefile("rb").readline()
     except OSError:
         s.close()
         left(address)  # raises when the barrier's time is up; else it was the connection's own failure
         raise
+    try:
+        answer = json.loads(line or b"{}")
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        s.close()
+        raise RuntimeError(f"{address} did not answer as a monarch worker does (it answered "
+                           f"{line[:60]!r}): is a worker loop (run_worker_loop_forever) serving there?")
     if "addr" not in answer:
         s.close()
         raise RuntimeError(f"worker {address} did not start a host agent: {answer.get('error', 'no answer')}")

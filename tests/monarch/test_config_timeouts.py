@@ -174,6 +174,43 @@ def test_mesh_attach_config_timeout_fails_the_attach_closed():
         listener.close()
 
 
+def test_an_attach_to_something_that_is_no_worker_fails_in_one_line_and_closes_its_connection():
+    """A listener that answers a line that is not a worker's: the attach fails saying so (not a JSON
+    parser's message), and closes its end (the listener reads EOF)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    eof = threading.Event()
+
+    def answer() -> None:
+        listener.settimeout(T)
+        try:
+            conn = listener.accept()[0]
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(T)
+            conn.makefile("rb").readline()
+            conn.sendall(b"HTTP/1.0 400 Bad Request\n")
+            try:
+                while conn.recv(4096):
+                    pass
+                eof.set()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        hosts = attach_to_workers(ca="trust_all_connections",
+                                  workers=[f"tcp://127.0.0.1:{listener.getsockname()[1]}"])
+        with pytest.raises(RuntimeError, match=r"did not answer as a monarch worker does") as failed:
+            hosts.initialized.get()
+        assert "Expecting value" not in str(failed.value)
+        assert eof.wait(T), "the attach left its connection open"
+    finally:
+        t.join(T)
+        listener.close()
+
+
 _SUSPENDED = textwrap.dedent('''
     import time
     from monarch import config
