@@ -375,8 +375,14 @@ class ChunkStore:
         if packed is not None:
             self._check(cid, packed)
             fd = os.memfd_create("chunk", os.MFD_CLOEXEC)
-            os.write(fd, packed)
-            os.lseek(fd, 0, os.SEEK_SET)
+            try:
+                view = memoryview(packed)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.lseek(fd, 0, os.SEEK_SET)
+            except BaseException:
+                os.close(fd)  # (out of memory) the caller gets the error, not a descriptor to leak
+                raise
             return fd
         if cid not in self._verified:
             try:
