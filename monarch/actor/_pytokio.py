@@ -94,6 +94,7 @@ class PythonTask(Generic[T]):
 
     @staticmethod
     def sleep(seconds: float) -> "PythonTask[None]":
+        """A task that finishes after ``seconds``."""
         return PythonTask(asyncio.sleep(seconds))
 
     @staticmethod

@@ -254,6 +254,7 @@ class ValueMesh(Generic[R]):
 
     @property
     def sizes(self) -> dict[str, int]:
+        """Each dimension's label and size, in order."""
         return dict(zip(self._shape.labels, self._shape.ndslice.sizes))
 
     def slice(self, **dims: Any) -> "ValueMesh[R]":
@@ -265,6 +266,7 @@ class ValueMesh(Generic[R]):
         return _trait().split(self, **dims)
 
     def rename(self, **names: str) -> "ValueMesh[R]":
+        """The same values with dimensions renamed: ``vm.rename(gpus="g")``."""
         return _trait().rename(self, **names)
 
     def item(self, **coords: int) -> R:
@@ -300,6 +302,7 @@ class ValueMesh(Generic[R]):
         return _trait().flatten(self, name)
 
     def size(self, dim: Any = None) -> int:
+        """How many values: all of them, or along ``dim`` (a label, or several)."""
         return len(self._values) if dim is None else _trait().size(self, dim)
 
     def __len__(self) -> int:

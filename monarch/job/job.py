@@ -860,6 +860,7 @@ class LoginJob(JobTrait):
                          for name, hosts in self._meshes.items()})
 
     def can_run(self, spec: JobTrait) -> bool:
+        """Whether this job, still running every worker, serves ``spec`` (the same meshes of the same hosts)."""
         return isinstance(spec, LoginJob) and spec._meshes == self._meshes and self._pids_active()
 
     def _pids_active(self) -> bool:

@@ -23,9 +23,11 @@ class conda:  # noqa: N801 - Monarch's name
 
     @staticmethod
     def active_env_dir() -> str | None:
+        """The active conda environment's folder, or None outside one."""
         return os.environ.get("CONDA_PREFIX")
 
     @staticmethod
     def active_env_name() -> str | None:
+        """The active conda environment's name (its folder's), or None outside one."""
         prefix = conda.active_env_dir()
         return os.path.basename(prefix) if prefix else None
