@@ -1,7 +1,8 @@
 """Compatibility only: Monarch's ``monarch._rust_bindings.monarch_hyperactor.value_mesh``:
-``ValueMesh`` is ``monarch.actor.ValueMesh``."""
+``ValueMesh`` is ``monarch.actor.ValueMesh``.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Monarch's tests resolve every name of a binding
+module through its ``__module__`` (see ``shape``)."""
 
 from typing import Any, Sequence
 
