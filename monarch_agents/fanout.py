@@ -118,6 +118,10 @@ def _one_line(e: BaseException | str) -> str:
     return (text.splitlines() or [type(e).__name__ if isinstance(e, BaseException) else "error"])[0]
 
 
+#: How long a lost child's answer may still arrive on its other connection (see ``_Port.lost``).
+_LOST_GRACE_S = 0.5
+
+
 class _Port:
     """A port of a node: answers from one child (or from this agent itself) to ``node``."""
 
@@ -140,7 +144,10 @@ class _Port:
         self.node._delivered(self, reply)
 
     def lost(self, addr: str, error: SupervisionError) -> None:
-        self.node._child_lost(self, error)
+        # The child's answer comes on the connection it dialed to us, its loss is seen on the one we
+        # dialed to it: a child that answered and then stopped (a Shutdown) can be seen gone before
+        # its answer is read.  The answer gets a moment; once it is in, the loss finds no entry.
+        self.node.rt.mailbox.call_later(_LOST_GRACE_S, lambda: self.node._child_lost(self, error))
 
 
 class _Pong:
