@@ -22,3 +22,22 @@ def workdir(tmp_path):
     """A working directory whose reservation (if any) is stopped at the end."""
     yield tmp_path
     monarch("stop", "--force", cwd=tmp_path, timeout=60)
+
+
+#: Runs one command line one way (argv[1]: "lean", which monarch_cli.main tries first, or Click's app);
+#: writes the exit code and whether Click was imported, as JSON,
+#: to the descriptor argv[2].
+LEAN_DRIVER = """
+import json, os, sys
+from monarch._workbench import command_process
+command_process()
+argv = sys.argv[3:]
+if sys.argv[1] == "lean":
+    from monarch_cli.lean import lean_command
+    code = lean_command(argv)
+else:
+    from monarch_cli.app import run_app
+    code = run_app(argv)
+sys.stdout.flush(); sys.stderr.flush()
+os.write(int(sys.argv[2]), json.dumps({"code": code, "click": "click" in sys.modules}).encode())
+"""

@@ -16,32 +16,14 @@ import sys
 import pytest
 
 from monarch_cli.lean import parse_run
-from tests.cli.conftest import ROOT, monarch
-
-#: Runs one command line one way (argv[1]); writes the exit code and whether Click was imported, as JSON,
-#: to the descriptor argv[2].
-_DRIVER = """
-import json, os, sys
-from monarch._workbench import command_process
-command_process()
-argv = sys.argv[3:]
-if sys.argv[1] == "lean":
-    from monarch_cli.lean import lean_run
-    code = lean_run(argv)
-else:
-    from monarch_cli.app import run_app
-    code = run_app(argv)
-sys.stdout.flush(); sys.stderr.flush()
-os.write(int(sys.argv[2]), json.dumps({"code": code, "click": "click" in sys.modules}).encode())
-"""
-
+from tests.cli.conftest import LEAN_DRIVER, ROOT, monarch
 
 def _both(workdir, *argv: str):
     out = {}
     for way in ("lean", "click"):
         r, w = os.pipe()
         try:
-            p = subprocess.run([sys.executable, "-c", _DRIVER, way, str(w), *argv], cwd=workdir,
+            p = subprocess.run([sys.executable, "-c", LEAN_DRIVER, way, str(w), *argv], cwd=workdir,
                                capture_output=True, text=True, timeout=120, pass_fds=(w,),
                                env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
         finally:
