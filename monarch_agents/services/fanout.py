@@ -19,6 +19,8 @@ one is gone.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any, Callable
 
 from monarch_agents import messages as m
@@ -42,6 +44,8 @@ _MAX_DEGREE = 256
 _OWNER_GONE_S = 30.0
 #: The longest deadline a fan-out may ask for (seconds).
 _MAX_TIMEOUT_S = 24 * 3600.0
+#: How long a stopping agent waits for the fan-outs that carried its Shutdown to send their answers up.
+_SHUTDOWN_FLUSH_S = 3.0
 
 
 class FanoutService(Service):
@@ -56,6 +60,10 @@ class FanoutService(Service):
         self.forwarded = 0
         #: Owner -> the hosts this agent forwarded its runs to, {addr: host}: told when it is gone.
         self.below: dict[str, dict[str, str]] = {}
+        #: Fan-outs whose own message is this agent's Shutdown and that have not sent every answer up:
+        #: the agent's stop waits for them, else its own answer (and its subtree's) dies with it.
+        self._stopping = 0
+        self._stopping_done = threading.Condition()
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {m.Fanout: self.on_fanout, m.OwnerGone: self.on_owner_gone}
@@ -86,8 +94,14 @@ class FanoutService(Service):
         def report(results: dict) -> None:
             agent.send(parent.addr, m.Reply(parent.port_id, 0, True, results))
 
+        carries_stop = type(msg.items[0][3]) is m.Shutdown
+
         def done() -> None:
             self.active -= 1
+            if carries_stop:
+                with self._stopping_done:
+                    self._stopping -= 1
+                    self._stopping_done.notify_all()
 
         report({})  # at once: the parent hears that this agent carries fan-outs (see Node._check_ack)
         items = msg.items
@@ -103,8 +117,19 @@ class FanoutService(Service):
         timeout = None if msg.timeout_s is None else min(float(msg.timeout_s), _MAX_TIMEOUT_S)
         node = Node(agent.rt, items, msg.degree, timeout, report, done, local=self._local)
         self.active += 1
+        if carries_stop:
+            with self._stopping_done:
+                self._stopping += 1
         self.forwarded += len(items) - 1
         node.start()
+
+    def stop(self, deadline: float) -> None:
+        # A Shutdown's answer goes up from the IO thread after the agent has been asked to stop; the
+        # stop closes that thread's sockets, so it first lets those answers leave (bounded).
+        wait = min(deadline, time.monotonic() + _SHUTDOWN_FLUSH_S) - time.monotonic()
+        with self._stopping_done:
+            if not self._stopping_done.wait_for(lambda: self._stopping <= 0, timeout=max(0.0, wait)):
+                log.warning("stopping with %d fan-outs of the Shutdown still answering", self._stopping)
 
     def _local(self, msg: Any) -> None:
         # Through the runtime, as any message to this agent: the handler runs where it always does
