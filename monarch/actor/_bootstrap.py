@@ -10,26 +10,34 @@ and in the client::
     procs = hosts.spawn_procs(per_host={"gpus": 8})
 
 How it is done here: the worker listens at ``address`` (``tcp://HOST:PORT``, or ``ipc://PATH``: a
-Unix socket, mode 0600, for a worker on the client's machine) for one client at a time.  A client that
-connects sends the keys of a job made for these workers (each ``attach_to_workers`` call makes
-one, so they open nothing else of the client's); the worker
-starts a monarch host agent with them (on the worker's address, a port of its own) and answers
-that agent's address.  From then on client and agent talk CURVE as in any reservation.  When the
-client's connection closes (the client exited), the worker stops its agent, and with it every
-proc, and waits for the next client, as Monarch's worker does; when the client shuts the host mesh
-down (``HostMesh.shutdown``), the worker loop returns, as Monarch's does.
+Unix socket, mode 0600, for a worker on the client's machine).  A client that connects first proves,
+and has the worker prove, that both hold this user's *worker secret* (``~/.monarch/worker.key``, 0600,
+made at first use; or the file ``MONARCH_WORKER_SECRET_FILE`` names), by a challenge and response
+that never sends it (``monarch/actor/_worker_auth.py``); only then does it send, sealed with a key of
+that session, the keys of a job made for these workers (each ``attach_to_workers`` call makes one, so
+they open nothing else of the client's).  The worker starts a monarch host agent with them (on the
+worker's address, a port of its own) and answers that agent's address, sealed too.  From then on
+client and agent talk CURVE as in any reservation.  Clients are served one at a time; a connection
+has 10 s to prove the secret, and at most 16 wait to (one more closes the oldest).  When the
+client's connection closes (the client exited), the worker stops its agent, and with it every proc,
+and waits for the next client, as Monarch's worker does; when the client shuts the host mesh down
+(``HostMesh.shutdown``), the worker loop returns, as Monarch's does.
 
-As in Monarch, ``ca="trust_all_connections"`` is the only accepted setting (any client that
-reaches the address may use the worker), and TLS keys raise ``NotImplementedError``.  The keys
-cross the enrollment connection unencrypted: use it where Monarch's would be used, on a network
-you trust.
+As in Monarch, ``ca="trust_all_connections"`` is the only accepted setting, and TLS keys raise
+``NotImplementedError``.  In Monarch it means that no certificate authority checks the peer; here the
+worker secret does instead, and there is no setting that accepts a peer without it: another local
+user who reaches the address (or listens there first) learns a nonce and gets a one-line refusal.
+Workers on other machines need the same secret file (a shared home has it; else copy it, 0600, or
+mount it and name it with ``MONARCH_WORKER_SECRET_FILE``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import queue
 import select
 import shlex
 import socket
@@ -42,18 +50,26 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 from monarch import config as _config
+from monarch.actor import _worker_auth
 from monarch_agents.future import Future
 
 PrivateKey = Union[bytes, Path, None]
 CA = Union[bytes, Path, Literal["trust_all_connections"]]
 
 _ENROLL_TIMEOUT_S = 60.0
+#: How long a connection to a worker has to prove the worker secret (a client does it in milliseconds).
+_HELLO_S = 10.0
+#: Connections to one worker that have not proved it yet, at most (one more closes the oldest).
+_UNPROVEN_MAX = 16
+
+log = logging.getLogger("monarch.actor")
 
 
 def _check_security(private_key: PrivateKey, ca: CA) -> None:
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS keys are not supported: give ca='trust_all_connections' "
-                                  "(monarch's agents then authenticate with CURVE keys of the client's job)")
+                                  "(monarch's workers then authenticate with your worker secret, "
+                                  "~/.monarch/worker.key, and its agents with CURVE keys of the client's job)")
 
 
 def _parse(address: str) -> tuple[str, int]:
@@ -102,21 +118,93 @@ def _dial_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _serve_one(listener: socket.socket, bind_host: str) -> bool:
-    """Serve one client: True when its host agent was shut down by it (``HostMesh.shutdown``)."""
-    conn, _ = listener.accept()
+class _Worker:
+    """The listening side of a worker loop: each connection proves the worker secret (in a thread of
+    its own, by a deadline) before it is queued for the loop; clients are then served one at a time.
+
+    Connections that have not proved it yet are capped (:data:`_UNPROVEN_MAX`): one more closes the
+    oldest, so another local user opening connections and sending nothing neither exhausts the
+    worker's descriptors nor keeps a client out for longer than it takes that client to prove.
+    """
+
+    def __init__(self, listener: socket.socket, secret: bytes):
+        self.listener = listener
+        self.secret = secret
+        self.proven: "queue.Queue[_worker_auth.Session]" = queue.Queue()
+        self.lock = threading.Lock()
+        self.unproven: dict[socket.socket, float] = {}
+        self.shed = 0
+        self.closed = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="monarch-worker-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with self.lock:
+                if self.closed:
+                    conn.close()
+                    return
+                if len(self.unproven) >= _UNPROVEN_MAX:
+                    oldest = min(self.unproven, key=self.unproven.__getitem__)
+                    del self.unproven[oldest]
+                    self.shed += 1
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and closes it
+                self.unproven[conn] = time.monotonic()
+            threading.Thread(target=self._prove, args=(conn,), name="monarch-worker-hello", daemon=True).start()
+
+    def _prove(self, conn: socket.socket) -> None:
+        try:
+            session = _worker_auth.accept(conn, self.secret, time.monotonic() + _HELLO_S)
+        except (OSError, ValueError) as e:
+            # A stranger, a wrong secret, or a connection dropped for a newer one: closed, nothing started.
+            if isinstance(e, _worker_auth.WorkerAuthError):
+                log.warning("monarch worker: refused a connection: %s", e)
+            conn.close()
+            return
+        finally:
+            with self.lock:
+                self.unproven.pop(conn, None)
+        self.proven.put(session)
+
+    def next(self, timeout: float | None = None) -> "_worker_auth.Session":
+        return self.proven.get(timeout=timeout)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            pending = list(self.unproven)
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self.listener.close()
+        for c in pending:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        while True:
+            try:
+                self.proven.get_nowait().conn.close()
+            except queue.Empty:
+                break
+
+
+def _serve_one(session: "_worker_auth.Session", bind_host: str) -> bool:
+    """Serve one authenticated client: True when its host agent was shut down by it (``HostMesh.shutdown``)."""
+    conn, hello = session.conn, session.request
     agent: subprocess.Popen | None = None
     try:
-        conn.settimeout(_ENROLL_TIMEOUT_S)
-        hello = json.loads(conn.makefile("rb").readline() or b"{}")
         keys = hello.get("keys")
         if not isinstance(keys, dict):
-            conn.sendall(json.dumps({"error": "expected the job's keys"}).encode() + b"\n")
+            session.answer(json.dumps({"error": "expected the job's keys"}).encode() + b"\n")
             return False
         r, w = os.pipe()
         hostname = hello.get("hostname") or os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
         cmd = [sys.executable, "-m", "monarch_agents.host_agent", "--ephemeral", "--inherit-stdio",
-               "--info-fd", str(w), "--hostname", hostname, "--bind", bind_host,
+               "--info-fd", str(w), "--hostname", str(hostname), "--bind", bind_host,
                "--host-rank", str(int(hello.get("host_rank", 0)))]
         agent = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True)
         os.close(w)
@@ -126,9 +214,9 @@ def _serve_one(listener: socket.socket, bind_host: str) -> bool:
         with os.fdopen(r, "rb") as info_file:
             info = info_file.readline()
         if not info:
-            conn.sendall(json.dumps({"error": f"the host agent exited at start ({agent.wait()})"}).encode() + b"\n")
+            session.answer(json.dumps({"error": f"the host agent exited at start ({agent.wait()})"}).encode() + b"\n")
             return False
-        conn.sendall(info)
+        session.answer(info)
         conn.settimeout(None)
         # Serve until the client goes away, or says its host mesh was shut down ("shutdown" line).
         while True:
@@ -163,32 +251,36 @@ def _listen(address: str) -> tuple[socket.socket, str]:
             s.bind(path)
         finally:
             os.umask(old_umask)
-        s.listen(1)
+        s.listen(_UNPROVEN_MAX)
         return s, "127.0.0.1"
     fd = _inherited_fd(address)
     if fd is not None:
         # ``tcp://HOST:fdN``: a socket its parent bound already and passed down (as in Monarch).
         s = socket.socket(fileno=fd)
-        s.listen(1)
+        s.listen(_UNPROVEN_MAX)
         return s, address.split("://", 1)[1].rpartition(":")[0].strip("[]")
     host, port = _parse(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, port))
-    s.listen(1)
+    s.listen(_UNPROVEN_MAX)
     return s, host
 
 
-def _loop(address: str, until_shutdown: bool, ready: Callable[[], None] = lambda: None) -> None:
+def _loop(address: str, until_shutdown: bool, ready: Callable[[], None] = lambda: None,
+          secret: bytes | None = None) -> None:
+    secret = secret if secret is not None else _worker_auth.load_secret()  # before listening: a bad file fails first
     listener, host = _listen(address)
+    worker = _Worker(listener, secret)
+    worker.start()
     ready()
     try:
         while True:
-            if _serve_one(listener, host) and until_shutdown:
+            if _serve_one(worker.next(), host) and until_shutdown:
                 return
     finally:
-        listener.close()
+        worker.close()
         path = _ipc_path(address)
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -264,14 +356,28 @@ def _connect_when_up(host: str, port: int, address: str, left: Callable[[str], f
 def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequence[Any],
                       name: Optional[str] = None) -> Any:
     """A ``HostMesh({hosts: len(workers)})`` of workers that run a worker loop (each a ``tcp://`` address,
-    or a ``Future`` of one)."""
+    or a ``Future`` of one).
+
+    Both ends prove this user's worker secret (``~/.monarch/worker.key``, or the file
+    ``MONARCH_WORKER_SECRET_FILE`` names) before the job's keys go, sealed, to a worker; a worker
+    that cannot prove it gets nothing, and the mesh's ``initialized`` raises why."""
+    _check_security(private_key, ca)
+    path = _worker_auth.secret_path()
+    try:
+        secret = _worker_auth.load_secret()
+    except _worker_auth.WorkerAuthError as e:
+        return _failed_mesh([w if isinstance(w, str) else "?" for w in workers],
+                            RuntimeError(f"attach failed: {e}"))
+    return _attach(workers, name, secret, path)
+
+
+def _attach(workers: Sequence[Any], name: Optional[str], secret: bytes, secret_name: str) -> Any:
     from monarch.actor._client import ensure_runtime
     from monarch.actor._mesh import HostMesh
     from monarch.actor._shape import Shape
     from monarch_agents.keys import JobKeys
     from monarch_agents.messages import Ping
 
-    _check_security(private_key, ca)
     # Monarch's attach barrier: every worker takes the job (our keys, where Monarch pushes its
     # settings) and confirms within mesh_attach_config_timeout, or the attach fails closed.
     limit = _config.seconds("mesh_attach_config_timeout")
@@ -289,7 +395,7 @@ def attach_to_workers(*, private_key: PrivateKey = None, ca: CA, workers: Sequen
     rt = ensure_runtime(JobKeys.generate())
     refs: list = []
     try:
-        _enroll(rt, workers, refs, left)
+        _enroll(rt, workers, refs, left, secret, secret_name)
         for r in refs:  # each agent learns its owner (and stops when it goes away)
             try:
                 rt.request(r.addr, lambda port: Ping(port)).get(timeout=left(r.addr))
@@ -333,7 +439,8 @@ def _failed_mesh(addresses: list[str], err: BaseException) -> Any:
     return mesh
 
 
-def _enroll(rt: Any, workers: Sequence[Any], refs: list, left: Callable[[str], float]) -> None:
+def _enroll(rt: Any, workers: Sequence[Any], refs: list, left: Callable[[str], float], secret: bytes,
+            secret_name: str) -> None:
     """Hand each worker the job's keys and note its agent (in ``refs``), in order."""
     from monarch_agents import runtime as rt_mod
 
@@ -341,7 +448,7 @@ def _enroll(rt: Any, workers: Sequence[Any], refs: list, left: Callable[[str], f
     for rank, w in enumerate(workers):
         address = w.get() if isinstance(w, Future) else w
         try:
-            _enroll_one(address, rank, keys, refs, left)
+            _enroll_one(address, rank, keys, refs, left, secret, secret_name)
         except Exception as e:
             e.worker = _worker_name(address)  # type: ignore[attr-defined]
             raise
@@ -353,18 +460,23 @@ def _worker_name(address: str) -> str:
     return "unix:" + address[len("ipc://"):] if address.startswith("ipc://") else address
 
 
-def _enroll_one(address: str, rank: int, keys: dict, refs: list, left: Callable[[str], float]) -> None:
+def _enroll_one(address: str, rank: int, keys: dict, refs: list, left: Callable[[str], float], secret: bytes,
+                secret_name: str) -> None:
     from monarch.actor._client import HostRef
 
     host, port = _dial_address(address)
     s = _connect_when_up(host, port, address, left)
     try:
-        s.sendall(json.dumps({"keys": keys, "host_rank": rank}).encode() + b"\n")
-        s.settimeout(left(address))
-        line = s.makefile("rb").readline()
-    except OSError:
+        line = _worker_auth.connect(s, secret, {"keys": keys, "host_rank": rank}, time.monotonic() + left(address),
+                                    address, secret_name)
+    except OSError as e:
         s.close()
+        if isinstance(e, _worker_auth.WorkerAuthError):
+            raise
         left(address)  # raises when the barrier's time is up; else it was the connection's own failure
+        raise
+    except BaseException:
+        s.close()
         raise
     try:
         answer = json.loads(line or b"{}")
@@ -476,19 +588,24 @@ def attach(addr: str) -> None:
 
 
 def _serve_once(info_fd: int) -> None:
-    """A worker of :func:`hosts_from_config`: listen on a free loopback port, say which on
-    ``info_fd``, serve the one client that attaches, then exit."""
+    """A worker of :func:`hosts_from_config`: read the one-time secret its client made from stdin,
+    listen on a free loopback port, say which on ``info_fd``, serve the one client that proves that
+    secret, then exit."""
+    secret = sys.stdin.buffer.readline().strip()
+    if len(secret) < 32:
+        raise SystemExit("monarch worker: no secret on stdin")
     listener, host = _listen("tcp://127.0.0.1:0")
+    worker = _Worker(listener, secret)
+    worker.start()
     with os.fdopen(info_fd, "w") as f:
         f.write(f"tcp://127.0.0.1:{listener.getsockname()[1]}\n")
     # Its client attaches at once; one that never does (it failed first) must not leave this waiting.
-    listener.settimeout(_ENROLL_TIMEOUT_S)
     try:
-        _serve_one(listener, host)
-    except socket.timeout:
+        _serve_one(worker.next(timeout=_ENROLL_TIMEOUT_S), host)
+    except queue.Empty:
         pass
     finally:
-        listener.close()
+        worker.close()
 
 
 def hosts_from_config(name: str) -> Any:
@@ -499,15 +616,21 @@ def hosts_from_config(name: str) -> Any:
         raise ValueError(f"hosts_from_config takes a mesh name, got {name!r}")
     from monarch.actor._client import _pythonpath
 
+    # These workers serve this client only: a secret made for them, handed over their stdin.
+    secret = os.urandom(32).hex().encode()
     workers = []
     for _ in range(2):
         r, w = os.pipe()
-        subprocess.Popen([sys.executable, "-c", f"from monarch.actor._bootstrap import _serve_once; _serve_once({w})"],
-                         pass_fds=(w,), start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
+        p = subprocess.Popen([sys.executable, "-c", f"from monarch.actor._bootstrap import _serve_once; _serve_once({w})"],
+                             stdin=subprocess.PIPE, pass_fds=(w,), start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": _pythonpath()})
         os.close(w)
+        assert p.stdin is not None
+        p.stdin.write(secret + b"\n")
+        p.stdin.close()
         with os.fdopen(r) as f:
             addr = f.readline().strip()
         if not addr:
             raise RuntimeError(f"a worker for host mesh {name!r} did not start")
         workers.append(addr)
-    return attach_to_workers(ca="trust_all_connections", workers=workers, name=name)
+    return _attach(workers, name, secret, "the secret of hosts_from_config's workers")
