@@ -828,6 +828,16 @@ class LoginJob(JobTrait):
 
     Monarch's base of its SSH job, kept for programs that subclass it; a reservation of monarch's
     goes through a scheduler instead (``ProcessJob``, ``SlurmJob``, ...).
+
+    It attaches with ``ca="trust_all_connections"``, as Monarch's does.  In Monarch that means no
+    certificate authority checks the workers; here it does not mean any peer is trusted: each worker
+    and this client prove the user's worker secret (``~/.monarch/worker.key``, 0600) to each other
+    before the job's keys go to the worker, sealed (see ``attach_to_workers``), and there is no
+    setting that skips this.  So a worker ``_start_host`` starts on another machine needs the same
+    secret: a shared home has it; otherwise copy the file (mode 0600) or mount it there and name it
+    in the worker's environment with ``MONARCH_WORKER_SECRET_FILE`` (a path, never the secret itself).
+    A program of another user at a worker's address gets a nonce and nothing else, and the host
+    mesh's ``initialized`` says the worker did not prove the secret.
     """
 
     def __init__(self) -> None:

@@ -157,8 +157,15 @@ def test_another_user_cannot_use_a_workers_loop_nor_stop_its_owner_using_it(atta
 
 FAKE_WORKER = textwrap.dedent('''
     import json, os, socket, sys
-    ls = socket.create_server(("127.0.0.1", 0))
-    print(ls.getsockname()[1], flush=True)
+    if len(sys.argv) > 2:  # an ipc:// worker's socket path, taken first, open to everyone
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(sys.argv[2])
+        os.chmod(sys.argv[2], 0o777)
+        ls.listen(1)
+        print(0, flush=True)
+    else:
+        ls = socket.create_server(("127.0.0.1", 0))
+        print(ls.getsockname()[1], flush=True)
     conn, _ = ls.accept()
     conn.settimeout(60)
     got = b""
@@ -267,3 +274,52 @@ def test_idle_connections_from_another_user_neither_fill_the_worker_nor_keep_its
     finally:
         flood.kill()
         flood.wait()
+
+
+LOGIN_JOB = textwrap.dedent('''
+    import sys
+    from monarch._src.job.job import LoginJob, ProcessState
+
+    class Hijacked(LoginJob):
+        """Its host's worker address was taken by another user first (a shared folder's socket)."""
+
+        def _start_host(self, host):
+            return ProcessState(int(sys.argv[2]), sys.argv[1])
+
+    job = Hijacked()
+    job.add_mesh("trainers", ["h0"])
+    state = job.state(cached_path=None)
+    try:
+        state.trainers.initialized.get()
+        print("ATTACHED")
+    except Exception as e:
+        print("FAILED:", str(e).replace("\\n", " "))
+''')
+
+
+def test_a_login_jobs_attach_sends_nothing_to_another_users_socket_at_its_workers_address(attacker, shared,
+                                                                                         tmp_path):
+    """``LoginJob`` attaches with ``ca="trust_all_connections"`` as Monarch's does; here that is not
+    "trust whoever answers": its workers must prove the user's worker secret."""
+    secret_file = str(tmp_path / "worker.key")
+    with open(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    script, loot, path = os.path.join(shared, "fake_worker.py"), os.path.join(shared, "loot"), os.path.join(shared, "h0")
+    with open(script, "w") as f:
+        f.write(FAKE_WORKER)
+    fake = attacker.popen(["/usr/bin/python3", script, loot, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert fake.stdout.readline().strip() == "0"
+        r = subprocess.run([sys.executable, "-c", LOGIN_JOB, f"ipc://{path}", str(fake.pid)], env=_env(secret_file),
+                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
+        assert fake.wait(timeout=120) == 0
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+            fake.wait()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("FAILED: attach failed") and "did not prove it holds your worker secret" in r.stdout, \
+        r.stdout
+    with open(loot, "rb") as f:
+        got = f.read()
+    assert got.count(b"\n") == 1 and sorted(json.loads(got)) == ["monarch_worker", "nonce"], got
