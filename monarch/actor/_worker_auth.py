@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_rdmafs.private import private_dir
+from monarch_agents.files import private_dir
 
 SECRET_FILE_ENV = "MONARCH_WORKER_SECRET_FILE"
 PROTOCOL = 1
