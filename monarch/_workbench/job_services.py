@@ -41,6 +41,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 DEFAULT_QUERY_TIMEOUT_S = 10.0
+#: Connections to a job's HTTP server that have not sent a whole request yet, at most: one more
+#: closes the oldest of them, so another local user's idle connections hold neither the server's
+#: descriptors nor a thread each, and a client that sends its request at once is still served.
+UNREAD_MAX = 32
+#: How long a connection to it may stay silent (for its request; then each read or write).
+REQUEST_S = 10.0
 
 
 @dataclass
@@ -451,6 +457,44 @@ _ADMIN_SCHEMA = {
 # -- the servers ------------------------------------------------------------------------------------
 
 
+class _CappedHTTPServer(ThreadingHTTPServer):
+    """A ``ThreadingHTTPServer`` that holds at most :data:`UNREAD_MAX` connections yet to send a
+    request (see there); its handlers say when one has (``request_read``)."""
+
+    daemon_threads = True
+    request_queue_size = 64  # the listen backlog (socketserver's 5 makes a burst of connects wait seconds)
+
+    def __init__(self, address: Any, handler: Any):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET  # before the socket is made
+        self._unread_lock = threading.Lock()
+        self._unread: dict[socket.socket, float] = {}
+        #: Connections closed unread to make room for newer ones.
+        self.shed = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._unread_lock:
+            if len(self._unread) >= UNREAD_MAX:
+                oldest = min(self._unread, key=self._unread.__getitem__)
+                del self._unread[oldest]
+                self.shed += 1
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)  # its handler reads EOF and ends
+                except OSError:
+                    pass
+            self._unread[request] = time.monotonic()
+        super().process_request(request, client_address)
+
+    def request_read(self, request: Any) -> None:
+        with self._unread_lock:
+            self._unread.pop(request, None)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.request_read(request)
+        super().shutdown_request(request)
+
+
+
 class JobServer:
     """One HTTP server of a job (telemetry, admin, or both), on a thread of this process."""
 
@@ -462,8 +506,15 @@ class JobServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_S
+
             def log_message(self, *args: Any) -> None:  # quiet: the program's stderr is the user's
                 pass
+
+            def parse_request(self) -> bool:
+                ok = super().parse_request()
+                self.server.request_read(self.connection)  # type: ignore[attr-defined]
+                return ok
 
             def do_GET(self) -> None:
                 server._get(self)
@@ -472,9 +523,7 @@ class JobServer:
                 server._post(self)
 
         family_host = bind.strip("[]")
-        ThreadingHTTPServer.address_family = socket.AF_INET6 if ":" in family_host else socket.AF_INET
-        self._httpd = ThreadingHTTPServer((family_host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _CappedHTTPServer((family_host, port), Handler)
         host, bound_port = self._httpd.server_address[:2]
         shown = f"[{host}]" if ":" in str(host) else host
         self.url = f"http://{shown}:{bound_port}"
