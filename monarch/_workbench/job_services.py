@@ -154,6 +154,27 @@ class Failed(Exception):
     """The work ran and failed (py-spy could not read the proc): 500, ``internal_error``."""
 
 
+def _spawner_pid(mesh: str) -> int | None:
+    """The pid of the process that spawned proc mesh ``mesh`` (its id is ``NAME-PID-N-HEX``,
+    ``monarch.actor._mesh``), or None for an id of another form."""
+    parts = (mesh or "").rsplit("-", 3)
+    return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+
+
+def _family(procs: list[dict], client_pid: int) -> list[dict]:
+    """The procs of ``procs`` (rows with ``pid`` and ``mesh``) that this client spawned, or that
+    its procs spawned, at any depth: Monarch's client owns its host, so its admin tree shows no
+    other program's procs, while the shared agent's tables hold every script's."""
+    ours, grew = {client_pid}, True
+    while grew:
+        grew = False
+        for p in procs:
+            if p["pid"] not in ours and _spawner_pid(p["mesh"]) in ours:
+                ours.add(p["pid"])
+                grew = True
+    return [p for p in procs if p["pid"] in ours and p["pid"] != client_pid]
+
+
 def proc_of(ref: str) -> tuple[str, int]:
     """(host, pid) of a proc reference ``proc:HOST/PID``, or BadRequest."""
     kind, _, rest = ref.partition(":")
@@ -218,12 +239,24 @@ class AdminTree:
         if name not in self._host_names():
             raise NotFound(f"no host {name!r}")
         info = self._rows(f"SELECT addr, agent_rss_bytes FROM hosts WHERE host = '{_q(name)}'")
-        procs = self._rows(f"SELECT pid FROM procs WHERE kind = 'proc' AND host = '{_q(name)}' ORDER BY started")
+        procs = self._rows(f"SELECT pid, mesh FROM procs WHERE kind = 'proc' AND host = '{_q(name)}' ORDER BY started")
+        if self._is_shared_local(name):
+            procs = _family(procs, os.getpid())
         addr = info[0]["addr"] if info else next(h.addr for h in self.hosts.hosts if h.host == name)
         rss = info[0]["agent_rss_bytes"] if info else None
         props = {"Host": {"addr": addr, "num_procs": len(procs), "system_children": [],
                           "memory": {"process_rss_bytes": rss, "process_vm_size_bytes": None}}}
         return self._payload(f"host:{name}", props, [f"proc:{name}/{p['pid']}" for p in procs], "root")
+
+    def _is_shared_local(self, name: str) -> bool:
+        """Whether host ``name`` is this machine's shared host agent (``monarch_agents.local_agent``),
+        which serves every script of the user: its procs are not all this client's."""
+        from monarch.actor import _client
+
+        shared, local = _client._shared, _client._local_host
+        if shared is None or local is None:
+            return False
+        return any(h.host == name and h.addr == local.addr for h in self.hosts.hosts)
 
     def _actor_rows(self, host: str, pid: int) -> list[dict]:
         return self._rows(

@@ -440,6 +440,15 @@ done
 """
 BOTH["admin_failures.py"] = ADMIN_FAILURES_OUT
 
+ADMIN_OWN_PROCS_OUT = """\
+neighbour ready: ['ready'] 2
+own procs answer: 2
+nested proc answers: True
+procs listed: 3
+done
+"""
+BOTH["admin_own_procs.py"] = ADMIN_OWN_PROCS_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
