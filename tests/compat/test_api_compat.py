@@ -449,6 +449,20 @@ done
 """
 BOTH["admin_own_procs.py"] = ADMIN_OWN_PROCS_OUT
 
+MPSC_WAKER_OUT = """\
+woken before any wait: True
+wait sees it: True
+still set: True
+woken from a thread: True
+a wake is not lost to a clear: True
+other loop: RuntimeError
+empty: None
+in order: [1, 2, 3]
+from a thread: [10, 11, 12, 13, 14]
+done
+"""
+BOTH["mpsc_waker.py"] = MPSC_WAKER_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):

@@ -1,6 +1,83 @@
-"""Compatibility only: Monarch's ``monarch._src.actor.mpsc``: its runtime's channel ``Receiver`` is
-a placeholder (see ``monarch._src._placeholder``); monarch's channels are ``monarch.actor.Channel``."""
+"""Compatibility only: Monarch's ``monarch._src.actor.mpsc`` in plain Python: a channel of many
+senders (any thread) and one receiver, read with ``try_recv()`` or awaited with ``recv()``, whose
+waiting is an :class:`~monarch._src.actor.waker.Event`.  ``channel_for_test()`` (Monarch's
+``pympsc``) makes one.  monarch's channels between actors are ``monarch.actor.Channel``."""
 
-from monarch._src._placeholder import placeholder
+from __future__ import annotations
 
-Receiver = placeholder(__name__, "Receiver", "monarch's channels are monarch.actor.Channel")
+import collections
+import threading
+import weakref
+from typing import Any, Generic, TypeVar
+
+from monarch._src.actor.waker import Event, PyTestWaker
+
+T = TypeVar("T")
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: collections.deque = collections.deque()
+        self.closed = False
+        self.waker, self.event = PyTestWaker.create()
+
+    def put(self, value: Any) -> None:
+        with self.lock:
+            self.items.append(value)
+        self.waker.wake()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+        self.waker.wake()
+
+
+class Receiver(Generic[T]):
+    """The receiving end of a channel."""
+
+    def __init__(self, queue: _Queue) -> None:
+        self._queue = queue
+
+    def try_recv(self) -> T | None:
+        """The next message, or None if there is none yet; ``EOFError`` once every sender is gone
+        and nothing is left."""
+        q = self._queue
+        with q.lock:
+            if q.items:
+                return q.items.popleft()
+            if q.closed:
+                raise EOFError("channel closed")
+        return None
+
+    async def recv(self) -> T:
+        """Wait (without blocking the event loop) for the next message; ``EOFError`` once every
+        sender is gone and nothing is left."""
+        event = self._event()
+        while True:
+            item = self.try_recv()
+            if item is not None:
+                return item
+            await event.wait()
+            event.clear()
+
+    def _event(self) -> Event:
+        """Set when a message arrives or the last sender goes."""
+        return self._queue.event
+
+
+class PyTestSender(Generic[T]):
+    """The sending end of a channel made by :func:`channel_for_test` (any thread may send)."""
+
+    def __init__(self, queue: _Queue) -> None:
+        self._queue = queue
+        weakref.finalize(self, queue.close)
+
+    def send(self, value: T) -> None:
+        self._queue.put(value)
+
+
+def channel_for_test() -> tuple[PyTestSender[Any], Receiver[Any]]:
+    """A sender and its receiver."""
+    q = _Queue()
+    return PyTestSender(q), Receiver(q)
