@@ -9,23 +9,30 @@ import importlib
 from monarch.actor import Actor, concurrent_endpoint, endpoint, this_host
 
 PATHS = {
-    "monarch._rust_bindings.monarch_hyperactor.actor": ["PythonMessage", "PythonMessageKind"],
-    "monarch._rust_bindings.monarch_hyperactor.buffers": ["Buffer"],
-    "monarch._rust_bindings.monarch_hyperactor.mailbox": ["PortId", "PortRef", "UndeliverableMessageEnvelope"],
+    "monarch._rust_bindings.monarch_hyperactor.actor": ["MethodSpecifier", "PythonMessage", "PythonMessageKind"],
+    "monarch._rust_bindings.monarch_hyperactor.buffers": ["Buffer", "FrozenBuffer"],
+    "monarch._rust_bindings.monarch_hyperactor.mailbox": ["Mailbox", "PortId", "PortReceiver", "PortRef",
+                                                         "UndeliverableMessageEnvelope"],
+    "monarch._rust_bindings.monarch_hyperactor.pickle": ["PendingMessage", "pickle", "_get_mesh_pop_count",
+                                                        "_reset_mesh_pop_count", "_get_pending_reserve_count",
+                                                        "_reset_pending_reserve_count"],
+    "monarch._rust_bindings.monarch_hyperactor.pympsc": ["PyTestSender", "Receiver", "channel_for_test"],
     "monarch._rust_bindings.monarch_hyperactor.proc": ["ActorAddr"],
     "monarch._rust_bindings.monarch_hyperactor.pytokio": ["PythonTask", "Shared"],
     "monarch._rust_bindings.monarch_hyperactor.shape": ["Point", "Shape", "Slice"],
     "monarch._rust_bindings.monarch_hyperactor.supervision": ["MeshFailure", "SupervisionError"],
-    "monarch._rust_bindings.monarch_hyperactor.actor_mesh": ["hold_gil_for_test"],
+    "monarch._rust_bindings.monarch_hyperactor.actor_mesh": ["PythonActorMesh", "hold_gil_for_test"],
     "monarch._rust_bindings.monarch_hyperactor.proc_mesh": ["ProcMesh"],
     "monarch._rust_bindings.monarch_extension.panic": ["panicking_function"],
     "monarch._src.actor.actor_mesh": ["ActorMesh", "Channel", "Port", "ValueMesh", "context", "attach",
-                                      "_client_context", "current_rank"],
+                                      "_client_context", "current_rank", "Context", "Instance"],
     "monarch._src.actor.future": ["Future"],
     "monarch._src.actor.endpoint": ["endpoint"],
     "monarch._src.actor.host_mesh": ["HostMesh", "_spawn_admin", "this_host", "this_proc"],
     "monarch._src.actor.logging": ["_pending_flush_tasks"],
     "monarch._src.actor.pickle": ["flatten", "unflatten"],
+    "monarch._src.actor.mpsc": ["Receiver"],
+    "monarch._src.actor.waker": ["Event", "PyTestWaker"],
     "monarch._src.actor.proc_mesh": ["HyProcMesh", "ProcMesh", "get_or_spawn_controller",
                                      "register_proc_mesh_spawn_callback", "unregister_proc_mesh_spawn_callback"],
     "monarch._src.actor.bootstrap": ["attach_to_workers"],
@@ -44,6 +51,15 @@ from monarch._src.job.process import ProcessJob  # noqa: E402
 import monarch.actor  # noqa: E402
 import monarch.job  # noqa: E402
 
+from monarch._rust_bindings.monarch_hyperactor.buffers import Buffer  # noqa: E402
+from monarch._src.actor.actor_mesh import Instance, context  # noqa: E402
+
+print("the client's instance is an Instance:", isinstance(context().actor_instance, Instance))
+buf = Buffer()
+print("buffer writes:", buf.write(b"yellow\nsub"), buf.write(bytearray(b"marine")), len(buf))
+frozen = buf.freeze()
+# (not readline: 0.7.0's returns all that is left but moves past the line without its newline)
+print("frozen:", len(buf), len(frozen), frozen.read(3), len(frozen), frozen.read(), frozen.read())
 print("the same objects as the public ones:", MeshFailure is monarch.actor.MeshFailure, Future is monarch.actor.Future, ProcessJob is monarch.job.ProcessJob)
 
 

@@ -103,6 +103,9 @@ done
 
 PRIVATE_PATHS_OUT = """\
 private names missing: []
+the client's instance is an Instance: True
+buffer writes: 10 6 16
+frozen: 0 16 b'yel' 13 b'low\\nsubmarine' b''
 the same objects as the public ones: True True True
 answers through its own port: concurrent True plain False
 spawn callbacks saw: 1 True

@@ -1,7 +1,3 @@
-"""Compatibility only: placeholders for Monarch's ``monarch._rust_bindings.monarch_hyperactor.buffers``
-(see ``monarch._src._placeholder``)."""
+"""Compatibility only: Monarch's ``buffers`` names, from ``monarch._src.actor.pickle`` (plain Python)."""
 
-from monarch._src._placeholder import placeholder, placeholder_function
-
-Buffer = placeholder(__name__, "Buffer")
-del placeholder_function
+from monarch._src.actor.pickle import Buffer, FrozenBuffer  # noqa: F401

@@ -28,5 +28,6 @@ IN_PAR = False  # Monarch's: whether it runs from a Meta-internal .par archive; 
 
 from monarch._src._placeholder import placeholder  # noqa: E402
 from monarch.actor._mesh import _client_context  # noqa: E402, F401
+from monarch.actor._mesh import ActorInstance as Instance  # noqa: E402, F401 - what context().actor_instance is
 
 _context = placeholder(__name__, "_context")
