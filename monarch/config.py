@@ -358,8 +358,16 @@ class BindSpec:
     def __hash__(self) -> int:
         return hash((self.transport, self.address))
 
+    #: How Monarch prints a transport (its runtime's text for one).
+    _TEXT = {"TcpWithLocalhost": "tcp(Localhost)", "TcpWithHostname": "tcp(Hostname)",
+             "MetaTlsWithHostname": "metatls(Hostname)", "MetaTlsWithIpV6": "metatls(IpV6)",
+             "MetaQuicWithHostname": "metaquic(Hostname)", "MetaQuicWithIpV6": "metaquic(IpV6)",
+             "Quic": "quic", "Tls": "tls", "Local": "local", "Unix": "unix"}
+
     def __str__(self) -> str:
-        return f"{self.address[0]}:{self.address[1]}" if self.address else self.transport.name
+        if self.address:
+            return f"{self.address[0]}:{self.address[1]}"
+        return self._TEXT.get(self.transport.name, self.transport.name.lower())
 
     def __repr__(self) -> str:
         return f"BindSpec({self._spec()!r})" if self.address else f"BindSpec(ChannelTransport.{self.transport.name})"

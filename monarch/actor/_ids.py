@@ -172,6 +172,9 @@ class ChannelTransport(enum.Enum):
     def get(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        return f"ChannelTransport.{self.name}"  # as Monarch's
+
 
 _SHORTCUTS = {"tcp": ChannelTransport.TcpWithHostname, "ipc": ChannelTransport.Unix,
               "metatls": ChannelTransport.MetaTlsWithIpV6, "metatls-hostname": ChannelTransport.MetaTlsWithHostname,

@@ -41,7 +41,9 @@ for given, same_as in (("TcpWithLocalhost", BindSpec(ChannelTransport.TcpWithLoc
                        ("tcp://127.0.0.1:8080", BindSpec("tcp://127.0.0.1:8080"))):
     with configured(default_transport=getattr(ChannelTransport, given) if given[0].isupper() else given) as cfg:
         print(f"transport {given!r}: {cfg['default_transport'] == same_as}",
-              cfg["default_transport"] == BindSpec(ChannelTransport.Unix))
+              cfg["default_transport"] == BindSpec(ChannelTransport.Unix), str(cfg["default_transport"]))
+print("transports print as:", [(repr(t), str(BindSpec(t))) for t in (
+    ChannelTransport.TcpWithLocalhost, ChannelTransport.MetaTlsWithIpV6, ChannelTransport.Quic, ChannelTransport.Unix)])
 print("tcp address differs from another:", BindSpec("tcp://127.0.0.1:8080") == BindSpec("tcp://127.0.0.1:8081"))
 for given in ("random_string", "invalid://scheme", 42, {}):
     print(f"transport refused {given!r}: {refused(default_transport=given)}")

@@ -182,10 +182,11 @@ default supervision_watchdog_timeout '2m'
 default split_max_buffer_age '50ms'
 default cleanup_timeout '3s'
 default transport is unix: True
-transport 'TcpWithLocalhost': True False
-transport 'tcp': True False
-transport 'unix': True True
-transport 'tcp://127.0.0.1:8080': True False
+transport 'TcpWithLocalhost': True False tcp(Localhost)
+transport 'tcp': True False tcp(Hostname)
+transport 'unix': True True unix
+transport 'tcp://127.0.0.1:8080': True False tcp:127.0.0.1:8080
+transports print as: [('ChannelTransport.TcpWithLocalhost', 'tcp(Localhost)'), ('ChannelTransport.MetaTlsWithIpV6', 'metatls(IpV6)'), ('ChannelTransport.Quic', 'quic'), ('ChannelTransport.Unix', 'unix')]
 tcp address differs from another: False
 transport refused 'random_string': ValueError False
 transport refused 'invalid://scheme': ValueError False
