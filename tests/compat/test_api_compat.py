@@ -467,6 +467,17 @@ done
 """
 BOTH["mpsc_waker.py"] = MPSC_WAKER_OUT
 
+MOCK_REGISTRY_OUT = """\
+empty: 0 {}
+while patched: True True True
+after: 0 True copy kept: True True
+state put back: True 1
+spawned after the state is put back: fake
+an empty state adds nothing, removes nothing: True 1
+done
+"""
+BOTH["mock_registry.py"] = MOCK_REGISTRY_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
