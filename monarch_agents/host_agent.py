@@ -62,6 +62,8 @@ _FROM_ANY_MEMBER = frozenset({m.Ping, m.ProcReady, m.Reply})
 
 #: How long an ordered stop may take, all services together (each gives its children ~1 s after SIGTERM).
 _STOP_DEADLINE_S = 5.0
+#: How long a stop waits at least for its last answers to leave (see ``HostAgent.stop``).
+_ANSWERS_LINGER_S = 5.0
 #: How long the zygote gets to exit after SIGTERM.
 _ZYGOTE_STOP_S = 1.0
 #: How long a proc whose owner died may take to exit after SIGTERM before it is killed.
@@ -436,6 +438,11 @@ class HostAgent:
         events = getattr(self, "_zygote_events_thread", None)  # ends with the zygote's socket
         if events is not None and events is not threading.current_thread():
             events.join(timeout=max(0.0, deadline - time.monotonic()))
+        # What it answered last (a Shutdown's answer, its subtree's in a fan-out) must leave before the
+        # sockets close: a message on a new link waits for the peer to accept it, which a loaded peer
+        # did only after the close's own linger (0.5 s) had dropped it (a tree's leaf read as 'stopped
+        # answering').  Bounded: a peer that takes nothing (stopped) does not keep the agent.
+        self.rt.mailbox.linger(max(deadline - time.monotonic(), _ANSWERS_LINGER_S))
         self.rt.close()  # lingers until what was sent to same-host peers has left
         self.stopped.set()
 

@@ -220,6 +220,34 @@ def test_zygote_death_stops_the_agent(client, tmp_path):
     assert wait_gone([zygote]) == []
 
 
+def test_a_stopping_agents_last_answer_waits_for_a_slow_peer_to_take_it(client, tmp_path):
+    """The answer to a Shutdown, to a peer the agent never wrote to before (a new link, which waits for
+    the peer to accept it), arrives though the peer's IO thread is held past the close's own linger
+    (0.5 s): a fan-out tree's loaded parent lost its leaves' answers so (test_fanout's shutdown test)."""
+    import subprocess
+    import threading
+
+    from tests.agents.test_transport import Box
+
+    a = start_host_agent(client.keys, tmp_path, hostname="slow-peer")
+    peer = Box(client.keys, "slow-peer-client")
+    held, release = threading.Event(), threading.Event()
+    peer.mb.call_soon(lambda: (held.set(), release.wait(T)))  # it accepts nothing meanwhile
+    try:
+        assert held.wait(T)
+        client.send(a.addr, m.Shutdown(m.PortRef(peer.addr, 7)))
+        with pytest.raises(subprocess.TimeoutExpired):
+            a.proc.wait(timeout=1.0)  # it waits for its answer to leave
+        release.set()
+        reply = peer.received.get(timeout=T)
+        assert (type(reply), reply.port_id, reply.ok, reply.payload) == (m.Reply, 7, True, True)
+        assert a.proc.wait(timeout=T) == 0
+    finally:
+        release.set()
+        peer.close()
+        a.stop()
+
+
 def test_shutdown_stops_agent_and_its_procs(client, tmp_path):
     a = start_host_agent(client.keys, tmp_path, hostname="shut")
     _, infos = _spawn(client, a, 2)
