@@ -127,11 +127,15 @@ def test_an_inner_agent_killed_mid_run_loses_only_its_rank(reservation):
 
     from tests.cli.conftest import MONARCH, ROOT
 
-    p = subprocess.Popen([*MONARCH, "exec", "--all", "--", "sh", "-c", "echo go; sleep 4; echo done $NODE_RANK"],
+    go = workdir / "go"  # the ranks end once host1 is gone (a fixed sleep could end them before, under load)
+    wait = f"until [ -e {go} ]; do sleep 0.05; done"
+    p = subprocess.Popen([*MONARCH, "exec", "--all", "--", "sh", "-c", f"echo go; {wait}; echo done $NODE_RANK"],
                          cwd=workdir, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **TREE},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_ranks(pids, "sleep 4")
+    _wait_for_ranks(pids, wait)
     os.kill(pids[1], signal.SIGKILL)
+    assert wait_gone([pids[1]]) == []
+    go.touch()
     out, err = p.communicate(timeout=120)
     assert p.returncode == 5, err  # a host agent lost
     done = sorted(line for line in out.splitlines() if " done " in line)
@@ -174,17 +178,24 @@ def test_an_inner_agent_killed_mid_run_ends_the_run_in_one_line_naming_it(reserv
 
 
 def test_an_inner_agent_stopped_mid_run_is_lost_not_waited_for(reservation):
-    """SIGSTOP closes no connection: its parent's pings find it silent, and the hosts below it report."""
+    """SIGSTOP closes no connection: its parent's pings find it silent, and the hosts below it report.
+
+    Each rank waits for a file the test makes once every rank runs and host1 is stopped: with a
+    fixed sleep, a loaded machine let the first ranks end before the last had started (never all
+    seen at once), or before host1 was stopped (their ends went up before it was silent)."""
     workdir, pids = reservation
     import subprocess
 
     from tests.cli.conftest import MONARCH, ROOT
 
-    p = subprocess.Popen([*MONARCH, "exec", "--all", "--", "sh", "-c", "sleep 2; echo done $NODE_RANK"],
+    go = workdir / "go"
+    wait = f"until [ -e {go} ]; do sleep 0.05; done"
+    p = subprocess.Popen([*MONARCH, "exec", "--all", "--", "sh", "-c", f"{wait}; echo done $NODE_RANK"],
                          cwd=workdir, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **TREE},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_ranks(pids, "sleep 2")
+    _wait_for_ranks(pids, wait)
     os.kill(pids[1], signal.SIGSTOP)
+    go.touch()
     try:
         out, err = p.communicate(timeout=120)
     finally:
