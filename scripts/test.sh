@@ -9,6 +9,41 @@
 # the first run is made, unless MONARCH_CI_DEBIAN=1; MONARCH_CI_DEBIAN=0 always skips the second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Whatever ends this script (the suite's end, a failure, CI's timeout sending SIGTERM, Ctrl-C), what
+# the tests started goes with it: every process they start inherits MONARCH_CI_RUN (the Slurm
+# cluster's daemons, host agents, mounts' servers), and scripts/ci_cleanup.py stops those, then
+# removes the FUSE mounts and network namespaces they left dead.  pytest runs in the background so
+# that a signal is handled at once, not when pytest ends.
+MONARCH_CI_RUN="test-$$-$(date +%s%N)"
+export MONARCH_CI_RUN
+ci_state=$(mktemp "${TMPDIR:-/tmp}/monarch-ci-XXXXXX")
+python3 -P scripts/ci_cleanup.py snapshot "$ci_state" || true
+child=
+cleanup() {
+  trap - TERM INT HUP
+  python3 -P scripts/ci_cleanup.py clean "$ci_state" || true
+  rm -f "$ci_state"
+  # The default cluster too, should a test have started one there.
+  scripts/slurm_cluster.sh stop >/dev/null 2>&1 || true
+}
+on_signal() { # NAME NUMBER
+  echo "test.sh: $1: stopping the tests and cleaning up" >&2
+  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null || true; fi
+  exit $((128 + $2))
+}
+trap cleanup EXIT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal INT 2' INT
+trap 'on_signal HUP 1' HUP
+# "$@" in the background, waited for (a trap runs during `wait`, not during a foreground command).
+in_background() {
+  "$@" &
+  child=$!
+  local rc=0
+  wait "$child" || rc=$?
+  child=
+  return $rc
+}
 scripts/install.sh --test
 # Lint and types first (pyproject's [tool.ruff] and [tool.mypy]): a finding fails the run before the suite.
 .venv/bin/ruff check .
@@ -28,15 +63,13 @@ if [ "${MONARCH_CI_DEBIAN:-$([ $# = 0 ] && echo 1 || echo 0)}" != 0 ] && [ -x "$
   debian=1
 fi
 set +e
-.venv/bin/python -m pytest -q --durations=15 "$@"
+in_background .venv/bin/python -m pytest -q --durations=15 "$@"
 code=$?
 if [ $debian = 1 ]; then
   echo "== on $("$DEBIAN_PY" --version) ($DEBIAN_PY): ${DEBIAN_TESTS[*]}"
-  .venv-debian/bin/python -m pytest -q -p no:cacheprovider --durations=5 "${DEBIAN_TESTS[@]}"
+  in_background .venv-debian/bin/python -m pytest -q -p no:cacheprovider --durations=5 "${DEBIAN_TESTS[@]}"
   dcode=$?
   [ $code = 0 ] && code=$dcode
 fi
 set -e
-# Never leave a Slurm cluster behind, even when tests fail.
-scripts/slurm_cluster.sh stop >/dev/null 2>&1 || true
 exit $code
