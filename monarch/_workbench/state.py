@@ -30,6 +30,9 @@ from monarch_schedulers.base import HostRecord, JobSpec  # noqa: F401  (re-expor
 STATE_FORMAT = "monarch-job-state"
 STATE_VERSION = 1
 DEFAULT_CONTEXT = "default"
+#: A context's state file in PyTorch Monarch's layout (``.monarch/NAME/state.pkl``, which
+#: ``python -m monarch.tools.cli context`` keeps), beside ours (``.monarch/NAME.job_state.pkl``).
+MONARCH_CONTEXT_STATE = "state.pkl"
 _NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" would let "name\n" through
 
 
@@ -169,7 +172,19 @@ class StatePaths:
         env = os.environ.get("MONARCH_JOB")
         if env and name is None:
             return os.path.abspath(env)
-        return self.state_file(name or self.current())
+        return self.followed(self.state_file(name or self.current()))
+
+    def followed(self, path: str) -> str:
+        """``path``, or where it links to when it is a link to a file of this ``.monarch/``.
+
+        PyTorch Monarch's contexts (``python -m monarch.tools.cli context use NAME``) make
+        ``job_state.pkl`` a link to ``NAME/state.pkl``: the state is written to the file itself
+        (an atomic write over the link would replace the link).  A link leading out of
+        ``.monarch/`` is not followed."""
+        if not os.path.islink(path):
+            return path
+        target = os.path.realpath(path)
+        return target if target.startswith(os.path.realpath(self.root) + os.sep) else path
 
 
 def _holds_reservation(d: str) -> bool:
@@ -337,6 +352,8 @@ def _check_private(path: str, st: os.stat_result) -> None:
 def context_of(path: str) -> str:
     """The context name a state file belongs to (``job_state.pkl`` is the default one)."""
     base = os.path.basename(path)
+    if base == MONARCH_CONTEXT_STATE:  # PyTorch Monarch's layout: .monarch/NAME/state.pkl
+        return os.path.basename(os.path.dirname(os.path.abspath(path)))
     return DEFAULT_CONTEXT if base == "job_state.pkl" else base[: -len(".job_state.pkl")]
 
 

@@ -584,10 +584,18 @@ def _host_meshes(record: "JobRecord", sizes: dict[str, int]) -> dict[str, "HostM
 
 def _name_and_dir(path: str, paths: Any) -> tuple[str, str]:
     """The context name and job folder for a state file: ``monarch status --name`` finds the named ones."""
-    from monarch._workbench.state import DEFAULT_CONTEXT
+    from monarch._workbench.state import DEFAULT_CONTEXT, MONARCH_CONTEXT_STATE
 
     path = os.path.abspath(path)
-    if os.path.dirname(path) == paths.root:
+    folder = os.path.dirname(path)
+    if os.path.basename(path) == MONARCH_CONTEXT_STATE and os.path.dirname(folder) == paths.root:
+        # PyTorch Monarch's context layout (.monarch/NAME/state.pkl): the context is NAME.
+        try:
+            name = paths.check_name(os.path.basename(folder))
+            return name, paths.job_dir(name)
+        except StateError:
+            pass
+    if folder == paths.root:
         base = os.path.basename(path)
         if base == "job_state.pkl":
             return DEFAULT_CONTEXT, paths.job_dir(DEFAULT_CONTEXT)
