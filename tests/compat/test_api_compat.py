@@ -411,6 +411,40 @@ done
 """
 BOTH["tools_helpers.py"] = TOOLS_HELPERS_OUT
 
+TOOLS_CLI_OUT = """\
+exec hosts=1 ['A=1', 'B=2'] ['--', 'echo', 'hi'] False None False None False None None
+exec -m pkg.mod ['x']
+shell trainers None [] None False
+apply None
+kill other
+query SELECT 1 jsonl 1.5 None
+profile None None 120.0 None
+debug 123
+context rm x
+refused exec 2
+refused profile 2
+refused tui 2
+refused query 2
+(0, 'No contexts.\\n')
+(0, "Created context 'scratch'\\n")
+scratch is a folder True
+(0, "Switched to context 'work'\\n")
+link True work/state.pkl b'placeholder'
+(0, '  default\\n  scratch\\n* work\\n')
+(0, "Removed context 'work'\\n")
+link default/state.pkl False
+(0, "Removed context 'scratch'\\n")
+(0, "Removed context 'default'\\n")
+(0, 'Job is ready (Ns)\\n')
+spec onejob.job
+(0, 'from of\\n')
+(3, '')
+(0, "Killed context 'default'\\n")
+state left False
+done
+"""
+BOTH["tools_cli.py"] = TOOLS_CLI_OUT
+
 AUTO_RELOAD_OUT = """\
 nothing changed: []
 changed: ['early_mod', 'late_mod'] reload called for ['early_mod', 'late_mod']
