@@ -12,6 +12,7 @@ for functions that return no tensors (use ``.call()`` / ``.call_one()``).
 from __future__ import annotations
 
 import functools
+import random
 from typing import Any
 
 import torch
@@ -123,6 +124,25 @@ class Remote:
         gargs, gkwargs = inputs.message(args), inputs.message(kwargs)
         mesh, _ = _choose(inputs, self.key)
         call_remote(mesh, self.key, gargs, gkwargs, None, inputs)
+
+    def _send_to_port(self, args: tuple, kwargs: dict, port: Any, selection: str) -> None:
+        """``monarch.actor.send(fn, args, kwargs, port, selection)``: run on every proc of the active
+        mesh (``"choose"``: on one of them, at random), each proc sending its result to ``port``."""
+        from monarch._tensor.worker import MyRank
+
+        if selection not in ("all", "choose"):
+            raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
+        inputs = _Inputs()
+        gargs, gkwargs = inputs.message(args), inputs.message(kwargs)
+        mesh, _ = _choose(inputs, self.key)
+        if selection == "choose":
+            mesh = mesh.slice(**random.choice(mesh.coordinates()))
+        if port is None:
+            call_remote(mesh, self.key, gargs, gkwargs, None, inputs)
+            return
+        ranks = {r: i for i, r in enumerate(mesh.ranks_tuple)}
+        call_remote(mesh, "monarch._tensor.worker.send_to_port", (self.key, port, ranks, MyRank(), *gargs), gkwargs,
+                    None, inputs)
 
     def _call_name(self) -> Any:
         return self.key

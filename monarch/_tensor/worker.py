@@ -437,6 +437,20 @@ def _shapes(x: Any) -> Any:
     return x
 
 
+def send_to_port(fn_key: Any, port: Any, ranks: dict, rank: int, *args: Any, **kwargs: Any) -> None:
+    """``send(remote_fn, args, kwargs, port)`` on one proc: run the function and send what it returns
+    (or raises) to ``port``, under this proc's rank in the mesh it was sent to."""
+    from monarch_agents.ports import Port
+
+    to = Port(port._ref, ranks[rank])
+    try:
+        result = resolve(fn_key)(*args, **kwargs)
+    except Exception as e:
+        to.exception(e)
+        return
+    to.send(result)
+
+
 def rank_value(table: dict, rank: int) -> Any:
     """This proc's entry of ``table`` (its coordinate along some mesh dims), as a 0-d long tensor."""
     import torch

@@ -15,7 +15,7 @@ import torch
 
 import monarch
 from monarch import RemoteException, Stream, fetch_shard, inspect, no_mesh, reduce, reduce_, remote
-from monarch.actor import HostMesh, SupervisionError, this_host
+from monarch.actor import Channel, HostMesh, SupervisionError, send, this_host
 from monarch.actor._client import HostRef
 from tests.helpers import start_host_agent
 
@@ -106,6 +106,29 @@ def test_remote_functions_and_rank_tensors(procs):
         assert torch.equal(inspect(b, gpus=g), torch.full((4, 2), g + 6.0))
         assert torch.equal(inspect(hi, gpus=g), torch.full((2, 2), g + 6.0))
     assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+
+
+def test_send_runs_a_remote_function_whose_procs_answer_a_port(procs):
+    """``send(remote_fn, args, kwargs, port)`` (Monarch's getting-started example): each proc of the
+    active mesh runs it and sends its result, or its error, to the port under its rank."""
+    pid = remote("tests.tensor.funcs.pid", propagate="inspect")
+    boom = remote("tests.tensor.funcs.boom", propagate=lambda t: t)
+    port, receiver = Channel.open()
+    ranked = receiver.ranked()
+    with procs.activate():
+        send(pid, (), {}, port=port)
+        answers = dict(ranked.recv().get(timeout=T) for _ in range(2))
+        send(pid, (), {}, port=port, selection="choose")
+        chosen = receiver.recv().get(timeout=T)
+        send(boom, (torch.ones(2),), {}, port=port)
+        with pytest.raises(ValueError, match="boom"):
+            receiver.recv().get(timeout=T)
+        with pytest.raises(ValueError, match="boom"):
+            receiver.recv().get(timeout=T)
+        send(pid, (), {})  # no port: the procs run it, nothing comes back
+        assert float(inspect(torch.ones(2).sum())) == 2.0  # and the mesh goes on
+    assert sorted(answers) == [0, 1] and len(set(answers.values())) == 2 and os.getpid() not in answers.values()
+    assert chosen in answers.values()
 
 
 def test_actors_receive_their_procs_shard(procs):
