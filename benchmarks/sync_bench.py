@@ -156,7 +156,8 @@ def tree_cpu(pids: list[int]) -> float:
 
 
 def shard_chunk_files(paths: list[str], mountpoint: str) -> list[str]:
-    """The store's chunk files holding ``paths``' bytes, in reading order ([] where they are not files of their own)."""
+    """The store's files holding ``paths``' bytes, in reading order: their chunk files where each is a
+    file of its own, else the segments the big chunks were appended to (``segs/<name>``)."""
     from monarch_rdmafs.manifest import CHUNK_SIZE, chunk_id
 
     files = {os.path.basename(p): p for p in store_files(mountpoint)}
@@ -165,7 +166,9 @@ def shard_chunk_files(paths: list[str], mountpoint: str) -> list[str]:
         with open(p, "rb") as f:
             while data := f.read(CHUNK_SIZE):
                 out.append(files.get(chunk_id(data), ""))
-    return out if all(out) else []
+    if all(out):
+        return out
+    return sorted(p for p in files.values() if os.path.basename(os.path.dirname(p)) == "segs" and "." not in os.path.basename(p))
 
 
 def store_files(mountpoint: str) -> list[str]:
@@ -308,7 +311,7 @@ def main() -> None:
           f"   load average {e['load_average']}")
     r = results["read_MBps"]
     print(f"read MB/s       local disk {r['local_disk']}   mount first {r['mount_first']} ({r['ratio_first']}x; both cold;"
-          f" the chunk files read directly {r['chunk_files_direct']}, mount {r['ratio_first_to_chunk_files']}x of that)"
+          f" the store's files read directly {r['chunk_files_direct']}, mount {r['ratio_first_to_chunk_files']}x of that)"
           f"   page cache {r['local_page_cache']}   mount again {r['mount_again']} ({r['ratio_again']}x)"
           f"   load average {r['load_average']}")
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import mmap
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable
 
 import pyfuse3
@@ -25,21 +26,19 @@ import trio
 
 from monarch_rdmafs.errors import CorruptChunk
 from monarch_rdmafs.manifest import CHUNK_SIZE, DIR, FILE, LINK, Entry, Manifest, parent_of
-from monarch_rdmafs.store import ChunkStore
+from monarch_rdmafs.store import ChunkStore, ReadStream
 
 log = logging.getLogger("monarch.rdmafs.fs")
 
 #: The kernel keeps names and attributes this long: every change is invalidated explicitly at a switch.
 _CACHE_TIMEOUT_S = 3600.0
-#: Chunks kept mapped (each holds a descriptor; its pages are the page cache's, not this process's).
-_MAX_OPEN_CHUNKS = 64
-#: Chunks read ahead of the one being read, per open file: the disk reads them (mapped and checked on
-#: threads) while this process serves the one before.
-_AHEAD_CHUNKS = 3
-#: Threads mapping and checking chunks at once (each has the kernel read a whole chunk).
+#: Chunks kept read in this process's buffers (CHUNK_SIZE each: this process's memory while it reads).
+_MAX_OPEN_CHUNKS = 12
+#: Chunks read ahead of the one being read, per open file: the disk reads them (each in one request,
+#: checked on a thread) while this process serves the one before.
+_AHEAD_CHUNKS = 5
+#: Threads reading and checking chunks at once: requests the disk has in flight.
 _OPENERS = 4
-#: Chunks after those that the kernel is asked to start reading (posix_fadvise, no thread).
-_HINTED_CHUNKS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -57,6 +56,18 @@ class Generation:
                 self.children.setdefault(parent, []).append(name)
 
 
+class _Stream:
+    """One open file's chunks read ahead in its order, one at a time, through one :class:`ReadStream`:
+    a file's big chunks lie one after another in a segment, so this is a read of that file in order,
+    and the kernel reads ahead of it in large requests."""
+
+    def __init__(self) -> None:
+        self.todo: deque[str] = deque()
+        self.files = ReadStream()
+        self.running = False
+        self.released = False
+
+
 class WorkspaceFS(pyfuse3.Operations):
     """Serves one tree at a time from ``store``; :meth:`switch` moves to a new manifest."""
 
@@ -72,15 +83,21 @@ class WorkspaceFS(pyfuse3.Operations):
         self._handles: dict[int, Entry] = {}
         self._listing_gen: dict[int, Generation] = {}
         self._next_fh = itertools.count(1)
-        #: Chunks mapped and checked, served from their mappings: no copy out of the page cache here,
-        #: pyfuse3 replies from the mapping itself.
-        self._maps: OrderedDict[str, Any] = OrderedDict()
-        #: Chunks being mapped and checked on a thread, and what says when that is done.
+        #: Chunks read and checked: cid -> (this process's buffer holding it, or None for a packed chunk's
+        #: bytes; its bytes).  pyfuse3 replies from the buffer itself.
+        self._maps: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        #: Buffers of evicted chunks, reused: a warm buffer costs no page faults (fresh pages are dear here).
+        self._free: list[mmap.mmap] = []
+        #: Chunks a read in progress holds (it awaits another chunk): not evicted until it replied.
+        self._pinned: dict[str, int] = {}
+        #: Chunks being read and checked on a thread, and what says when that is done.
         self._opening: dict[str, trio.Event] = {}
         self._openers: trio.CapacityLimiter | None = None
-        #: The last chunk read ahead, per open file; chunks the kernel was told to read (a bounded memory).
+        #: Chunks whose last read failed (said in the log): a read waiting on one answers EIO.
+        self._failed: set[str] = set()
+        #: The last chunk read ahead, and the reader of its chunks in order, per open file.
         self._ahead: dict[int, int] = {}
-        self._hinted: dict[str, None] = {}
+        self._streams: dict[int, _Stream] = {}
         #: Called once, at the first open (the mount sets the kernel's read-ahead there).
         self.first_open: Callable[[], None] | None = None
 
@@ -226,111 +243,144 @@ class WorkspaceFS(pyfuse3.Operations):
         if off < end:
             self._read_ahead(fh, entry, off // CHUNK_SIZE)
         parts: list = []
+        pinned: list[str] = []
         pos = off
-        while pos < end:
-            idx, within = divmod(pos, CHUNK_SIZE)
-            n = min(end - pos, CHUNK_SIZE - within)
-            cid = entry.chunks[idx]
-            mapped = self._maps.get(cid)
-            if mapped is None:
-                mapped = await self._chunk_async(cid)
-            else:
-                self._maps.move_to_end(cid)
-            data = memoryview(mapped)[within:within + n]  # pyfuse3 replies from any buffer
-            if len(data) != n:
-                log.error("chunk %s of %s is short", cid, entry.path)
-                raise pyfuse3.FUSEError(errno.EIO)
-            parts.append(data)
-            pos += n
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        try:
+            while pos < end:
+                idx, within = divmod(pos, CHUNK_SIZE)
+                n = min(end - pos, CHUNK_SIZE - within)
+                cid = entry.chunks[idx]
+                held = self._maps.get(cid)
+                if held is None:
+                    held = await self._chunk_async(cid)
+                else:
+                    self._maps.move_to_end(cid)
+                # Held until this reply is made (a later chunk's wait must not let its buffer be reused).
+                self._pinned[cid] = self._pinned.get(cid, 0) + 1
+                pinned.append(cid)
+                data = memoryview(held[1])[within:within + n]  # pyfuse3 replies from any buffer
+                if len(data) != n:
+                    log.error("chunk %s of %s is short", cid, entry.path)
+                    raise pyfuse3.FUSEError(errno.EIO)
+                parts.append(data)
+                pos += n
+            # pyfuse3 replies as soon as this returns, with no wait between: the buffers are not reused before.
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        finally:
+            for cid in pinned:
+                left = self._pinned[cid] - 1
+                if left:
+                    self._pinned[cid] = left
+                else:
+                    del self._pinned[cid]
 
     async def release(self, fh: int) -> None:
         self._handles.pop(fh, None)
         self._ahead.pop(fh, None)
+        stream = self._streams.pop(fh, None)
+        if stream is not None:
+            stream.released = True
+            if not stream.running:
+                stream.files.close()
 
     def _read_ahead(self, fh: int, entry: Entry, idx: int) -> None:
-        """On entering a chunk, have the next ``_AHEAD_CHUNKS`` opened, read whole and checked on threads,
-        while this one is served: the disk works beside the loop, never between two of its replies."""
+        """On entering a chunk, have it and the next ``_AHEAD_CHUNKS`` read whole and checked on threads,
+        while this one is served: the disk works beside the loop, never between two of its replies,
+        with up to ``_OPENERS`` requests of a whole chunk in flight."""
         last = min(idx + _AHEAD_CHUNKS, len(entry.chunks) - 1)
         if self._ahead.get(fh, -1) >= last:
             return
         self._ahead[fh] = last
+        stream = self._streams.get(fh)
+        if stream is None:
+            stream = self._streams[fh] = _Stream()
         for i in range(idx, last + 1):
             cid = entry.chunks[i]
             if cid not in self._maps and cid not in self._opening:
-                trio.lowlevel.spawn_system_task(self._open_chunk, cid)
-        # Further on, only a hint: the kernel starts reading those chunk files now (no thread waits on
-        # them), so the disk has several requests in flight (a chunk file is read in one request else):
-        # 0.96 -> 1.2 GB/s reading 48 cold chunk files here.  Given on a thread: posix_fadvise queues
-        # the reads itself and waits when the disk's queue is full (~10% of this loop's time, on it).
-        hints = []
-        for i in range(last + 1, min(last + 1 + _HINTED_CHUNKS, len(entry.chunks))):
-            cid = entry.chunks[i]
-            if cid not in self._maps and cid not in self._opening and cid not in self._hinted:
-                self._hinted[cid] = None
-                if len(self._hinted) > 4 * _MAX_OPEN_CHUNKS:
-                    del self._hinted[next(iter(self._hinted))]
-                hints.append(cid)
-        if hints:
-            trio.lowlevel.spawn_system_task(self._hint, hints)
+                self._opening[cid] = trio.Event()  # claimed: a read that needs it waits for the stream
+                stream.todo.append(cid)
+        if stream.todo and not stream.running:
+            stream.running = True
+            trio.lowlevel.spawn_system_task(self._stream_chunks, stream)
 
-    async def _hint(self, cids: list[str]) -> None:
+    async def _stream_chunks(self, stream: _Stream) -> None:
         try:
-            await trio.to_thread.run_sync(self._hint_now, cids)
-        except Exception:  # a background task must not end the loop
-            log.exception("read-ahead hint")
+            while stream.todo:
+                await self._open_chunk(stream.todo.popleft(), stream.files, claimed=True)
+        finally:
+            stream.running = False
+            if stream.released:
+                stream.files.close()
 
-    def _hint_now(self, cids: list[str]) -> None:
-        for cid in cids:
-            try:
-                fd = os.open(self.store.path(cid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except (OSError, CorruptChunk):
-                continue  # packed, or the read that needs it says what is wrong
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+    async def _chunk_async(self, cid: str) -> tuple[Any, Any]:
+        """``cid`` read and checked on a thread (the loop serves other reads meanwhile)."""
+        for _ in range(3):
+            done = self._opening.get(cid)
+            if done is not None:
+                await done.wait()
+            else:
+                await self._open_chunk(cid)
+            held = self._maps.get(cid)
+            if held is not None:
+                self._maps.move_to_end(cid)
+                return held
+            if cid in self._failed:
+                break  # the read failed, and said why in the log
+            # Read, then evicted by other reads finishing before this one woke: read again.
+        raise pyfuse3.FUSEError(errno.EIO)
 
-    async def _chunk_async(self, cid: str) -> Any:
-        """``cid`` mapped and checked on a thread (the loop serves other reads meanwhile)."""
-        done = self._opening.get(cid)
-        if done is not None:
-            await done.wait()
-        else:
-            await self._open_chunk(cid)
-        mapped = self._maps.get(cid)
-        if mapped is None:  # the open failed, and said why in the log
-            raise pyfuse3.FUSEError(errno.EIO)
-        return mapped
-
-    async def _open_chunk(self, cid: str) -> None:
-        """Map ``cid`` on a thread (the kernel reads it whole), check its hash there the first time, keep it.
+    async def _open_chunk(self, cid: str, files: ReadStream | None = None, claimed: bool = False) -> None:
+        """Read ``cid`` whole on a thread into a buffer of this process's, check its hash there, keep it.
+        ``claimed``: its event is in ``_opening`` already (a stream's); ``files``: that stream's.
 
         Also a background task (read-ahead): it raises nothing, a failure is logged and the read
         that needs the chunk answers EIO."""
-        if cid in self._opening or cid in self._maps:
-            return
-        done = self._opening[cid] = trio.Event()
+        if not claimed:
+            if cid in self._opening or cid in self._maps:
+                return
+            self._opening[cid] = trio.Event()
+        done = self._opening[cid]
+        self._failed.discard(cid)
+        buf = self._free.pop() if self._free else None
         try:
             if self._openers is None:
                 self._openers = trio.CapacityLimiter(_OPENERS)
-            mapped = await trio.to_thread.run_sync(self.store.map, cid, limiter=self._openers)
+            if buf is None:
+                buf = mmap.mmap(-1, CHUNK_SIZE)  # page-aligned, as O_DIRECT wants
+            data = await trio.to_thread.run_sync(self.store.read_into, cid, buf, files, limiter=self._openers)
         except CorruptChunk as e:
+            self._failed.add(cid)
             log.error("%s", e)
         except OSError as e:
+            self._failed.add(cid)
             log.error("chunk %s missing from the store: %s", cid, e)
         except Exception:  # a background task must not end the loop (trio.Cancelled still goes through)
+            self._failed.add(cid)
             log.exception("opening chunk %s", cid)
         else:
-            self._maps[cid] = mapped
-            while len(self._maps) > _MAX_OPEN_CHUNKS:
-                # Dropped, not closed: a reply in flight may still read it; the last reference unmaps it.
-                self._maps.popitem(last=False)
+            if isinstance(data, memoryview):
+                self._maps[cid] = (buf, data)
+                buf = None
+            else:
+                self._maps[cid] = (None, data)  # a packed chunk's own bytes
+            self._evict()
         finally:
+            if buf is not None:
+                self._free.append(buf)
             del self._opening[cid]
             done.set()
+
+    def _evict(self) -> None:
+        """Drop the least recently read chunks past ``_MAX_OPEN_CHUNKS`` (not those a read holds); their
+        buffers are reused.  Only on this loop, never while a reply is being made from one."""
+        over = len(self._maps) - _MAX_OPEN_CHUNKS
+        if over <= 0:
+            return
+        for cid in [c for c in self._maps if c not in self._pinned][:over]:
+            buf, data = self._maps.pop(cid)
+            if buf is not None:
+                if len(self._free) < _MAX_OPEN_CHUNKS:
+                    self._free.append(buf)
 
     async def access(self, inode: int, mode: int, ctx=None) -> bool:
         if mode & os.W_OK:
@@ -349,4 +399,9 @@ class WorkspaceFS(pyfuse3.Operations):
         return s
 
     def close_files(self) -> None:
+        for stream in self._streams.values():
+            if not stream.running:
+                stream.files.close()
+        self._streams.clear()
         self._maps.clear()
+        self._free.clear()

@@ -237,3 +237,41 @@ def test_a_mount_started_ahead_and_never_used_ends_without_mounting(fuse, tree):
     pid = warm.pid
     assert warm.stop(time.monotonic() + 10) == 0
     assert wait_gone([pid]) == []
+
+
+def test_a_chunk_corrupt_in_its_segment_is_an_io_error_and_its_new_copy_is_served(fuse, tree, tmp_path):
+    """Stored as a sync stores them (big chunks in a segment), one chunk of big.bin changed on disk:
+    reading it through the mount is EIO, never other bytes; the agent's store then finds it missing,
+    and once the next sync appended it again, the same mount serves the file whole."""
+    ws, store, packer = tree
+    r = packer.pack()
+    store.put_many([(c, packer.read_chunk(c, r.sources[c])) for c in store.missing(r.sources)])
+    store.put(r.manifest.id, r.manifest.data)
+    cid = r.manifest.by_path()["big.bin"].chunks[1]
+    good = packer.read_chunk(cid, r.sources[cid])
+    reader = ChunkStore(store.root)
+    reader.missing([cid])
+    name, off, _ = reader._segged[cid]
+    seg = os.path.join(store.root, "segs", name)
+    os.chmod(seg, 0o600)
+    with open(seg, "r+b") as f:
+        f.seek(off + 4096)
+        f.write(bytes([good[4096] ^ 0xFF]))
+    with open(os.path.join(ws, "big.bin"), "rb") as f:
+        want = f.read()
+    m = FuseMount(store, str(tmp_path / "mnt"))
+    m.start(r.manifest.id)
+    try:
+        path = os.path.join(m.mountpoint, "big.bin")
+        with open(path, "rb", buffering=0) as f:
+            assert f.read(1 << 20) == want[:1 << 20]
+            with pytest.raises(OSError) as e:
+                f.read()
+            assert e.value.errno == errno.EIO
+        assert store.missing(r.sources) == [cid], "the agent's store learns it from the segment's bad list"
+        store.put_many([(cid, good)])  # what the next sync does
+        with open(path, "rb") as f:
+            assert f.read() == want
+    finally:
+        m.stop()
+    assert not is_mounted(m.mountpoint)

@@ -75,7 +75,7 @@ def test_clean_removes_what_a_killed_writer_left(tmp_path):
     assert fresh.put(chunk_id(b"next"), b"next")  # tmp/ is made again for the next chunk
 
 
-def test_put_many_packs_small_chunks_into_one_file_and_big_ones_into_their_own(tmp_path):
+def test_put_many_packs_small_chunks_into_one_file_and_big_ones_into_a_segment(tmp_path):
     s = ChunkStore(str(tmp_path / "s"))
     small = [f"file {i}\n".encode() * (i + 1) for i in range(50)]
     big = [os.urandom(4 << 20), os.urandom((1 << 20) + 5)]  # the second's last block is partial
@@ -83,6 +83,12 @@ def test_put_many_packs_small_chunks_into_one_file_and_big_ones_into_their_own(t
     stored, size, corrupt = s.put_many(items + items[:3])  # repeats are stored once
     assert (stored, size, corrupt) == (52, sum(map(len, small + big)), [])
     assert len(os.listdir(os.path.join(s.root, "packs"))) == 1, "the 50 small chunks are one file"
+    segs = os.listdir(os.path.join(s.root, "segs"))
+    assert len(segs) == 2, "the big ones: a segment and its index"
+    assert [f for _, _, fs in os.walk(os.path.join(s.root, "chunks")) for f in fs] == [], "no chunk files"
+    seg = os.path.join(s.root, "segs", min(segs, key=len))
+    with open(seg, "rb") as f:  # one after the other, in order, each at a 4 KiB boundary
+        assert f.read(4 << 20) == big[0] and f.read((1 << 20) + 5) == big[1]
     assert s.put_many(items) == (0, 0, [])
     reader = ChunkStore(s.root)  # another process: it finds the pack by itself
     assert reader.missing([c for c, _ in items]) == []
@@ -131,3 +137,135 @@ def test_a_file_that_is_not_a_pack_is_ignored(tmp_path):
         f.write(b"MRFSPAK1" * 3)  # a footer that claims more entries than the file holds
     fresh = ChunkStore(s.root)
     assert fresh.has(chunk_id(b"x")) and fresh.get(chunk_id(b"x")) == b"x"
+
+
+def test_read_into_reads_a_chunk_file_whole_and_checks_it_on_every_read(tmp_path):
+    """How a mount reads a big chunk kept as a file of its own (``put``, or a store from before
+    segments): into its own buffer (O_DIRECT where the file system takes it), hashed each time; a
+    chunk changed or cut short on disk is CorruptChunk and leaves the store, so the next sync sends
+    it again.  A packed chunk comes back as its bytes."""
+    import mmap
+
+    from monarch_rdmafs.manifest import CHUNK_SIZE
+
+    s = ChunkStore(str(tmp_path / "s"))
+    whole, partial, small = os.urandom(CHUNK_SIZE), os.urandom((1 << 20) + 5), b"small\n"
+    for data in (whole, partial):
+        s.put(chunk_id(data), data)
+    s.put_many([(chunk_id(small), small)])
+    buf = mmap.mmap(-1, CHUNK_SIZE)
+    reader = ChunkStore(s.root)
+    for data in (whole, partial, small):
+        for _ in range(2):
+            assert bytes(reader.read_into(chunk_id(data), buf)) == data
+    for spoil in ("flip", "cut"):
+        path = s.path(chunk_id(partial))
+        os.chmod(path, 0o600)
+        with open(path, "r+b") as f:
+            if spoil == "flip":
+                f.seek(12345)
+                f.write(bytes([partial[12345] ^ 1]))
+            else:
+                f.truncate(len(partial) - 4096)
+        with pytest.raises(CorruptChunk):
+            reader.read_into(chunk_id(partial), buf)
+        assert not os.path.exists(path), "a corrupt chunk leaves the store"
+        assert s.missing([chunk_id(partial)]) == [chunk_id(partial)], "the agent's store: the next sync sends it"
+        s.put(chunk_id(partial), partial)  # the next sync's repair
+        assert bytes(reader.read_into(chunk_id(partial), buf)) == partial
+    with pytest.raises(OSError):
+        reader.read_into(chunk_id(b"never stored"), buf)
+
+
+def _segment_of(store: ChunkStore, cid: str) -> tuple[str, int, int]:
+    """(segment file, offset, length) of ``cid`` as a reader of the store finds it."""
+    reader = ChunkStore(store.root)
+    reader.missing([cid])
+    name, off, n = reader._segged[cid]
+    return os.path.join(store.root, "segs", name), off, n
+
+
+def test_a_corrupt_chunk_in_a_segment_is_an_error_and_alone_is_sent_again(tmp_path):
+    """A chunk whose bytes changed in its segment: CorruptChunk for the reader (a mount: EIO, never
+    the bytes), noted in the segment's bad list, so the writer's store (the agent's, another
+    process) finds it missing and the next sync appends it again; the rest of the segment stays."""
+    import mmap
+
+    from monarch_rdmafs.manifest import CHUNK_SIZE
+
+    s = ChunkStore(str(tmp_path / "s"))
+    chunks = [os.urandom(CHUNK_SIZE), os.urandom(CHUNK_SIZE), os.urandom((1 << 20) + 5)]
+    ids = [chunk_id(d) for d in chunks]
+    s.put_many(list(zip(ids, chunks)))
+    reader = ChunkStore(s.root)  # the mount process
+    buf = mmap.mmap(-1, CHUNK_SIZE)
+    assert [bytes(reader.read_into(c, buf)) for c in ids] == chunks
+    path, off, _ = _segment_of(s, ids[1])
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(off + 100)
+        f.write(bytes([chunks[1][100] ^ 1]))
+    with pytest.raises(CorruptChunk):
+        reader.read_into(ids[1], buf)
+    with pytest.raises(FileNotFoundError):
+        ChunkStore(s.root).get(ids[1])  # a fresh reader finds it missing
+    assert [bytes(reader.read_into(c, buf)) for c in (ids[0], ids[2])] == [chunks[0], chunks[2]]
+    assert s.missing(ids) == [ids[1]], "the writer learns it from the bad list"
+    assert ChunkStore(s.root).missing(ids) == [ids[1]]
+    assert s.put_many([(ids[1], chunks[1])]) == (1, CHUNK_SIZE, []), "the next sync's repair"
+    assert bytes(reader.read_into(ids[1], buf)) == chunks[1], "the reader finds the new copy"
+    fresh = ChunkStore(s.root)
+    assert fresh.missing(ids) == [] and [fresh.get(c) for c in ids] == chunks
+
+
+def test_a_segment_cut_short_serves_what_it_still_holds(tmp_path):
+    """A segment truncated (a full disk, a crash of the host): an entry past its end is never trusted
+    by a fresh reader (missing, so sent again); a reader that had it finds it short: CorruptChunk."""
+    import mmap
+
+    from monarch_rdmafs.manifest import CHUNK_SIZE
+
+    s = ChunkStore(str(tmp_path / "s"))
+    chunks = [os.urandom(CHUNK_SIZE), os.urandom(CHUNK_SIZE)]
+    ids = [chunk_id(d) for d in chunks]
+    s.put_many(list(zip(ids, chunks)))
+    reader = ChunkStore(s.root)
+    assert reader.missing(ids) == []
+    path, off, _ = _segment_of(s, ids[1])
+    os.truncate(path, off + 4096)
+    buf = mmap.mmap(-1, CHUNK_SIZE)
+    with pytest.raises(CorruptChunk):
+        reader.read_into(ids[1], buf)
+    assert bytes(reader.read_into(ids[0], buf)) == chunks[0]
+    assert ChunkStore(s.root).missing(ids) == [ids[1]]
+    assert s.missing(ids) == [ids[1]]
+    s.put_many([(ids[1], chunks[1])])
+    assert ChunkStore(s.root).get(ids[1]) == chunks[1]
+
+
+def test_a_write_that_fills_the_disk_names_nothing_half_written(tiny_disk):
+    """StoreFull while appending to a segment: the segment is cut back to before the batch, nothing
+    of it is named, and the chunks stored before stay readable."""
+    s = ChunkStore(str(tiny_disk / "s"))
+    first = os.urandom(1 << 20)
+    s.put_many([(chunk_id(first), first)])
+    big = [os.urandom(2 << 20) for _ in range(2)]
+    with pytest.raises(StoreFull):
+        s.put_many([(chunk_id(d), d) for d in big])
+    fresh = ChunkStore(s.root)
+    assert fresh.missing([chunk_id(d) for d in big]) == [chunk_id(d) for d in big]
+    assert fresh.get(chunk_id(first)) == first and s.get(chunk_id(first)) == first
+
+
+def test_gc_drops_a_segment_once_none_of_its_chunks_is_used(tmp_path):
+    root = str(tmp_path / "s")
+    old, new = os.urandom(1 << 20), os.urandom(1 << 20)
+    ChunkStore(root).put_many([(chunk_id(old), old)])  # an earlier agent's segment
+    s = ChunkStore(root)
+    s.put_many([(chunk_id(new), new)])
+    assert len(os.listdir(os.path.join(root, "segs"))) == 4
+    assert s.gc({chunk_id(new)}, older_than=time.time() - 600) == 0, "recent segments stay"
+    assert s.gc(set()) == 1, "the segment being appended to stays: only the other goes"
+    assert len(os.listdir(os.path.join(root, "segs"))) == 2
+    assert ChunkStore(root).missing([chunk_id(old), chunk_id(new)]) == [chunk_id(old)]
+    assert s.get(chunk_id(new)) == new
