@@ -55,6 +55,8 @@ class _Tee:
         self.port: Any = None
         self.stream = False
         self.pipes: dict[int, tuple[str, int, bytearray]] = {}  # read fd -> (target, original fd, partial line)
+        #: Set once reading a line for the client failed: from then on the bytes are only passed on.
+        self.failed = False
         for fd, target, pyfile in ((1, "stdout", sys.stdout), (2, "stderr", sys.stderr)):
             try:
                 pyfile.flush()
@@ -69,13 +71,42 @@ class _Tee:
         threading.Thread(target=self._run, name="monarch-log-forward", daemon=True).start()
 
     def _run(self) -> None:
-        fds = list(self.pipes)
+        # Never ends while a pipe is open: were it to, the proc's prints would block once a pipe's
+        # 64 KiB filled.  poll, not select: select refuses descriptors from 1024 on.
+        poller = select.poll()
+        for r in self.pipes:
+            poller.register(r, select.POLLIN)
+        fds = set(self.pipes)
         while fds:
-            ready, _, _ = select.select(fds, [], [])
+            try:
+                ready = poller.poll()
+            except InterruptedError:  # pragma: no cover - Python retries it itself
+                continue
             with self.lock:
-                for r in ready:
-                    if not self._drain(r):
-                        fds.remove(r)
+                for r, _ in ready:
+                    if r in fds and not self._drain_guarded(r):
+                        fds.discard(r)
+                        poller.unregister(r)
+
+    def _drain_guarded(self, r: int) -> bool:
+        """:meth:`_drain`, or, once it has failed (said once, on the proc's own stderr), the bytes only
+        passed on to where they went before: the proc's output keeps flowing either way."""
+        if not self.failed:
+            try:
+                return self._drain(r)
+            except Exception:  # noqa: BLE001 - any failure: the output must still drain
+                self.failed = True
+                self._say_failed()
+        return _pass_on(r, self.pipes[r][1])
+
+    def _say_failed(self) -> None:
+        # To the original stderr itself: through logging it would go into the pipe this thread drains.
+        import traceback
+
+        originals = {target: fd for target, fd, _ in self.pipes.values()}
+        text = ("monarch: forwarding this proc's output to the client failed; it still goes to its "
+                f"stdout/stderr, no longer to the client:\n{traceback.format_exc()}")
+        _write_all(originals.get("stderr", 2), text.encode("utf-8", "replace"))
 
     def _drain(self, r: int) -> bool:
         """Read what the pipe holds now; False once it is closed."""
@@ -118,7 +149,7 @@ class _Tee:
                 pass
         with self.lock:
             for r in self.pipes:
-                self._drain(r)
+                self._drain_guarded(r)
             if self.port is not None:
                 self._send(("flush", version))
 
@@ -152,13 +183,29 @@ class _LogForwarder(Actor):
             _tee.flush(version)
 
 
+def _pass_on(r: int, original: int) -> bool:
+    """What pipe ``r`` holds now, written to ``original`` as it is; False once the pipe is closed."""
+    while True:
+        try:
+            chunk = os.read(r, 65536)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False  # not readable at all any more: nothing can drain it
+        if not chunk:
+            return False
+        _write_all(original, chunk)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
             n = os.write(fd, view)
         except BlockingIOError:
-            select.select([], [fd], [])
+            p = select.poll()  # not select: it refuses descriptors from 1024 on
+            p.register(fd, select.POLLOUT)
+            p.poll()
             continue
         except OSError:
             return  # where it went is gone (a closed terminal): nothing else to do with it
