@@ -289,11 +289,51 @@ def release(record: JobRecord, path: str | None) -> None:
     there too, and `monarch logs`, `why` and `query` read them after the stop (:func:`load_for_reading`).
     """
     try:
+        if record.spec.scheduler == "slurm" and record.hosts:
+            _stop_agents_in_order(record)
         scheduler_for(record).release(record.job_id, job_dir=record.job_dir)
     finally:
         if path:
             _keep_stopped_copy(path, record)
             remove_state(path)
+
+
+#: How long `monarch stop` waits for a Slurm job's agents to stop in order before scancel.
+_ORDERED_STOP_S = 15.0
+
+
+def _stop_agents_in_order(record: JobRecord, timeout_s: float = _ORDERED_STOP_S) -> None:
+    """Ask every agent to stop (a Shutdown through the tree) and wait until each is gone (bounded).
+
+    scancel ends a step's processes together, SIGKILL after Slurm's KillWait: an agent had no
+    ordered stop, and left its node's workspace store and mount folder (ws-*, with the user's
+    files) in the node's runtime folder, for good.  A stopped agent does it all itself."""
+    import threading
+
+    from monarch_agents import messages as m
+    from monarch_agents.fanout import fan_out
+
+    hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+    try:
+        rt = record.runtime()
+    except Exception:  # no runtime, no ordered stop: scancel does it as before
+        return
+    left = {h.addr for h in hosts}
+    cond = threading.Condition()
+
+    def gone(addr: str) -> None:
+        with cond:
+            left.discard(addr)
+            cond.notify_all()
+
+    for h in hosts:
+        rt.watch(h.addr, lambda _err, addr=h.addr: gone(addr))
+        rt.mailbox.connect(h.addr)  # its loss is seen on a connection of ours
+    deadline = time.monotonic() + timeout_s
+    call = fan_out(rt, [(h.addr, h.host, m.Shutdown(None)) for h in hosts], timeout_s=timeout_s)
+    call.wait(timeout_s)
+    with cond:
+        cond.wait_for(lambda: not left, max(0.0, deadline - time.monotonic()))
 
 
 #: The state of a stopped reservation, kept in its job folder for reading its runs.

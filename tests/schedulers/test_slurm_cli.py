@@ -239,5 +239,10 @@ def test_workspace_synced_to_four_nodes_and_gone_after_stop(workdir):
         with open("/proc/self/mounts") as f:
             left = [line.split()[1] for line in f if line.split()[2] == f"fuse.{SUBTYPE}"]
         assert not set(left) & set(mounts.values())
+        # Each agent stopped in order (not scancel's SIGKILL): its store and mount folder are gone too.
+        from monarch_rdmafs.location import default_workspace_root
+
+        kept = [default_workspace_root(os.path.join(job_dir, "logs", f"host{i}")) for i in range(4)]
+        assert [d for d in kept if os.path.exists(d)] == []
     finally:
         _stop(workdir)
