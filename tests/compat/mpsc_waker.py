@@ -8,6 +8,7 @@ import threading
 
 import monarch._src.actor.mpsc  # noqa: F401 - Monarch's tests import it first (it completes Receiver)
 from monarch._rust_bindings.monarch_hyperactor.pympsc import channel_for_test
+from monarch._src.actor.mpsc import Receiver
 from monarch._src.actor.waker import PyTestWaker
 
 
@@ -45,6 +46,7 @@ async def channel() -> None:
     print("from a thread:", [await asyncio.wait_for(rx.recv(), 30) for _ in range(5)])
 
 
+print("Receiver[int] is Receiver:", Receiver[int] is Receiver)
 asyncio.run(events())
 asyncio.run(channel())
 print("done")

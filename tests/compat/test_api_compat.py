@@ -488,6 +488,7 @@ done
 BOTH["admin_own_procs.py"] = ADMIN_OWN_PROCS_OUT
 
 MPSC_WAKER_OUT = """\
+Receiver[int] is Receiver: True
 woken before any wait: True
 wait sees it: True
 still set: True

@@ -8,11 +8,10 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from monarch._src.actor.waker import Event, PyTestWaker
 
-T = TypeVar("T")
 
 
 class _Queue:
@@ -33,13 +32,17 @@ class _Queue:
         self.waker.wake()
 
 
-class Receiver(Generic[T]):
-    """The receiving end of a channel."""
+class Receiver:
+    """The receiving end of a channel.  ``Receiver[T]`` is the class itself, as Monarch's (a Rust
+    class) is."""
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
 
     def __init__(self, queue: _Queue) -> None:
         self._queue = queue
 
-    def try_recv(self) -> T | None:
+    def try_recv(self) -> Any:
         """The next message, or None if there is none yet; ``EOFError`` once every sender is gone
         and nothing is left."""
         q = self._queue
@@ -50,7 +53,7 @@ class Receiver(Generic[T]):
                 raise EOFError("channel closed")
         return None
 
-    async def recv(self) -> T:
+    async def recv(self) -> Any:
         """Wait (without blocking the event loop) for the next message; ``EOFError`` once every
         sender is gone and nothing is left."""
         event = self._event()
@@ -66,14 +69,18 @@ class Receiver(Generic[T]):
         return self._queue.event
 
 
-class PyTestSender(Generic[T]):
-    """The sending end of a channel made by :func:`channel_for_test` (any thread may send)."""
+class PyTestSender:
+    """The sending end of a channel made by :func:`channel_for_test` (any thread may send);
+    ``PyTestSender[T]`` is the class itself."""
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
 
     def __init__(self, queue: _Queue) -> None:
         self._queue = queue
         weakref.finalize(self, queue.close)
 
-    def send(self, value: T) -> None:
+    def send(self, value: Any) -> None:
         self._queue.put(value)
 
 
