@@ -90,3 +90,70 @@ def test_a_jobs_http_server_binds_loopback_and_idle_connections_from_another_use
             flood.wait()
         server.stdin.close()
         server.wait(timeout=60)
+
+
+#: ``monarch dashboard --web``'s server (the reservation it would show does not matter here: no app
+#: starts for a request that is refused).
+DASHBOARD = ("from monarch_cli.commands.dashboard import _serve_web; import sys; "
+             "_serve_web('/nonexistent', '127.0.0.1', int(sys.argv[1]))")
+
+PROBE = textwrap.dedent('''
+    import sys, urllib.error, urllib.request
+    base = sys.argv[1]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for path, headers in [("/", {}), ("/?token=" + "A" * 32, {}), ("/static/js/textual.js", {}),
+                          ("/ws?width=80&height=24", {"Connection": "Upgrade", "Upgrade": "websocket",
+                                                      "Sec-WebSocket-Version": "13",
+                                                      "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}),
+                          ("/", {"Cookie": "monarch_dashboard_" + base.rpartition(":")[2] + "=guess"})]:
+        try:
+            with opener.open(urllib.request.Request(base + path, headers=headers), timeout=30) as r:
+                print(path, r.status)
+        except urllib.error.HTTPError as e:
+            print(path, e.code, e.read().decode().strip())
+''')
+
+
+def test_the_web_dashboard_on_loopback_admits_no_other_user(attacker, shared):
+    """Loopback is reachable by every user of the machine; the dashboard behind it reads your logs,
+    stops runs and opens shells as you.  Without the token it printed, another user gets 403s and
+    no app is started for them."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", DASHBOARD, str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT},
+                              start_new_session=True)
+    try:
+        line = server.stderr.readline()
+        assert line.startswith(f"monarch dashboard on http://127.0.0.1:{port}/?token="), line
+        url = line.split()[3]
+        base = f"http://127.0.0.1:{port}"
+        script = os.path.join(shared, "probe.py")
+        with open(script, "w") as f:
+            f.write(PROBE)
+        for _ in range(300):  # the server binds after printing its address
+            r = attacker.run(f"/usr/bin/python3 {script} {base}", check=False)
+            if "Connection refused" not in r.stderr:
+                break
+            time.sleep(0.1)
+        lines = r.stdout.splitlines()
+        assert len(lines) == 5 and all(" 403 monarch dashboard: open the address" in x for x in lines), \
+            r.stdout + r.stderr
+        assert psutil_children(server.pid) == []  # no app process was started for them
+        # The owner, with the printed address, gets the page and the cookie its websocket will use.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=60) as page:
+            assert page.status == 200 and f"monarch_dashboard_{port}=" in page.headers["Set-Cookie"]
+            assert "SameSite=Strict" in page.headers["Set-Cookie"] and "HttpOnly" in page.headers["Set-Cookie"]
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
+def psutil_children(pid: int) -> list:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)

@@ -477,6 +477,14 @@ async def test_shell_on_a_host_with_confirmation_names_the_command_where_the_ter
     assert r.returncode == 0 and "shell-on-1" in r.stdout, r.stderr
 
 
+def web_url(server: subprocess.Popen) -> str:
+    """The address `monarch dashboard --web` prints (with its token), from its stderr."""
+    for line in server.stderr:
+        if line.startswith("monarch dashboard on "):
+            return line.split()[3]
+    raise AssertionError(f"the dashboard exited ({server.wait()}) without printing its address")
+
+
 @pytest.mark.asyncio
 async def test_web_serves_the_same_app_on_loopback(job):
     import socket
@@ -488,14 +496,17 @@ async def test_web_serves_the_same_app_on_loopback(job):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([*MONARCH, "dashboard", "--web", "--port", str(port)], cwd=job,
-                              env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
     try:
-        async with aiohttp.ClientSession() as http:
+        url = web_url(server)
+        assert url.startswith(f"http://127.0.0.1:{port}/?token="), url
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:  # unsafe: keep an IP host's cookie, as a browser does
             page = ""
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 try:
-                    async with http.get(f"http://127.0.0.1:{port}/") as r:
+                    async with http.get(url) as r:
                         page = await r.text()
                         break
                 except aiohttp.ClientConnectionError:

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.cli.conftest import MONARCH, ROOT, monarch
+from tests.tui.test_dashboard import web_url
 
 CHROMIUM = shutil.which("chromium")
 #: Without the background-networking flags Chromium dials out at start (updates, sync, QUIC
@@ -167,11 +168,12 @@ async def test_web_dashboard_in_headless_chromium(job):
     profile = tempfile.mkdtemp(prefix="monarch-chromium-")
     browser = None
     try:
+        url = web_url(server)
         async with aiohttp.ClientSession() as http:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    async with http.get(f"http://127.0.0.1:{port}/") as r:
+                    async with http.get(url) as r:
                         assert r.status == 200
                         break
                 except aiohttp.ClientConnectionError:
@@ -189,7 +191,7 @@ async def test_web_dashboard_in_headless_chromium(job):
                 cdp = Cdp(ws)
                 await cdp.call("Page.enable")
                 await cdp.call("Page.addScriptToEvaluateOnNewDocument", source=HOOK)
-                await cdp.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
+                await cdp.call("Page.navigate", url=url)
 
                 # The app started behind the page's websocket and drew the reservation.
                 text = await cdp.wait_screen(lambda s: "host0" in s and "host1" in s and "hosts 2/2" in s,
