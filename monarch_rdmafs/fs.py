@@ -32,11 +32,12 @@ log = logging.getLogger("monarch.rdmafs.fs")
 
 #: The kernel keeps names and attributes this long: every change is invalidated explicitly at a switch.
 _CACHE_TIMEOUT_S = 3600.0
-#: Chunks kept read in this process's buffers (CHUNK_SIZE each: this process's memory while it reads).
-_MAX_OPEN_CHUNKS = 12
-#: Chunks read ahead of the one being read, per open file: the disk reads them (each in one request,
-#: checked on a thread) while this process serves the one before.
-_AHEAD_CHUNKS = 5
+#: Chunks kept read in this process's buffers (CHUNK_SIZE each: up to 64 MiB of this process's memory
+#: while it reads; reused, not given back).
+_MAX_OPEN_CHUNKS = 16
+#: Chunks read ahead of the one being read, per open file: read in order and checked on a thread while
+#: this process serves the ones before (as many as the kernel asks ahead, and four more).
+_AHEAD_CHUNKS = 8
 #: Threads reading and checking chunks at once: requests the disk has in flight.
 _OPENERS = 4
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC

@@ -409,11 +409,11 @@ async def stop_on_signals(scope, task_status) -> None:
             return
 
 
-#: How far the kernel reads ahead in a file of the mount: a whole chunk.  Its default (128 KiB)
+#: How far the kernel reads ahead in a file of the mount: four chunks.  Its default (128 KiB)
 #: made every read of a big file a 128 KiB request to this process (4 KiB per read() of 1 MiB at
 #: a time, 4,096 requests for 256 MiB); with this it asks 1 MiB at a time (libfuse's largest) and
-#: keeps several in flight: half the CPU per MiB here, and about twice the first-read rate.
-READAHEAD_KB = CHUNK_SIZE >> 10
+#: keeps up to 16 in flight, so a reply this process makes late (a loaded machine) stalls no reader.
+READAHEAD_KB = 4 * CHUNK_SIZE >> 10
 
 
 def _raise_readahead(mountpoint: str) -> None:

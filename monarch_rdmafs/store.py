@@ -139,6 +139,12 @@ class ChunkStore:
         self._direct = bool(_O_DIRECT) and os.environ.get("MONARCH_RDMAFS_DIRECT", "1") != "0"
         #: Whether :meth:`read_into` reads with O_DIRECT (until the file system refuses it once).
         self._direct_read = self._direct
+        #: Whether segments are written with O_DIRECT too: not by default.  Bytes written past the page
+        #: cache were read back here at ~0.6-1.0 GB/s the first time (the virtual disk's own cache, below
+        #: this machine, keeps what went through the page cache: ~2-3 GB/s), and a mount's first read
+        #: is that read; the page cache costs the sync CPU (512 MiB to 4 hosts: 1.8 -> 3.6 s) but not
+        #: its place against rsync (0.41-0.83x -> 0.59-0.63x, same runs).
+        self._seg_direct = self._direct and os.environ.get("MONARCH_RDMAFS_SEGMENT_DIRECT") == "1"
         # Chunks this process has read back and found to hash to their id.
         self._verified: set[str] = set()
         # Packed chunks: id -> (pack name, offset, length); and each pack read so far -> its ids.
@@ -346,7 +352,7 @@ class ChunkStore:
         are not there yet, and a writer killed between the two leaves bytes no entry names (never
         served, gone with the segment).  A failed write (a full disk) cuts both files back to where
         they were and closes the segment: nothing half written is ever named.  The bytes go past the
-        page cache where the file system allows (see :meth:`_write_direct`)."""
+        page cache only if ``MONARCH_RDMAFS_SEGMENT_DIRECT=1`` (see ``_seg_direct``)."""
         self._make()
         seg = self._seg
         need = sum(_aligned(len(d)) for _, d in items)
@@ -393,13 +399,13 @@ class ChunkStore:
         # Both read-only files (this store's descriptors write them); only a bad list is appended by others.
         idx_fd = os.open(path + _IDX, flags | os.O_APPEND, 0o400)
         try:
-            direct = self._direct
+            direct = self._seg_direct
             try:
                 fd = os.open(path, flags | (_O_DIRECT if direct else 0), 0o400)
             except OSError as e:
                 if not direct or e.errno != errno.EINVAL:
                     raise
-                self._direct = direct = False
+                self._seg_direct = direct = False
                 fd = os.open(path, flags, 0o400)
         except BaseException:
             os.close(idx_fd)

@@ -75,7 +75,10 @@ def test_clean_removes_what_a_killed_writer_left(tmp_path):
     assert fresh.put(chunk_id(b"next"), b"next")  # tmp/ is made again for the next chunk
 
 
-def test_put_many_packs_small_chunks_into_one_file_and_big_ones_into_a_segment(tmp_path):
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_put_many_packs_small_chunks_into_one_file_and_big_ones_into_a_segment(tmp_path, monkeypatch, direct):
+    """(``direct``: segments written through the page cache, the default, or past it.)"""
+    monkeypatch.setenv("MONARCH_RDMAFS_SEGMENT_DIRECT", direct)
     s = ChunkStore(str(tmp_path / "s"))
     small = [f"file {i}\n".encode() * (i + 1) for i in range(50)]
     big = [os.urandom(4 << 20), os.urandom((1 << 20) + 5)]  # the second's last block is partial
