@@ -49,6 +49,10 @@ INDEX_LABEL = "apps.kubernetes.io/pod-index"
 _CHECK_EVERY_S = 2.0
 #: How long its threads get to end once it stops (a stream blocked in the API server may take longer).
 _STOP_S = 2.0
+#: SOCKS connections that have not shown the job's token yet, at most: one more closes the oldest
+#: (each has 10 s), so another local user's idle connections hold neither a thread nor a
+#: descriptor each, and a client that authenticates at once still gets through.
+_UNPROVEN_MAX = 16
 
 
 class Forwarder:
@@ -73,6 +77,9 @@ class Forwarder:
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._live: set[socket.socket] = set()
+        self._unproven: dict[socket.socket, float] = {}
+        #: SOCKS connections closed unauthenticated to make room for newer ones.
+        self.shed = 0
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -113,6 +120,17 @@ class Forwarder:
             except OSError:
                 return
             self._track(conn)
+            if handle == self.socks:
+                with self._tlock:
+                    if len(self._unproven) >= _UNPROVEN_MAX:
+                        oldest = min(self._unproven, key=self._unproven.__getitem__)
+                        del self._unproven[oldest]
+                        self.shed += 1
+                        try:
+                            oldest.shutdown(socket.SHUT_RDWR)  # its thread reads EOF and ends
+                        except OSError:
+                            pass
+                    self._unproven[conn] = time.monotonic()
             self._spawn(handle, (conn,), name)
 
     # -- threads and their stop -------------------------------------------------------------
@@ -172,6 +190,16 @@ class Forwarder:
     def socks(self, conn: socket.socket) -> None:
         """One SOCKS5 connection: authenticated, then carried to the pod it names."""
         try:
+            self._socks(conn)
+        finally:
+            self._proven(conn)
+
+    def _proven(self, conn: socket.socket) -> None:
+        with self._tlock:
+            self._unproven.pop(conn, None)
+
+    def _socks(self, conn: socket.socket) -> None:
+        try:
             conn.settimeout(10)
             ver, n = _recv_exact(conn, 2)
             methods = _recv_exact(conn, n)
@@ -188,6 +216,7 @@ class Forwarder:
                 log.warning("refused a SOCKS connection without the job's token")
                 conn.sendall(b"\x01\x01")
                 return conn.close()
+            self._proven(conn)  # its slot is free for the next one
             conn.sendall(b"\x01\x00")
             ver, cmd, _, atyp = _recv_exact(conn, 4)
             if atyp == 1:

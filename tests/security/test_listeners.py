@@ -34,6 +34,16 @@ FLOOD = textwrap.dedent('''
             print("connect failed:", e, flush=True)
             break
     print(len(socks), "open", flush=True)
+    if sys.argv[4:] == ["trickle"]:  # a SOCKS5 greeting naming 255 methods, then one byte every 3 s
+        for s in socks:
+            s.sendall(bytes([5, 255]))
+        for _ in range(40):
+            time.sleep(3)
+            for s in socks:
+                try:
+                    s.sendall(bytes([0]))
+                except OSError:
+                    pass
     time.sleep(120)
 ''')
 
@@ -157,3 +167,65 @@ def psutil_children(pid: int) -> list:
     import psutil
 
     return psutil.Process(pid).children(recursive=True)
+
+
+#: The port-forward of a Kubernetes reservation (its SOCKS5 proxy on loopback), as
+#: ``python -m monarch_schedulers.kube_forward`` serves it; no API server is reached before a
+#: connection has shown the token.
+KUBE_FORWARD = textwrap.dedent("""
+    import json, os, socket, sys
+    from monarch_agents import tunnel
+    from monarch_agents.keys import JobKeys
+    from monarch_schedulers.kube_forward import Forwarder
+    job = sys.argv[1]
+    with open(os.path.join(job, "keys.json"), "w") as f:
+        json.dump(JobKeys.generate().as_dict(), f)
+    with open(os.path.join(job, "kubeconfig"), "w") as f:
+        f.write("apiVersion: v1\\nkind: Config\\ncurrent-context: x\\n"
+                "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\\n"
+                "users: [{name: u, user: {token: t}}]\\ncontexts: [{name: x, context: {cluster: c, user: u}}]\\n")
+    fw = Forwarder(job, "m", "default", 1, kubeconfig=os.path.join(job, "kubeconfig"))
+    socks = socket.create_server(("127.0.0.1", 0))
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.bind(os.path.join(job, "control"))
+    control.listen(4)
+    fw.start(socks, control)
+    print(socks.getsockname()[1], fw.token, flush=True)
+    sys.stdin.read()
+    fw.stop(__import__("time").monotonic() + 5)
+""")
+
+
+def test_a_kubernetes_port_forwards_socks_proxy_caps_idle_connections_from_another_user(attacker, shared, tmp_path):
+    fw = subprocess.Popen([sys.executable, "-c", KUBE_FORWARD, str(tmp_path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    flood = None
+    try:
+        port, token = fw.stdout.readline().split()
+        sockets, threads = _sockets(fw.pid), _threads(fw.pid)
+        script = os.path.join(shared, "flood.py")
+        with open(script, "w") as f:
+            f.write(FLOOD)
+        # Slowly: a SOCKS greeting that names 255 methods, then one byte of them every 3 s, which no
+        # read's own timeout (10 s) ever ends.
+        flood = attacker.popen(["/usr/bin/python3", script, "127.0.0.1", port, "300", "trickle"],
+                               stdout=subprocess.PIPE, text=True)
+        line = flood.stdout.readline()
+        assert line.endswith(" open\n") and int(line.split()[0]) > 16, line
+        # While all stay open the proxy comes to hold at most 16 of them, with a thread each at most.
+        while _sockets(fw.pid) > sockets + 16 or _threads(fw.pid) > threads + 16:
+            time.sleep(0.1)
+        # The job's own client still authenticates at once (RFC 1929, the relay token as password).
+        import socket
+
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=60) as s:
+            s.sendall(b"\x05\x01\x02")
+            assert s.recv(2) == b"\x05\x02"
+            s.sendall(b"\x01\x01m" + bytes([len(token)]) + token.encode())
+            assert s.recv(2) == b"\x01\x00"
+    finally:
+        if flood is not None:
+            flood.kill()
+            flood.wait()
+        fw.stdin.close()
+        fw.wait(timeout=60)
