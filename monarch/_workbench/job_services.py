@@ -57,6 +57,9 @@ class _Hosts:
     hosts: list
     rt: Any
     spec: Any = None
+    #: The address of the user's shared host agent, if this client uses one (``monarch.actor._client``):
+    #: that agent's procs are every script's, and the admin tree shows only this client's.
+    shared_addr: str | None = None
 
     def __post_init__(self) -> None:
         if self.spec is None:
@@ -251,12 +254,8 @@ class AdminTree:
     def _is_shared_local(self, name: str) -> bool:
         """Whether host ``name`` is this machine's shared host agent (``monarch_agents.local_agent``),
         which serves every script of the user: its procs are not all this client's."""
-        from monarch.actor import _client
-
-        shared, local = _client._shared, _client._local_host
-        if shared is None or local is None:
-            return False
-        return any(h.host == name and h.addr == local.addr for h in self.hosts.hosts)
+        shared = self.hosts.shared_addr
+        return shared is not None and any(h.host == name and h.addr == shared for h in self.hosts.hosts)
 
     def _actor_rows(self, host: str, pid: int) -> list[dict]:
         return self._rows(

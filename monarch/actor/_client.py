@@ -153,6 +153,12 @@ def _use_shared(shared: "_local_agent.SharedAgent") -> HostRef:
     return _local_host
 
 
+def shared_agent_addr() -> str | None:
+    """The address of the user's shared host agent if this client uses it, else None."""
+    host = _local_host
+    return host.addr if _shared is not None and host is not None else None
+
+
 def refresh_local_stdio(rt: Runtime) -> None:
     """Before procs start on the shared agent: if this program redirected its stdout or stderr since
     it last handed them over, hand them over again, so those procs write where it writes now (as

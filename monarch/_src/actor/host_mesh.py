@@ -35,9 +35,12 @@ def _spawn_admin(host_meshes: list[HostMesh], admin_addr: str | None = None,
     async def start() -> tuple[str, _AdminRef]:
         from monarch import config
         from monarch._workbench import job_services as js
+        from monarch.actor._client import shared_agent_addr
 
         bind, port = js.parse_bind(admin_addr or config.get_global_config()["mesh_admin_addr"])
-        server = js.JobServer(js.hosts_of(dict(enumerate(host_meshes))), telemetry=False, admin=True,
+        hosts = js.hosts_of(dict(enumerate(host_meshes)))
+        hosts.shared_addr = shared_agent_addr()
+        server = js.JobServer(hosts, telemetry=False, admin=True,
                               bind=bind, port=port)
         _servers.append(server)
         os.environ["MONARCH_ADMIN_URL"] = server.url  # where Monarch's tools look for it
