@@ -92,7 +92,11 @@ def load_secret(path: str | None = None) -> bytes:
             if named or attempt:
                 raise WorkerAuthError(f"worker secret {path} does not exist: copy your worker secret there "
                                       f"(0600), or unset {SECRET_FILE_ENV} to use ~/.monarch/worker.key") from None
-            _make(path)
+            try:
+                _make(path)
+            except OSError as e:  # a read-only home, an unsafe ~/.monarch (UnsafeFolder says which)
+                raise WorkerAuthError(f"cannot make your worker secret {path}: {getattr(e, 'message', None) or e}; "
+                                      f"or name a file of yours (0600) with {SECRET_FILE_ENV}") from None
         except OSError as e:  # ELOOP: a symbolic link
             raise WorkerAuthError(f"worker secret {path} cannot be opened safely ({e.strerror}): "
                                   "it must be a regular file of yours, not a link") from None

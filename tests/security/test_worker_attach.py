@@ -323,3 +323,17 @@ def test_a_login_jobs_attach_sends_nothing_to_another_users_socket_at_its_worker
     with open(loot, "rb") as f:
         got = f.read()
     assert got.count(b"\n") == 1 and sorted(json.loads(got)) == ["monarch_worker", "nonce"], got
+
+
+def test_a_home_monarch_folder_another_user_can_write_is_not_used_for_the_secret(tmp_path):
+    """The default secret is made in ``~/.monarch``; one that others may write (they could put their
+    own secret there first) is refused in one line naming it, and the attach sends nothing."""
+    home = tmp_path / "home"
+    (home / ".monarch").mkdir(parents=True)
+    os.chmod(home / ".monarch", 0o777)
+    env = {**_env(""), "HOME": str(home)}
+    env.pop("MONARCH_WORKER_SECRET_FILE")
+    r = _client("tcp://127.0.0.1:9", env, tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"cannot make your worker secret {home}/.monarch/worker.key" in r.stdout, r.stdout
+    assert "is writable by others" in r.stdout and not (home / ".monarch" / "worker.key").exists(), r.stdout
