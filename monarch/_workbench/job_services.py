@@ -489,6 +489,34 @@ _ADMIN_SCHEMA = {
 # -- the servers ------------------------------------------------------------------------------------
 
 
+def _proc_net_addr(host: str, port: int) -> str:
+    """``host:port`` as ``/proc/net/tcp[6]`` writes it (each 32-bit word of the address in host order)."""
+    import ipaddress
+    import sys
+
+    raw = ipaddress.ip_address(host.split("%")[0]).packed
+    words = [raw[i:i + 4] for i in range(0, len(raw), 4)]
+    return "".join((w[::-1] if sys.byteorder == "little" else w).hex().upper() for w in words) + f":{port:04X}"
+
+
+def local_peer_uid(conn: socket.socket) -> int | None:
+    """The uid that owns the other end of ``conn`` when that end is a socket of this machine (the
+    kernel's own table, ``/proc/net/tcp[6]``); None for a peer elsewhere, or where it cannot be told."""
+    try:
+        peer, me = conn.getpeername()[:2], conn.getsockname()[:2]
+        theirs, ours = _proc_net_addr(*peer), _proc_net_addr(*me)
+        table = "/proc/net/tcp6" if conn.family == socket.AF_INET6 else "/proc/net/tcp"
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[1] == theirs and cols[2] == ours:
+                    return int(cols[7])
+    except (OSError, ValueError, StopIteration):
+        pass
+    return None
+
+
 class _CappedHTTPServer(ThreadingHTTPServer):
     """A ``ThreadingHTTPServer`` that holds at most :data:`UNREAD_MAX` connections yet to send a
     request (see there); its handlers say when one has (``request_read``)."""
@@ -546,6 +574,18 @@ class JobServer:
             def parse_request(self) -> bool:
                 ok = super().parse_request()
                 self.server.request_read(self.connection)  # type: ignore[attr-defined]
+                # Loopback is reachable by every user of the machine, and these answers hold the
+                # job's logs, telemetry and stacks: another user's process gets one line.  (A peer on
+                # another machine, where admin_addr asked for one, cannot be told and is served.)
+                uid = local_peer_uid(self.connection) if ok else None
+                if uid is not None and uid != os.getuid():
+                    body = b"this job's HTTP server answers only its owner's processes\n"
+                    self.send_response(403)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return False
                 return ok
 
             def do_GET(self) -> None:

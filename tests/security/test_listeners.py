@@ -72,7 +72,7 @@ JOB_SERVER = textwrap.dedent('''
 ''')
 
 
-def test_a_jobs_http_server_binds_loopback_and_idle_connections_from_another_user_are_capped(attacker, shared):
+def test_a_jobs_http_server_binds_loopback_answers_no_other_user_and_caps_idle_connections(attacker, shared):
     server = subprocess.Popen([sys.executable, "-c", JOB_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONPATH": ROOT})
     flood = None
@@ -94,6 +94,16 @@ def test_a_jobs_http_server_binds_loopback_and_idle_connections_from_another_use
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(url + "/v1/schema/admin", timeout=60) as r:
             assert json.loads(r.read())["title"] == "AdminInfo"
+        # Its answers (the job's logs, telemetry, stacks) are its owner's: another user gets a 403 line.
+        probe = os.path.join(shared, "get.py")
+        with open(probe, "w") as f:
+            f.write("import sys, urllib.error, urllib.request\n"
+                    "o = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+                    "try:\n    print(o.open(sys.argv[1], timeout=30).status)\n"
+                    "except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode().strip())\n")
+        for path in ("/v1/tree", "/SKILL.md", "/v1/schema/admin"):
+            r = attacker.run(f"/usr/bin/python3 {probe} {url}{path}")
+            assert r.stdout.strip() == "403 this job's HTTP server answers only its owner's processes", r.stdout
     finally:
         if flood is not None:
             flood.kill()
