@@ -369,6 +369,7 @@ class WorkspaceService:
         while True:
             job = self._jobs.get()
             if job is None:
+                self.store.close()  # on this thread, the store's one writer
                 return
             fn, msg = job
             try:

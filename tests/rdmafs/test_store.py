@@ -272,3 +272,21 @@ def test_gc_drops_a_segment_once_none_of_its_chunks_is_used(tmp_path):
     assert len(os.listdir(os.path.join(root, "segs"))) == 2
     assert ChunkStore(root).missing([chunk_id(old), chunk_id(new)]) == [chunk_id(old)]
     assert s.get(chunk_id(new)) == new
+
+
+def test_a_segment_reserves_space_in_proportion_and_gives_it_back_when_closed(tmp_path):
+    """Space is reserved ahead of a segment's writes (one extent on the disk, not the hosts' writes
+    interleaved), as much again as it holds: a small workspace reserves little; ``close`` (its
+    writer stopping) gives back what is past the end, and the next chunk starts a new segment."""
+    s = ChunkStore(str(tmp_path / "s"))
+    one, two = os.urandom(1 << 20), os.urandom(1 << 20)
+    s.put_many([(chunk_id(one), one)])
+    (seg,) = [os.path.join(s.root, "segs", n) for n in os.listdir(os.path.join(s.root, "segs")) if "." not in n]
+    assert os.stat(seg).st_size == 1 << 20
+    assert os.stat(seg).st_blocks * 512 <= (2 << 20) + (64 << 10)
+    s.close()
+    assert os.stat(seg).st_blocks * 512 <= (1 << 20) + (64 << 10)
+    s.put_many([(chunk_id(two), two)])
+    assert len([n for n in os.listdir(os.path.join(s.root, "segs")) if "." not in n]) == 2
+    fresh = ChunkStore(s.root)
+    assert fresh.get(chunk_id(one)) == one and fresh.get(chunk_id(two)) == two
