@@ -228,7 +228,9 @@ class JobTrait(abc.ABC):
                 services["telemetry"] = js.JobServer(hosts, telemetry=True, admin=False)
             server = services["telemetry"]
             state.telemetry_url = server.url
-            state.query_engine = js.QueryEngine(hosts)
+            # Monarch serves telemetry from a sidecar: its JobState.query_engine stays None and programs
+            # ask query_engine_client (Meta's telemetry tests assert exactly that).
+            state.query_engine = None
             state.query_engine_client = js.QueryEngineClient(server.url)
         if admin is not None:
             if "admin" not in services:

@@ -44,8 +44,7 @@ print("actors:", until("SELECT count(*) AS n FROM actors WHERE display_name LIKE
 print("spans:", until("SELECT name, count(*) AS n FROM spans GROUP BY name", [{"name": "inner", "n": 4}]))
 print("metrics:", until("SELECT name, sum(value) AS v, min(attributes) AS a FROM metrics GROUP BY name",
                         [{"name": "units", "v": 12.0, "a": '{"kind": "test"}'}]))
-reader = state.query_engine.query("SELECT count(*) AS n FROM hosts")
-print("query_engine:", reader.read_all().to_pylist())
+print("query_engine:", state.query_engine, state.query_engine_client.query("SELECT count(*) AS n FROM hosts"))
 print("query client:", job.telemetry_query_client().query("SELECT count(*) AS n FROM hosts"))
 
 

@@ -607,7 +607,7 @@ calls: [6, 6, 6, 6]
 actors: [{'n': 4}]
 spans: [{'name': 'inner', 'n': 4}]
 metrics: [{'name': 'units', 'v': 12.0, 'a': '{"kind": "test"}'}]
-query_engine: [{'n': 2}]
+query_engine: None {'rows': [{'n': 2}]}
 query client: {'rows': [{'n': 2}]}
 root: ['Root'] 2 ['host:host0', 'host:host1'] None
 host: ['Host'] 2 root
