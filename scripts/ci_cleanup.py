@@ -69,13 +69,14 @@ def marked(value: str) -> dict[int, list[str]]:
 
 
 def fuse_mounts() -> list[str]:
-    """The mount points of monarch's own FUSE mounts (workspaces: subtype monarch-rdmafs; gathers)."""
+    """The mount points of monarch's own FUSE mounts (a monarch-* subtype: workspaces, remote mounts;
+    or a monarch-* fsname: gathers)."""
     points = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fstype, source = (right.split() + ["", ""])[:2]
-            if fstype == "fuse.monarch-rdmafs" or source == "monarch-gather":
+            if fstype.startswith("fuse.monarch-") or (fstype == "fuse" and source.startswith("monarch-")):
                 points.append(left.split()[4].encode().decode("unicode_escape"))
     return points
 
