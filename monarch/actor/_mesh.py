@@ -546,6 +546,11 @@ class ProcMesh(_MeshBase):
     def slice(self, **dims: Any) -> "ProcMesh":
         return self._new_with_shape(self._shape.slice(**dims))
 
+    def flatten(self, name: str) -> "ProcMesh":
+        """The same procs along one dimension called ``name`` (row-major), as Monarch's
+        ``procs.flatten("rank").slice(rank=0)``."""
+        return self._new_with_shape(self._shape.flatten(name))
+
     def _sliced(self, shape: Shape) -> "ProcMesh":
         sub = ProcMesh(self._procs, shape, self._mesh_id, self._name, self._host_mesh, False)
         # A slice is still ours: its procs' deaths already reach the owner through the whole mesh.

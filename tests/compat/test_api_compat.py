@@ -513,6 +513,31 @@ done
 """
 BOTH["mock_registry.py"] = MOCK_REGISTRY_OUT
 
+REMOTE_MOUNT_OUT = """\
+paths ['/', '/main.py', '/pkg', '/pkg/model.py', '/train.py', '/weights.bin']
+root ['main.py', 'pkg', 'train.py', 'weights.bin'] True
+link train.py False
+small files first True True
+code blocks [0]
+unchanged index is equal True
+moved ['/pkg/model.py'] True
+stale block True True ['/pkg/model.py']
+past the end ValueError
+waiting read faulted [0] True
+woken read {'a': b'hello'}
+stale file EIO
+modes 0o100444 ['a.txt', 'b.txt']
+unmounted True
+listing ['config.json', 'weights.bin']
+big file read on demand True
+before b'{"lr": 0.1}'
+open file after refresh b'{"lr": 0.01}'
+listing ['config.json', 'new.txt', 'weights.bin']
+closed, mounted: False
+done
+"""
+BOTH["remote_mount.py"] = REMOTE_MOUNT_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
