@@ -231,14 +231,13 @@ def test_a_slow_scan_is_cancelled_at_its_deadline():
     logs = TABLES["messages"]
     cols = {c.name: (data.column("id") if c.arrow_type == pa.int64() else pa.nulls(n, c.arrow_type)) for c in logs.columns}
     table = pa.Table.from_pydict(cols, schema=pa.schema([pa.field(c.name, c.arrow_type) for c in logs.columns]))
-    t0 = time.monotonic()
     # Every row comes back (hundreds of batches), and 1 ms is less than planning alone takes: the
-    # deadline is passed at the first batch on any machine, so the stream is cut there, not at its end.
+    # deadline is passed at the first batch on any machine, so the stream is cut there (an error),
+    # not drained to its end (an answer).  No wall-clock bound: speed is for benchmarks/.
     with pytest.raises(QueryTimeout):
         run_scan(lambda _: table.to_batches(max_chunksize=8192), "messages",
                  "SELECT id, CAST(id AS VARCHAR) AS s FROM messages",
                  deadline=time.monotonic() + 0.001)
-    assert time.monotonic() - t0 < 5
     del batches
 
 
