@@ -89,3 +89,35 @@ def test_a_mount_inside_the_source_is_an_empty_folder_and_never_read_through(tmp
         assert index["/"]["children"] == ["code.py", "inner"]
     finally:
         m.unmount()
+
+
+_KILLED_OWNER = """
+import os, sys
+from monarch.actor import this_host
+from monarch.remotemount import remotemount
+rm = remotemount(this_host(), sys.argv[1], sys.argv[2])
+rm.open()
+print(open(os.path.join(sys.argv[2], "a.py")).read(), flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.skipif(bool(fuse_unavailable_reason()), reason=fuse_unavailable_reason() or "")
+def test_a_client_killed_with_its_mount_open_leaves_no_mount_and_no_process(tmp_path, no_leaked_processes):
+    import subprocess
+    import sys
+    import time
+
+    from monarch_rdmafs.mount import is_mounted
+    from tests.helpers import ROOT
+
+    (tmp_path / "src").mkdir()
+    _write(tmp_path / "src" / "a.py", b"A = 1\n")
+    mnt = str(tmp_path / "mnt")
+    r = subprocess.run([sys.executable, "-c", _KILLED_OWNER, str(tmp_path / "src"), mnt], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == -9 and r.stdout == "A = 1\n\n", r.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while is_mounted(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_mounted(mnt)
