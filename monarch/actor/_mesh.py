@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from monarch_agents import messages as m
@@ -145,6 +146,9 @@ def _report(owner_actor: Any, failure: MeshFailure) -> None:
 #: What ``monarch._src.actor.proc_mesh.register_proc_mesh_spawn_callback`` registered: each is called
 #: with every proc mesh ``spawn_procs`` returns in this process, in registration order.
 _spawn_callbacks: list[Callable[["ProcMesh"], None]] = []
+#: Every proc mesh ``spawn_procs`` returned in this process and not yet collected (Monarch's
+#: ``get_active_proc_meshes``, which flushes their logs after each IPython cell, lists the unstopped ones).
+_spawned_proc_meshes: "weakref.WeakSet[ProcMesh]" = weakref.WeakSet()
 
 
 class HyHostMesh:
@@ -351,6 +355,7 @@ class HostMesh(_MeshBase):
         if proc_bind is not None:
             _hostmesh_extras.bind_procs(pm, proc_bind, count)
         _hostmesh_extras.remember(self, pm)
+        _spawned_proc_meshes.add(pm)
         for callback in list(_spawn_callbacks):
             callback(pm)
         return pm

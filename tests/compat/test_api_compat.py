@@ -379,6 +379,14 @@ BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT
         "gil_hold.py": GIL_HOLD_OUT}
 
 
+FLUSH_ALL_LOGS_OUT = """\
+active: True
+before flush: ['flushed line', 'flushed line']
+after flush: ['flushed line', 'flushed line', '\\x1b[33m[2 similar log lines]\\x1b[0m [r] flushed line']
+"""
+BOTH["flush_all_logs.py"] = FLUSH_ALL_LOGS_OUT
+
+
 VALUE_MESHES_OUT = """\
 negative and junk items TypeError TypeError OverflowError
 selection Union(All(Range(Range(0, Some(4), 2), True)), Range(Range(1, Some(2), 1), Any(True))) All(True) Any(True)

@@ -16,3 +16,9 @@ def unregister_proc_mesh_spawn_callback(callback: Callable[[ProcMesh], None]) ->
     """Stop calling ``callback``; one that is not registered is ignored."""
     if callback in _mesh._spawn_callbacks:
         _mesh._spawn_callbacks.remove(callback)
+
+
+def get_active_proc_meshes() -> list[ProcMesh]:
+    """The proc meshes this process spawned that are not stopped (Monarch flushes their logs after each
+    IPython cell with ``monarch._src.actor.logging.flush_all_proc_mesh_logs``)."""
+    return [pm for pm in list(_mesh._spawned_proc_meshes) if not pm._stopped]
