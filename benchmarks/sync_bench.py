@@ -273,6 +273,9 @@ def main() -> None:
         # the disk's rate for them, apart from what the mount adds.
         shards = [os.path.join("data", f"shard{i}.bin") for i in range(4)]
         chunk_paths = shard_chunk_files([os.path.join(ws, s) for s in shards], mounts[0])
+        # What the syncs and rsync wrote (GBs at the default size) is flushed first: its writeback would
+        # otherwise share the disk with whichever read comes first after it.
+        os.sync()
         load = os.getloadavg()[0]
         evict([os.path.join(ws, s) for s in shards])
         local = read_throughput([os.path.join(ws, s) for s in shards])

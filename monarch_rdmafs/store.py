@@ -8,8 +8,8 @@ Layout under ``root``:
   bytes are written; ``segs/<name>.bad`` the chunks found corrupt there (id and offset, appended by
   whichever process found them).  The one writer (the host's agent) appends to one segment at a
   time.  So reading a big file is reading one store file in order, which the kernel reads ahead
-  in large requests: a mount's first read of 384 MiB of shards here went from ~0.5-0.9 GB/s with a
-  file per chunk to ~2.5 GB/s (``benchmarks/sync_bench.py``).
+  in large requests: a mount's first read of 384 MiB-1 GiB of shards here (under ``chrt``, the store's
+  files not in the page cache) went from ~0.5-0.9 GB/s with a file per chunk to ~2.0-2.7 GB/s.
 - ``packs/<name>``: many small chunks one after the other and an index of them at the end (see
   :meth:`ChunkStore.put_many`), written to ``tmp/`` and renamed in whole.  Small chunks go in packs
   because creating a file is what storing a small one costs (ext4 here: ~0.1-0.6 ms of kernel time
