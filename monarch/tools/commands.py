@@ -590,16 +590,17 @@ def kill(server_handle: str) -> None:
 
 
 def kill_and_confirm(server_handle: str, timeout_after_kill: int = TIMEOUT_AFTER_KILL) -> None:
-    """Cancel the server's job and wait until its scheduler reports it ended (SUCCEEDED or FAILED);
-    raises after ``timeout_after_kill`` seconds without that."""
-    from torchx.specs import AppState
+    """Cancel the server's job and wait until its scheduler reports it ended; raises after
+    ``timeout_after_kill`` seconds without that.  Any terminal state counts, CANCELLED too (the
+    state a cancelled Slurm job ends in; Monarch waits for SUCCEEDED or FAILED only)."""
+    from torchx.specs.api import is_terminal
 
     with torchx_runner() as runner:
         runner.cancel(server_handle)
         deadline = time.monotonic() + timeout_after_kill
         while time.monotonic() < deadline:
             status = runner.status(server_handle)
-            if status is not None and status.state in (AppState.SUCCEEDED, AppState.FAILED):
+            if status is not None and is_terminal(status.state):
                 logger.info("Server %s reached %s state!", server_handle, status.state)
                 return
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
