@@ -464,8 +464,20 @@ def torchx_runner() -> "Runner":
     from monarch.tools.config import defaults
     from torchx.runner import Runner
 
-    # An empty session name keeps handles short (slurm:///123), as Monarch's.
-    return Runner("", defaults.scheduler_factories())
+    return Runner(_SESSION, defaults.scheduler_factories())
+
+
+#: The TorchX session name of our handles (``slurm://monarch/123``).  Monarch's is empty
+#: (``slurm:///123``), which TorchX 0.7.0, the one we install, cannot parse back.
+_SESSION = "monarch"
+
+
+def _handle(server_handle: str) -> str:
+    """``server_handle`` as TorchX 0.7.0 parses it: Monarch's ``scheduler:///app`` gets our session name."""
+    scheduler, sep, rest = server_handle.partition("://")
+    if sep and rest.startswith("/"):
+        return f"{scheduler}://{_SESSION}{rest}"
+    return server_handle
 
 
 def create(config: "Config", name: Optional[str] = None) -> Union[str, "AppDryRunInfo"]:
@@ -503,6 +515,7 @@ def info(server_handle: str) -> Optional["ServerSpec"]:
     from monarch.tools.mesh_spec import ServerSpec, mesh_spec_from_metadata
     from torchx.specs import parse_app_handle
 
+    server_handle = _handle(server_handle)
     with torchx_runner() as runner:
         status = runner.status(server_handle)
         if status is None:
@@ -586,22 +599,25 @@ async def get_or_create(name: str, config: "Config", check_interval: timedelta =
 def kill(server_handle: str) -> None:
     """Cancel the server's job (asynchronous: see ``kill_and_confirm``)."""
     with torchx_runner() as runner:
-        runner.cancel(server_handle)
+        runner.cancel(_handle(server_handle))
 
 
 def kill_and_confirm(server_handle: str, timeout_after_kill: int = TIMEOUT_AFTER_KILL) -> None:
     """Cancel the server's job and wait until its scheduler reports it ended; raises after
     ``timeout_after_kill`` seconds without that.  Any terminal state counts, CANCELLED too (the
-    state a cancelled Slurm job ends in; Monarch waits for SUCCEEDED or FAILED only)."""
+    state a cancelled Slurm job ends in), and so does a job the scheduler no longer lists (Monarch
+    waits for SUCCEEDED or FAILED only)."""
     from torchx.specs.api import is_terminal
 
+    server_handle = _handle(server_handle)
     with torchx_runner() as runner:
         runner.cancel(server_handle)
         deadline = time.monotonic() + timeout_after_kill
         while time.monotonic() < deadline:
             status = runner.status(server_handle)
-            if status is not None and is_terminal(status.state):
-                logger.info("Server %s reached %s state!", server_handle, status.state)
+            # A job its scheduler no longer lists after the cancel has ended too.
+            if status is None or is_terminal(status.state):
+                logger.info("Server %s reached %s state!", server_handle, status.state if status else "an unlisted")
                 return
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
     raise Exception(f"Server {server_handle} did not reach a terminal state within {timeout_after_kill} "
