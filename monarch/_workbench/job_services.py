@@ -5,7 +5,8 @@ for the admin server ``monarch.config``'s ``mesh_admin_addr``, says otherwise) f
 
 * telemetry (``JobState.telemetry_url``): ``POST /api/query`` ``{"sql": ...}`` answers
   ``{"rows": [...]}`` from the job's telemetry tables (the SQL of ``monarch query``, run on every
-  host); ``JobState.query_engine.query(sql)`` is the same in process (a ``pyarrow`` reader).
+  host); ``JobState.query_engine_client.query(sql)`` asks it from Python (``JobState.query_engine`` is
+  None, as Monarch's; ``QueryEngine(hosts).query(sql)`` runs the same in process, a ``pyarrow`` reader).
 * admin (``JobState.admin_url``): Monarch's mesh admin API, a tree of references to walk from
   ``GET /v1/root`` (hosts, then procs, then actors, each ``GET /v1/{reference}``), ``GET
   /v1/pyspy/{proc}`` (the proc's Python stacks by ``monarch stack``'s py-spy), ``GET /v1/tree``,

@@ -182,7 +182,8 @@ class JobTrait(abc.ABC):
     def enable_telemetry(self, config: "TelemetryConfig | None" = None, *,
                          mesh_admin_config: "MeshAdminConfig | None" = None, **kwargs: Any) -> "JobTrait":
         """Serve the job's telemetry (and, unless already configured, the mesh admin API) from the
-        next ``state()`` on: ``state.telemetry_url``, ``state.query_engine``, ``state.admin_url``
+        next ``state()`` on: ``state.telemetry_url``, ``state.query_engine_client`` (``state.query_engine``
+        stays None, as Monarch's), ``state.admin_url``
         (see ``monarch._workbench.job_services``).  Returns ``self``."""
         self._telemetry_config = config if config is not None else TelemetryConfig(**kwargs)
         if mesh_admin_config is not None:
