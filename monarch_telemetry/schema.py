@@ -352,7 +352,24 @@ FROM stacks WHERE dump_id IS NOT NULL AND error IS NULL""", (
     _c("line", I64, "line number"),
 ))
 
-VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS, PYSPY_DUMPS, PYSPY_STACK_TRACES, PYSPY_FRAMES)}
+# Monarch's fourth py-spy table; monarch's dumps take no locals (see monarch_telemetry.stacks), so it
+# has Monarch's columns and never a row.
+PYSPY_LOCAL_VARIABLES = ViewSpec("pyspy_local_variables", "One row per local variable of a frame of a stored py-spy dump: always empty, as monarch's dumps take no locals.", """
+SELECT arrow_cast(NULL, 'Utf8') AS dump_id, CAST(NULL AS BIGINT) AS thread_id, CAST(NULL AS BIGINT) AS frame_depth,
+       arrow_cast(NULL, 'Utf8') AS name, CAST(NULL AS BIGINT) AS addr, CAST(NULL AS BOOLEAN) AS arg,
+       arrow_cast(NULL, 'Utf8') AS repr
+WHERE false""", (
+    _c("dump_id", STR, "the dump"),
+    _c("thread_id", I64, "thread id"),
+    _c("frame_depth", I64, "0 = innermost frame"),
+    _c("name", STR, "the variable's name"),
+    _c("addr", I64, "its object's address"),
+    _c("arg", BOOL, "whether it is an argument of the function"),
+    _c("repr", STR, "its repr", True),
+))
+
+VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS, PYSPY_DUMPS, PYSPY_STACK_TRACES, PYSPY_FRAMES,
+                                                  PYSPY_LOCAL_VARIABLES)}
 
 
 def all_specs() -> list[TableSpec | ViewSpec]:

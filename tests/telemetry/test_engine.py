@@ -288,3 +288,16 @@ def test_a_query_of_the_time_is_planned_each_time():
     time.sleep(0.01)
     again = plan(sql, 1000)
     assert again is not first and again.scans != first.scans
+
+
+def test_pyspy_local_variables_has_monarchs_columns_and_no_rows_and_scans_no_host():
+    """Monarch's fourth py-spy table: listed, typed as Monarch's, always empty (our dumps take no locals)."""
+    p = plan("SELECT * FROM pyspy_local_variables")
+    assert p.scans == {}
+    result, _ = finish(p, {})
+    assert result.num_rows == 0
+    assert [(f.name, str(f.type)) for f in result.schema] == [
+        ("dump_id", "string"), ("thread_id", "int64"), ("frame_depth", "int64"), ("name", "string"),
+        ("addr", "int64"), ("arg", "bool"), ("repr", "string")]
+    listed = finish(plan("SELECT table_name FROM information_schema.tables WHERE table_name LIKE 'pyspy%'"), {})[0]
+    assert "pyspy_local_variables" in listed.column("table_name").to_pylist()
