@@ -61,6 +61,25 @@ class ProcessJob(Job):
     def _mesh_sizes(self) -> dict[str, int]:
         return dict(self._meshes)
 
+    @property
+    def _host_to_pid(self) -> dict[str, Any]:
+        """Each host of the running job -> ``ProcessState(pid, channel)`` of its host agent (a process
+        of this machine), keyed ``<mesh>_<index>``; empty when not running.  Monarch's ProcessJob has
+        this table of its worker processes, and its tests read the pids from it."""
+        from monarch.job.job import ProcessState
+
+        record = self.record
+        if record is None or record.spec.scheduler != "local":
+            return {}
+        hosts = sorted(record.hosts, key=lambda h: h.host_rank)
+        out, i = {}, 0
+        for mesh, n in self._meshes.items():
+            for k in range(n):
+                if i < len(hosts):
+                    out[f"{mesh}_{k}"] = ProcessState(hosts[i].pid, hosts[i].addr)
+                i += 1
+        return out
+
     def _same_spec(self, spec: Any) -> bool:
         # Monarch: a ProcessJob with the same meshes (the environment is part of what we reserved).
         return isinstance(spec, ProcessJob) and spec._meshes == self._meshes and spec._env == self._env \

@@ -135,6 +135,10 @@ def test_apply_exec_kill_with_remote_and_gather_mounts(tooldir):
     assert (tooldir / "gathered" / "hosts_1" / "out.txt").read_text() == "host 1\n"
     keeper = _mount_pid(state_dir)
     assert alive(keeper)
+    from monarch.job import job_load
+
+    agents = [p.pid for p in job_load(str(tooldir / ".monarch" / "job_state.pkl"))._host_to_pid.values()]
+    assert len(agents) == 2 and all(alive(p) for p in agents)  # each host's agent, a process here
     # One reservation for both CLIs: ours sees it through the link.
     assert monarch("status", cwd=tooldir).returncode == 0
 
@@ -167,6 +171,7 @@ def test_apply_exec_kill_with_remote_and_gather_mounts(tooldir):
     while (alive(keeper) or is_mounted(gathered)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(keeper) and not is_mounted(gathered)
+    assert not any(alive(p) for p in agents)  # gone, or dead and waiting for PID 1 to reap them
     assert not (state_dir / "state.pkl").exists() and monarch("status", cwd=tooldir).returncode != 0
 
     # After a kill, exec applies the saved job again before it runs.
