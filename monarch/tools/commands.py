@@ -24,6 +24,7 @@ Monarch, under the job's gather mount when it has one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import logging
 import os
@@ -35,7 +36,7 @@ import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from monarch.tools.colors import CYAN, ENDC
 
@@ -232,12 +233,22 @@ def _without_gather(job: "JobTrait") -> list:
     return [s for s in specs if s[0] == "gather"]
 
 
-def _job_state(job: "JobTrait") -> Any:
-    """``job.state()`` (reusing the context's live reservation, applying it otherwise), remote mounts
-    refreshed, gather mounts left to the mount process."""
+@contextlib.contextmanager
+def _connected(job: "JobTrait") -> Iterator[Any]:
+    """``job.state()`` (reusing the context's live reservation, applying it otherwise) for the time of
+    one command: its remote mounts are opened or refreshed on the hosts for it (only changes
+    travel) and closed when it ends, before this process exits, so no unmount is left racing a
+    ``kill``; its gather mounts are left to the context's mount process."""
     gathers = _without_gather(job)
     try:
-        return job.state()
+        state = job.state()
+        try:
+            yield state
+        finally:
+            try:
+                job.close_mounts()
+            except Exception as e:  # a host that went away: nothing left to unmount there
+                print(f"monarch: closing the job's remote mounts: {e}", file=sys.stderr)
     finally:
         job._mount_specs = [*job._mount_specs, *gathers]
 
@@ -251,8 +262,8 @@ def apply_job(module_path: Optional[str] = None) -> None:
     """Apply the job ``module_path`` (``module.attr``; default: the active context's saved spec) and
     wait until its hosts run commands: "Job is ready (N s)".
 
-    A live reservation of the context that can run the job is reused.  The job's remote mounts are
-    refreshed on its hosts, and its gather mounts are served here until the reservation is released.
+    A live reservation of the context that can run the job is reused.  The job's gather mounts are
+    served here until the reservation is released (its remote mounts are mounted for each command).
     """
     from monarch.tools import _mount_process
 
@@ -260,12 +271,12 @@ def apply_job(module_path: Optional[str] = None) -> None:
         set_current_job(module_path)
     job = load_current_job()
     t0 = time.time()
-    state = _job_state(job)
-    path = _state_path(job)
     gathers = [s for s in getattr(job, "_mount_specs", []) if s[0] == "gather"]
-    if path is not None:
-        _mount_process.ensure(path, gathers)
-    _ready_check(state)
+    with _connected(job) as state:
+        path = _state_path(job)
+        if path is not None:
+            _mount_process.ensure(path, gathers)
+        _ready_check(state)
     print(f"Job is ready ({time.time() - t0:.0f}s)", flush=True)
 
 
@@ -311,11 +322,11 @@ def _parse_point(s: str) -> dict[str, int]:
     return point
 
 
-def _output_dir_for_job(job: "JobTrait") -> tuple[str, str]:
+def _output_dir_for_job(mount_specs: list) -> tuple[str, str]:
     """Where ``--all``/``--mesh`` write each rank's output on the hosts, and the line that says so:
     under the job's first gather mount (so the files show here), else ``/tmp`` of each host."""
     run_id = uuid.uuid4().hex[:8]
-    for kind, remote, local, _meshes in getattr(job, "_mount_specs", []):
+    for kind, remote, local, _meshes in mount_specs:
         if kind == "gather" and isinstance(remote, str):
             report = (f"Output → {local}/<rank>/exec_outputs/{run_id}/\n"
                       f"  e.g. {local}/hosts_0/exec_outputs/{run_id}/stdout.txt")
@@ -350,35 +361,36 @@ def exec_on_job(cmd: list[str], run_all: bool = False, mesh_name: Optional[str] 
     if not cmd:
         raise ValueError("no command specified (use cmd args or --script)")
     env_dict = _parse_env(env)
-    state = _job_state(job)
-    meshes = state._hosts
-    if not meshes:
-        raise RuntimeError("Job has no host meshes")
-    first = next(iter(meshes))
-    rank: Optional[int] = None
-    point: Optional[dict[str, int]] = None
-    if run_all:
-        targets = list(meshes.items())
-    elif mesh_name is not None:
-        if mesh_name not in meshes:
-            raise ValueError(f"Mesh {mesh_name!r} not found. Available: {list(meshes)}")
-        targets = [(mesh_name, meshes[mesh_name])]
-    elif point_str is not None:
-        point = _parse_point(point_str)
-        targets = [(first, meshes[first])]
-    else:
-        rank = 0
-        targets = [(first, meshes[first])]
-    output_dir: Optional[str] = None
-    if run_all or mesh_name is not None:
-        output_dir, report = _output_dir_for_job(job)
-        print(report, flush=True)
+    mount_specs = list(getattr(job, "_mount_specs", []) or [])
     worst = 0
     try:
-        for _name, mesh in targets:
-            rc = exec_command(mesh, list(cmd), env=env_dict, workdir=workdir, output_dir=output_dir,
-                              rank=rank, point=point, per_host=per_host).get()
-            worst = max(worst, rc)
+        with _connected(job) as state:
+            meshes = state._hosts
+            if not meshes:
+                raise RuntimeError("Job has no host meshes")
+            first = next(iter(meshes))
+            rank: Optional[int] = None
+            point: Optional[dict[str, int]] = None
+            if run_all:
+                targets = list(meshes.items())
+            elif mesh_name is not None:
+                if mesh_name not in meshes:
+                    raise ValueError(f"Mesh {mesh_name!r} not found. Available: {list(meshes)}")
+                targets = [(mesh_name, meshes[mesh_name])]
+            elif point_str is not None:
+                point = _parse_point(point_str)
+                targets = [(first, meshes[first])]
+            else:
+                rank = 0
+                targets = [(first, meshes[first])]
+            output_dir: Optional[str] = None
+            if run_all or mesh_name is not None:
+                output_dir, report = _output_dir_for_job(mount_specs)
+                print(report, flush=True)
+            for _name, mesh in targets:
+                rc = exec_command(mesh, list(cmd), env=env_dict, workdir=workdir, output_dir=output_dir,
+                                  rank=rank, point=point, per_host=per_host).get()
+                worst = max(worst, rc)
     finally:
         if kill:
             _kill_job(job)
@@ -392,17 +404,18 @@ def shell_on_job(mesh_name: Optional[str] = None, point_str: Optional[str] = Non
     from monarch.job import shell
 
     job = load_current_job()
-    meshes = _job_state(job)._hosts
-    if not meshes:
-        raise RuntimeError("Job has no host meshes")
-    if mesh_name is None:
-        mesh_name = next(iter(meshes))
-    elif mesh_name not in meshes:
-        raise ValueError(f"Mesh {mesh_name!r} not found. Available: {list(meshes)}")
-    mesh = meshes[mesh_name]
-    one = mesh.slice(**_parse_point(point_str)) if point_str is not None else type(mesh)([mesh.hosts[0]])
     try:
-        return shell(one, env=_parse_env(env), workdir=workdir)
+        with _connected(job) as state:
+            meshes = state._hosts
+            if not meshes:
+                raise RuntimeError("Job has no host meshes")
+            if mesh_name is None:
+                mesh_name = next(iter(meshes))
+            elif mesh_name not in meshes:
+                raise ValueError(f"Mesh {mesh_name!r} not found. Available: {list(meshes)}")
+            mesh = meshes[mesh_name]
+            one = mesh.slice(**_parse_point(point_str)) if point_str is not None else type(mesh)([mesh.hosts[0]])
+            return shell(one, env=_parse_env(env), workdir=workdir)
     finally:
         if kill:
             _kill_job(job)
