@@ -125,6 +125,8 @@ class ActorSlot:
         # Supervision events jump the queue: they run before messages already waiting.
         self.events: collections.deque[MeshFailure] = collections.deque()
         self.failed: SupervisionError | None = None
+        #: It never started: its proc was poisoned (calls raise the spawn's RuntimeError).
+        self.spawn_refused = False
         self.stopping = False
         #: Why it stopped, when it stopped itself (``Instance.stop``): the Stopped status's reason.
         self.stop_reason: str | None = None
@@ -146,6 +148,11 @@ class ActorSlot:
     # -- thread --------------------------------------------------------------
 
     def _run(self) -> None:
+        poisoned = self.agent.poisoned
+        if poisoned is not None:
+            self._refuse_spawn(poisoned)
+            self._serve_sync()
+            return
         try:
             loaded = self.msg.payload.load()
             kind = actor_kind(loaded[0])
@@ -220,6 +227,24 @@ class ActorSlot:
         actor_telemetry.ready(self)
         self.agent.send_reply(msg.reply, True, rank=self.info.rank)
         return True
+
+    def _refuse_spawn(self, why: str) -> None:
+        """This proc is poisoned (Monarch: an actor of it failed): no new actor starts on it.
+
+        As in Monarch the spawn fails for its caller (``initialized`` and every call raise); it is
+        not a new failure for the mesh's owner: the one that poisoned the proc was reported.
+        """
+        msg = self.msg
+        rt = self.agent.rt
+        self.info = ActorSlotInfo(msg.actor_id, msg.name, "", msg.point, msg.extent, _linear(msg.point, msg.extent),
+                                  rt.host, rt.addr, msg.owner, self)
+        self.constructing = False
+        text = (f"error spawning actor mesh {msg.name!r}: rank {self.info.rank} on {rt.host}: "
+                f"Cannot spawn new actors on mesh with supervision events ({why})")
+        self.failed = SupervisionError(text, actor=msg.name, rank=self.info.rank, host=rt.host)
+        self.spawn_refused = True
+        actor_telemetry.status(self, "Failed", text)
+        self.agent.send_reply(msg.reply, RuntimeError(text), ok=False, rank=self.info.rank)
 
     async def _run_async(self) -> None:
         import asyncio  # here, not at the top: a client that has no async actor never pays for it
@@ -447,9 +472,11 @@ class ActorSlot:
             self.agent.send_reply(call.reply, self._refusal(call.method), ok=False, rank=call.rank)
         return True
 
-    def _refusal(self, method: str) -> SupervisionError:
+    def _refusal(self, method: str) -> Exception:
         f = self.failed
         assert f is not None
+        if self.spawn_refused:
+            return RuntimeError(f.message)  # as Monarch's: the spawn's own error, not a supervision event
         return SupervisionError(f.message, actor=f.actor, rank=f.rank, host=f.host, endpoint=f"{self.msg.name}.{method}()")
 
     def _answer(self, call: m.Call, result: Any, desc: Any) -> None:
@@ -517,6 +544,7 @@ class ActorSlot:
         actor_telemetry.status(self, "Failed", text)
         if self.stopping:
             return  # what fails while it is being stopped is not news to its owner
+        self.agent.poison(f"actor {self.display_name} failed on this proc")
         try:
             self.agent.rt.send(self.msg.owner, m.ActorFailed(self.agent.rt.addr, self.msg.actor_id, rank or 0, host, text))
         except Exception as e:
@@ -656,6 +684,16 @@ class ProcAgent:
         self.early: dict[str, list[m.Call]] = {}  # calls that came before their actor's spawn (_EARLY_WAIT_S)
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        #: Why this proc takes no new actors, once one of its actors failed (Monarch's "poisoned"
+        #: proc: "Cannot spawn new actors on mesh with supervision events"); None while healthy.
+        #: The actors already here go on answering.
+        self.poisoned: str | None = None
+
+    def poison(self, why: str) -> None:
+        """An actor here failed: from now on spawns on this proc fail (the first reason is kept)."""
+        with self.lock:
+            if self.poisoned is None:
+                self.poisoned = why
 
     def lazy_actor(self, actor_id: str, make: Callable[[m.PortRef], m.SpawnActor]) -> None:
         """Start the actor ``make(reply)`` describes when its first message comes (once)."""

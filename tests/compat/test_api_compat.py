@@ -545,6 +545,24 @@ closed, mounted: False
 done
 """
 BOTH["remote_mount.py"] = REMOTE_MOUNT_OUT
+PROC_POISONING_OUT = """\
+before: returned [1, 1]
+fragile[0] dies: SupervisionError (RuntimeError: True, spawn error: False, poisoned: False)
+faults: 1
+echo still answers: returned [2, 2]
+spawn on both procs, initialized: RuntimeError (RuntimeError: True, spawn error: True, poisoned: True)
+spawn on both procs, call: RuntimeError (RuntimeError: True, spawn error: True, poisoned: True)
+spawn on the poisoned proc: RuntimeError (RuntimeError: True, spawn error: True, poisoned: True)
+spawn on the healthy proc: returned None
+its call: returned [4]
+after a failed __init__: RuntimeError (RuntimeError: True, spawn error: True, poisoned: True)
+local dies: SupervisionError (RuntimeError: True, spawn error: False, poisoned: False)
+spawn on the client's proc: RuntimeError (RuntimeError: True, spawn error: True, poisoned: True)
+faults: 3
+stop: returned None returned None
+done
+"""
+BOTH["proc_poisoning.py"] = PROC_POISONING_OUT
 
 
 @pytest.mark.parametrize("program", sorted(BOTH))

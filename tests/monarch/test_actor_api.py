@@ -394,30 +394,39 @@ def test_exception_from_call_on_whole_mesh(workers):
     assert workers.add.call(0).get(timeout=T).values() == [0] * 4
 
 
-def test_a_mesh_whose_init_failed_stops_cleanly(procs, workers, monkeypatch):
+def test_a_mesh_whose_init_failed_stops_cleanly(monkeypatch):
     import time
 
     import monarch.actor
 
     failures: list = []
     monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", failures.append)
-    bad = procs.spawn("bad_one", BadInit, 1)  # returns at once (test_monarch_semantics has the rest)
-    with pytest.raises(SupervisionError, match="cannot start rank 1"):
-        bad.initialized.get(timeout=T)
-    bad.stop().get(timeout=T)
-    # Every rank, the failed one too, is gone: their threads end.
-    deadline = time.monotonic() + 5
-    while True:
-        left = [n for names in workers.threads.call().get(timeout=T).values() for n in names if "bad_one" in n]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert left == []
-    assert [f.rank for f in failures] == [1]
-    # The procs are still usable.
-    ok = procs.spawn("good", BadInit, 99)
-    assert ok.ok.call().get(timeout=T).values() == [True] * 4
-    ok.stop().get(timeout=T)
+    # Procs of its own: the failed __init__ poisons its proc (the module's procs stay healthy).
+    pm = this_host().spawn_procs(per_host={"gpus": 4})
+    try:
+        watcher = pm.spawn("watcher", Worker, "w")
+        watcher.initialized.get(timeout=T)
+        bad = pm.spawn("bad_one", BadInit, 1)  # returns at once (test_monarch_semantics has the rest)
+        with pytest.raises(SupervisionError, match="cannot start rank 1"):
+            bad.initialized.get(timeout=T)
+        bad.stop().get(timeout=T)
+        # Every rank, the failed one too, is gone: their threads end.
+        deadline = time.monotonic() + 5
+        while True:
+            left = [n for names in watcher.threads.call().get(timeout=T).values() for n in names if "bad_one" in n]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert left == []
+        assert [f.rank for f in failures] == [1]
+        # As in Monarch, the proc where __init__ failed takes no new actor, even once the failed
+        # one is stopped; the others do.
+        with pytest.raises(RuntimeError, match="Cannot spawn new actors on mesh with supervision events"):
+            pm.slice(gpus=1).spawn("again", BadInit, 99).initialized.get(timeout=T)
+        ok = pm.slice(gpus=0).spawn("good", BadInit, 99)
+        assert ok.ok.call().get(timeout=T).values() == [True]
+    finally:
+        pm.stop().get(timeout=T)
 
 
 def test_unpicklable_result_is_an_error_not_a_hang(workers):

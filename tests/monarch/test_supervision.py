@@ -152,13 +152,17 @@ def test_exception_with_no_caller_fails_the_actor(faults):
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     try:
         w = pm.spawn("loud", Worker)
+        bystander = pm.spawn("bystander", Worker)
+        bystander.initialized.get(timeout=T)
         w.fail.broadcast("nobody listens")
         got = sorted(faults.get(timeout=T).rank for _ in range(2))
         assert got == [0, 1]
         with pytest.raises(SupervisionError, match="nobody listens"):
             w.add.call(1).get(timeout=T)
-        # The procs are fine: another actor on them works.
-        assert pm.spawn("quiet", Worker).add.call(1, 2).get(timeout=T).values() == [3, 3]
+        # The actors already on the procs go on; as in Monarch the procs take no new actor.
+        assert bystander.add.call(1, 2).get(timeout=T).values() == [3, 3]
+        with pytest.raises(RuntimeError, match="Cannot spawn new actors on mesh with supervision events"):
+            pm.spawn("quiet", Worker).initialized.get(timeout=T)
     finally:
         pm.stop().get(timeout=T)
 
