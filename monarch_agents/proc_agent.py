@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents.zygote import ENV_UNSET  # noqa: F401  (re-exported: monarch.actor names it here; the zygote applies it)
@@ -327,6 +328,9 @@ class ActorSlot:
 
     def _handle_sync(self, item: Any) -> bool:
         """Handle one mailbox item; True when the actor should stop."""
+        if isinstance(item, _Undelivered):
+            self._undelivered(item)
+            return False
         if isinstance(item, m.Call):
             if self._refuse(item):
                 return False
@@ -363,6 +367,9 @@ class ActorSlot:
     async def _handle_async(self, item: Any, concurrent: bool = False) -> bool:
         import asyncio  # here, not at the top: a client that has no async actor never pays for it
 
+        if isinstance(item, _Undelivered):
+            self._undelivered(item)
+            return False
         if isinstance(item, m.Call):
             if self._refuse(item):
                 return False
@@ -610,6 +617,26 @@ class ActorSlot:
             except Exception as e:
                 log.debug("stopping a child mesh: %s", e)
 
+    def post_undelivered(self, envelope: Any) -> None:
+        """A message this actor sent came back (Monarch's undeliverable message)."""
+        self.post(_Undelivered(envelope))
+
+    def _undelivered(self, item: "_Undelivered") -> None:
+        """Its ``_handle_undeliverable_message`` says whether it is handled; if not, the actor fails."""
+        if self.instance is None or self.failed is not None:
+            return
+        token = CURRENT.set(MessageContext(self.info, self.msg.point, self.msg.extent, self.info.rank))
+        try:
+            handled = self.instance._handle_undeliverable_message(item.envelope)
+        except Exception as e:
+            handled, why = False, f"; _handle_undeliverable_message raised {type(e).__name__}: {e}"
+        else:
+            why = ""
+        finally:
+            CURRENT.reset(token)
+        if not handled:
+            self._fail(f"undeliverable message to {item.envelope.dest()}: {item.envelope.error_msg()}{why}")
+
     def post(self, item: Any) -> None:
         if isinstance(item, MeshFailure):
             if self.stopping:
@@ -617,6 +644,13 @@ class ActorSlot:
             self.events.append(item)
             item = _WAKE
         self.mailbox.put(item)
+
+
+@dataclass
+class _Undelivered:
+    """A mailbox item: a message the actor sent came back (``monarch.actor._mailbox``)."""
+
+    envelope: Any
 
 
 def _is_async(desc: Any) -> bool:

@@ -73,6 +73,11 @@ class Actor:
     def _monarch_info(self) -> Any:
         return getattr(self, "_monarch_slot", None)
 
+    def _handle_undeliverable_message(self, message: Any) -> bool:
+        """A message this actor sent came back undelivered (``PortRef.send``); True: handled.
+        As in Monarch, by default it is not, and the actor fails."""
+        return False
+
     @functools.cached_property
     def logger(self) -> logging.Logger:
         """A logger named after the actor's class, at DEBUG; its lines carry the actor's name."""
@@ -957,6 +962,16 @@ class ActorInstance:
         if self._info is None or self._info.slot is None:
             raise RuntimeError("abort() is for actors; the client has no owner to report to")
         self._info.slot.abort(reason)
+
+    def _as_rust(self) -> "ActorInstance":
+        """What Monarch's runtime calls take as the sender (``PortRef.send``): this instance."""
+        return self
+
+    def _undeliverable(self, envelope: Any) -> None:
+        """A message this actor sent came back: it sees it after the message it is handling."""
+        if self._info is None or self._info.slot is None:
+            raise RuntimeError(str(envelope))  # the client sent it: it hears at once
+        self._info.slot.post_undelivered(envelope)
 
     def __repr__(self) -> str:
         return (self._info.qualname or f"<{self.name} {self.rank}>") if self._info else "<root>"

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from monarch.actor import (
     Actor,
@@ -532,3 +533,35 @@ class Notebook(Actor):
     @endpoint
     def recall(self) -> list:
         return list(self.notes)
+
+
+class HandMadeSender(Actor):
+    """Sends through Monarch's hand-built mailbox objects (``PortRef``, ``PythonMessage``)."""
+
+    def __init__(self, handle: bool = False) -> None:
+        self.handle = handle
+        self.returned: list = []
+
+    @endpoint
+    def send_to(self, addr: str, port: int, value: Any) -> None:
+        import pickle
+
+        from monarch._rust_bindings.monarch_hyperactor.actor import PythonMessage, PythonMessageKind
+        from monarch._rust_bindings.monarch_hyperactor.buffers import Buffer
+        from monarch._rust_bindings.monarch_hyperactor.mailbox import PortId, PortRef
+        from monarch._rust_bindings.monarch_hyperactor.proc import ActorAddr
+
+        buf = Buffer()
+        buf.write(pickle.dumps(value))
+        port_ref = PortRef(PortId(actor_id=ActorAddr(addr=addr, proc_name="p", actor_name="a"), port=port))
+        port_ref.send(context().actor_instance._as_rust(), PythonMessage(PythonMessageKind.Result(None), buf.freeze(), []))
+
+    @endpoint
+    def seen(self) -> list:
+        return self.returned
+
+    def _handle_undeliverable_message(self, message: Any) -> bool:
+        if not self.handle:
+            return False
+        self.returned.append((message.sender(), message.dest(), message.error_msg()))
+        return True

@@ -1,7 +1,8 @@
-"""Compatibility only: placeholders for Monarch's ``monarch._rust_bindings.monarch_hyperactor.proc``
-(see ``monarch._src._placeholder``)."""
+"""Compatibility only: PyTorch Monarch's ``monarch._rust_bindings.monarch_hyperactor.proc``
+(``ActorAddr``), from ``monarch.actor._mailbox``; this module only names it."""
 
-from monarch._src._placeholder import placeholder, placeholder_function
+from monarch.actor._mailbox import ActorAddr
 
-ActorAddr = placeholder(__name__, "ActorAddr")
-del placeholder_function
+ActorAddr.__module__ = __name__
+
+__all__ = ["ActorAddr"]

@@ -1,0 +1,136 @@
+"""Plain-Python versions of the mailbox objects Monarch's programs build by hand (compatibility).
+
+Monarch's ``PortId``/``PortRef`` (``monarch_hyperactor.mailbox``), ``ActorAddr``
+(``monarch_hyperactor.proc``) and ``PythonMessage``/``PythonMessageKind`` (``monarch_hyperactor.actor``)
+are objects of its Rust runtime (its ``Buffer`` is ``monarch._src.actor.pickle``'s).  Here a ``PortRef``
+names a port of this job's transport (``tcp://host:port#id`` and a port number) and ``send`` hands
+the message to the runtime, as ``Port.send`` does.  A message that cannot be delivered comes back
+to the sending actor as an :class:`UndeliverableMessageEnvelope`: its
+``_handle_undeliverable_message`` sees it after the current message, and unless that returns True
+the actor fails (its owner's ``__supervise__`` or the client's ``unhandled_fault_hook`` hears of it),
+as in Monarch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# An address of this job's transport: what a process listens on, then "#" and its incarnation.
+_TRANSPORT_ADDR = re.compile(r"^(tcp|ipc)://[^#\s]+#\S+$")
+
+
+@dataclass(frozen=True)
+class ActorAddr:
+    """Where an actor lives: its process's address, its proc's name and its own."""
+
+    addr: str
+    proc_name: str
+    actor_name: str
+
+    def __str__(self) -> str:
+        return f"{self.addr},{self.proc_name},{self.actor_name}"
+
+
+@dataclass(frozen=True)
+class PortId:
+    """One port of one actor."""
+
+    actor_id: ActorAddr
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.actor_id}[{self.port}]"
+
+
+class _ResultKind:
+    def __init__(self, rank: int | None) -> None:
+        self.rank = rank
+
+    def __repr__(self) -> str:
+        return f"PythonMessageKind.Result(rank={self.rank})"
+
+
+class _ExceptionKind(_ResultKind):
+    def __repr__(self) -> str:
+        return f"PythonMessageKind.Exception(rank={self.rank})"
+
+
+class PythonMessageKind:
+    """The kinds of message a port takes: an answer (``Result``) or a failure (``Exception``)."""
+
+    Result = _ResultKind
+    Exception = _ExceptionKind
+
+
+@dataclass
+class PythonMessage:
+    """A message for a port: its kind, its pickled bytes and the values kept out of them."""
+
+    kind: Any
+    message: bytes
+    pending_pickle_state: Any = None
+
+    def __init__(self, kind: Any, message: Any, pending_pickle_state: Any = None) -> None:
+        self.kind = kind
+        self.message = bytes(message)
+        self.pending_pickle_state = pending_pickle_state
+
+
+@dataclass(frozen=True)
+class UndeliverableMessageEnvelope:
+    """A message that came back: who sent it, where to, and why it was not delivered."""
+
+    _sender: str
+    _dest: str
+    _error: str
+
+    def sender(self) -> str:
+        return self._sender
+
+    def dest(self) -> str:
+        return self._dest
+
+    def error_msg(self) -> str:
+        return self._error
+
+    def __str__(self) -> str:
+        return f"undeliverable message from {self._sender} to {self._dest}: {self._error}"
+
+
+class PortRef:
+    """A reference to a port; ``send`` delivers a :class:`PythonMessage` to it."""
+
+    def __init__(self, port_id: PortId) -> None:
+        self.port_id = port_id
+
+    def __repr__(self) -> str:
+        return f"PortRef({self.port_id})"
+
+    def send(self, instance: Any, message: PythonMessage) -> None:
+        """Send ``message`` from ``instance`` (``context().actor_instance._as_rust()``); what cannot
+        be delivered comes back to that actor (``_handle_undeliverable_message``)."""
+        from monarch_agents import messages as m
+        from monarch_agents import runtime
+
+        addr = self.port_id.actor_id.addr
+        ok = not isinstance(message.kind, _ExceptionKind)
+        try:
+            if not _TRANSPORT_ADDR.match(addr):
+                raise LookupError(f"no route to {addr!r}: not an address of this job's transport")
+            rt = runtime.current()
+            if rt is None:
+                raise RuntimeError("no monarch runtime in this process")
+            rank = message.kind.rank or 0
+            rt.send(addr, m.Reply(self.port_id.port, rank, ok, m.Pickled(message.message, [])))
+        except Exception as e:
+            envelope = UndeliverableMessageEnvelope(str(instance), str(self.port_id), f"{type(e).__name__}: {e}")
+            returned = getattr(instance, "_undeliverable", None)
+            if returned is None:
+                raise
+            returned(envelope)
+
+
+__all__ = ["ActorAddr", "PortId", "PortRef", "PythonMessage", "PythonMessageKind",
+           "UndeliverableMessageEnvelope"]
