@@ -83,13 +83,13 @@ class UndeliverableMessageEnvelope:
     """A message that came back: who sent it, where to, and why it was not delivered."""
 
     _sender: str
-    _dest: str
+    _dest: PortId
     _error: str
 
     def sender(self) -> str:
         return self._sender
 
-    def dest(self) -> str:
+    def dest(self) -> PortId:
         return self._dest
 
     def error_msg(self) -> str:
@@ -125,7 +125,7 @@ class PortRef:
             rank = message.kind.rank or 0
             rt.send(addr, m.Reply(self.port_id.port, rank, ok, m.Pickled(message.message, [])))
         except Exception as e:
-            envelope = UndeliverableMessageEnvelope(str(instance), str(self.port_id), f"{type(e).__name__}: {e}")
+            envelope = UndeliverableMessageEnvelope(str(instance), self.port_id, f"{type(e).__name__}: {e}")
             returned = getattr(instance, "_undeliverable", None)
             if returned is None:
                 raise

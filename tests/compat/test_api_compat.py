@@ -564,6 +564,15 @@ done
 """
 BOTH["proc_poisoning.py"] = PROC_POISONING_OUT
 
+UNDELIVERABLE_OUT = """\
+careful: sent
+envelope: sender, destination, reason: (True, True, True)
+careful goes on: sent
+faults: 0
+done
+"""
+BOTH["undeliverable.py"] = UNDELIVERABLE_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
