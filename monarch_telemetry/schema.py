@@ -368,8 +368,39 @@ WHERE false""", (
     _c("repr", STR, "its repr", True),
 ))
 
+# Monarch's counter table, over ``metrics``: each add is one delta point (Monarch's OTel exporter sums the
+# adds of an export interval into one); its one meter's scope is 'monarch'.
+METRIC_SUMS = ViewSpec("metric_sums", "Counter and up-down-counter points, as Monarch's table: one delta point per add.", """
+SELECT name,
+       CAST(to_unixtime(time) * 1000000 AS BIGINT) AS timestamp_us,
+       CAST(to_unixtime(time) * 1000000 AS BIGINT) AS start_timestamp_us,
+       'monarch' AS scope_name,
+       '' AS unit,
+       'delta' AS temporality,
+       kind = 'counter' AS is_monotonic,
+       coalesce(attributes, '{}') AS attributes_json,
+       '{"service.name": "monarch", "host.name": "' || host || '", "process.pid": ' || CAST(pid AS VARCHAR) || '}'
+         AS resource_attributes_json,
+       value AS sum_f64,
+       CASE WHEN value = trunc(value) THEN CAST(value AS BIGINT) END AS sum_i64,
+       CASE WHEN value = trunc(value) AND value >= 0 THEN CAST(value AS BIGINT) END AS sum_u64
+FROM metrics WHERE kind IN ('counter', 'up_down_counter')""", (
+    _c("name", STR, "the instrument's name"),
+    _c("timestamp_us", I64, "when the value was added, microseconds since the epoch"),
+    _c("start_timestamp_us", I64, "the start of the point's interval (the add itself)"),
+    _c("scope_name", STR, "the meter's scope: 'monarch'"),
+    _c("unit", STR, "the instrument's unit (none recorded: '')"),
+    _c("temporality", STR, "'delta': each row is the amount added"),
+    _c("is_monotonic", BOOL, "true for a counter, false for an up-down counter"),
+    _c("attributes_json", STR, "the attributes given, as JSON ('{}' for none)"),
+    _c("resource_attributes_json", STR, "where it was recorded, as JSON: service.name, host.name, process.pid"),
+    _c("sum_f64", F64, "the amount added"),
+    _c("sum_i64", I64, "the amount added, when a whole number", True),
+    _c("sum_u64", I64, "the amount added, when a whole number not below 0", True),
+))
+
 VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS, PYSPY_DUMPS, PYSPY_STACK_TRACES, PYSPY_FRAMES,
-                                                  PYSPY_LOCAL_VARIABLES)}
+                                                  PYSPY_LOCAL_VARIABLES, METRIC_SUMS)}
 
 
 def all_specs() -> list[TableSpec | ViewSpec]:

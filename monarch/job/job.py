@@ -233,6 +233,13 @@ class JobTrait(abc.ABC):
             # ask query_engine_client (Meta's telemetry tests assert exactly that).
             state.query_engine = None
             state.query_engine_client = js.QueryEngineClient(server.url)
+            if hosts.hosts and hosts.rt is not None:
+                # The client's own rows (its <root> actor, spans and metrics recorded before it spawns a
+                # proc) are queryable from now on, as Monarch's are, not from its first spawn_procs.
+                from monarch.actor import _telemetry
+
+                _telemetry.root_actor(hosts.rt)
+                _telemetry.push_to(hosts.rt, hosts.hosts[0].addr)
         if admin is not None:
             if "admin" not in services:
                 from monarch import config

@@ -386,6 +386,13 @@ after flush: ['flushed line', 'flushed line', '\\x1b[33m[2 similar log lines]\\x
 """
 BOTH["flush_all_logs.py"] = FLUSH_ALL_LOGS_OUT
 
+CLIENT_METRIC_SUMS_OUT = """\
+query_engine: None
+monarch delta True {'route': 'a'} 2
+monarch delta True {'route': 'b'} 3
+"""
+BOTH["client_metric_sums.py"] = CLIENT_METRIC_SUMS_OUT
+
 
 VALUE_MESHES_OUT = """\
 negative and junk items TypeError TypeError OverflowError

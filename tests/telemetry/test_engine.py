@@ -301,3 +301,22 @@ def test_pyspy_local_variables_has_monarchs_columns_and_no_rows_and_scans_no_hos
         ("addr", "int64"), ("arg", "bool"), ("repr", "string")]
     listed = finish(plan("SELECT table_name FROM information_schema.tables WHERE table_name LIKE 'pyspy%'"), {})[0]
     assert "pyspy_local_variables" in listed.column("table_name").to_pylist()
+
+
+def test_metric_sums_is_one_delta_point_per_counter_add():
+    t = pa.table({"time": pa.array([1_000_000, 2_000_000, 3_000_000], pa.timestamp("us", "UTC")),
+                  "host": ["h0", "h0", "h1"], "pid": [7, 7, 8], "actor": ["<root>"] * 3,
+                  "name": ["c", "u", "h"], "kind": ["counter", "up_down_counter", "histogram"],
+                  "value": [2.0, -1.5, 4.0], "attributes": ['{"k": 1}', None, None]})
+    p = plan("SELECT name, timestamp_us, scope_name, temporality, is_monotonic, attributes_json, "
+             "resource_attributes_json, sum_f64, sum_i64, sum_u64 FROM metric_sums ORDER BY name")
+    rows = finish(p, {"metrics": [t]})[0].to_pylist()
+    assert rows == [
+        {"name": "c", "timestamp_us": 1_000_000, "scope_name": "monarch", "temporality": "delta", "is_monotonic": True,
+         "attributes_json": '{"k": 1}', "resource_attributes_json":
+         '{"service.name": "monarch", "host.name": "h0", "process.pid": 7}', "sum_f64": 2.0, "sum_i64": 2, "sum_u64": 2},
+        {"name": "u", "timestamp_us": 2_000_000, "scope_name": "monarch", "temporality": "delta", "is_monotonic": False,
+         "attributes_json": "{}", "resource_attributes_json":
+         '{"service.name": "monarch", "host.name": "h0", "process.pid": 7}', "sum_f64": -1.5, "sum_i64": None,
+         "sum_u64": None},
+    ]
