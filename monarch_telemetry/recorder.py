@@ -23,7 +23,7 @@ import random
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from monarch_telemetry.buffer import RowBuffer
 from monarch_telemetry.schema import I64, STR, TABLES, Column, TableSpec
@@ -86,7 +86,7 @@ class Recorder:
     def mesh(self, mesh_id: int, cls: str, given_name: str, full_name: str, labels: tuple, sizes: tuple,
              parent_mesh_id: int | None = None, parent_labels: tuple = (), parent_sizes: tuple = ()) -> None:
         if self.on:
-            parent_view = shape_json(parent_labels, parent_sizes) if parent_mesh_id is not None else None
+            parent_view = region_json(parent_labels, parent_sizes) if parent_mesh_id is not None else None
             self._meshes(mesh_id, now_us(), cls, given_name, full_name, shape_json(labels, sizes),
                          parent_mesh_id, parent_view, self.host)
 
@@ -163,7 +163,36 @@ class Recorder:
 
 
 def shape_json(labels: tuple, sizes: tuple) -> str:
-    return json.dumps({"labels": list(labels), "sizes": list(sizes)}, separators=(",", ":"))
+    """A mesh's extent as Monarch serializes one: ``{"inner": {"labels": [...], "sizes": [...]}}``."""
+    return json.dumps({"inner": {"labels": list(labels), "sizes": list(sizes)}}, separators=(",", ":"))
+
+
+def region_json(labels: Sequence[str], sizes: Sequence[int], indices: Sequence[int] | None = None) -> str:
+    """Ranks ``indices`` (row-major over ``sizes``; None: all of them) of a mesh's members as Monarch
+    serializes a region: ``{"labels": [...], "slice": {"offset": o, "sizes": [...], "strides": [...]}}``.
+    Ranks that are no strided grid (a selection of a selection) also carry ``"ranks": [...]``."""
+    sizes = list(sizes)
+    unit = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        unit[i] = unit[i + 1] * sizes[i + 1]
+    d: dict = {"labels": list(labels)}
+    if not indices:
+        d["slice"] = {"offset": 0, "sizes": sizes, "strides": unit}
+        return json.dumps(d, separators=(",", ":"))
+    # A dimension of size 1 has no step to measure: it gets its row-major stride.
+    strides = [indices[u] - indices[0] if n > 1 else u for n, u in zip(sizes, unit)]
+    d["slice"] = {"offset": indices[0], "sizes": sizes, "strides": strides}
+    if not _lists(indices[0], sizes, strides, indices):
+        d["ranks"] = list(indices)
+    return json.dumps(d, separators=(",", ":"))
+
+
+def _lists(offset: int, sizes: list, strides: list, indices: Sequence[int]) -> bool:
+    """Whether offset/sizes/strides, walked row-major, give exactly ``indices``."""
+    got = [offset]
+    for n, st in zip(sizes, strides):
+        got = [g + k * st for g in got for k in range(n)]
+    return got == list(indices)
 
 
 def _hostname() -> str:

@@ -101,9 +101,9 @@ MESHES = TableSpec("meshes", EVENT, "One row per mesh made: host meshes, proc me
     _c("class", STR, "'Host', 'Proc', or 'Python<ActorClass>' for an actor mesh"),
     _c("given_name", STR, "the name the program gave it (spawn's name)"),
     _c("full_name", STR, "the unique name (given name plus a suffix)"),
-    _c("shape_json", STR, 'its shape as JSON: {"labels": [...], "sizes": [...]}'),
+    _c("shape_json", STR, 'its extent as Monarch serializes one: {"inner": {"labels": [...], "sizes": [...]}}'),
     _c("parent_mesh_id", I64, "the mesh it was spawned on (procs on hosts, actors on procs)", True),
-    _c("parent_view_json", STR, "the shape of the parent it was spawned on", True),
+    _c("parent_view_json", STR, 'the region of the parent it was spawned on: {"labels": [...], "slice": {"offset", "sizes", "strides"}}', True),
     _HOST,
 ), "client")
 
@@ -155,8 +155,8 @@ SENT_MESSAGES = TableSpec("sent_messages", EVENT, "One row per message a sender 
     _c("timestamp_us", I64, "when it was sent"),
     _c("sender_actor_id", I64, "actors.id of the sender (the client's '<root>')"),
     _c("actor_mesh_id", I64, "meshes.id of the actor mesh messaged"),
-    _c("view_json", STR, "the slice messaged, as JSON (labels, sizes, ranks)"),
-    _c("shape_json", STR, "the full shape of the mesh, as JSON"),
+    _c("view_json", STR, 'the slice messaged, as a region: {"labels": [...], "slice": {"offset", "sizes", "strides"}} (and "ranks" when they are no strided grid)'),
+    _c("shape_json", STR, "the shape of the slice messaged, as Monarch's: the same JSON as view_json"),
     _HOST,
     _c("endpoint", STR, "endpoint name"),
     _c("adverb", STR, "call, call_one, choose, stream or broadcast"),

@@ -9,12 +9,11 @@ proc agents use (see ``monarch_agents.actor_telemetry``).
 from __future__ import annotations
 
 import atexit
-import json
 import threading
 from typing import Any
 
 from monarch_agents.messages import TelemetryRows
-from monarch_telemetry.recorder import hash_id, recorder
+from monarch_telemetry.recorder import hash_id, recorder, region_json
 
 _lock = threading.Lock()
 _root: dict[str, int] = {}  # client address -> its <root> actor id
@@ -94,7 +93,9 @@ def sent(rt: Any, mesh: Any, endpoint: str, shape: Any, reply: Any) -> None:
                                                      ("call_one" if len(full) == 1 else "choose"))
         if len(_casts) > 10_000:
             _casts.clear()
-        hit = _casts[key] = (mesh, shape, (root_actor(rt), _mesh_id(mesh), _json(shape, True), _json(full, False),
+        # Monarch's shape_json is the view's shape, as its view_json (a Shape converted from the Region).
+        view = _json(shape)
+        hit = _casts[key] = (mesh, shape, (root_actor(rt), _mesh_id(mesh), view, view,
                                            adverb, n))
     sender, mesh_id, view, full_json, adverb, n = hit[2]
     rec.sent(sender, mesh_id, view, full_json, endpoint, adverb, n)
@@ -107,16 +108,13 @@ def _mesh_id(mesh: Any) -> int:
     return mid
 
 
-def _json(shape: Any, with_ranks: bool) -> str:
-    key = id(shape) * 2 + with_ranks
-    hit = _views.get(key)
+def _json(shape: Any) -> str:
+    """A view of a mesh as Monarch serializes its region (``monarch_telemetry.recorder.region_json``)."""
+    hit = _views.get(id(shape))
     if hit is not None and hit[0] is shape:
         return hit[1]
-    d = {"labels": list(shape.labels), "sizes": list(shape.sizes)}
-    if with_ranks:
-        d["ranks"] = list(shape.indices)
-    text = json.dumps(d, separators=(",", ":"))
+    text = region_json(shape.labels, shape.sizes, shape.indices)
     if len(_views) > 10_000:
         _views.clear()
-    _views[key] = (shape, text)
+    _views[id(shape)] = (shape, text)
     return text

@@ -1,0 +1,27 @@
+"""Mesh shapes and views in the telemetry tables, serialized as Monarch's (ndslice's Extent and Region)."""
+
+import json
+
+from monarch_telemetry.recorder import region_json, shape_json
+
+
+def test_a_mesh_extent_is_inner_labels_and_sizes():
+    assert json.loads(shape_json(("hosts", "gpus"), (2, 4))) == {"inner": {"labels": ["hosts", "gpus"], "sizes": [2, 4]}}
+
+
+def test_a_whole_mesh_is_a_row_major_region():
+    assert json.loads(region_json(("hosts", "gpus"), (2, 4))) == {
+        "labels": ["hosts", "gpus"], "slice": {"offset": 0, "sizes": [2, 4], "strides": [4, 1]}}
+
+
+def test_a_slice_keeps_its_offset_and_strides():
+    # gpus 1 and 3 of host 1 of a 2 x 4 mesh: members 5 and 7.
+    assert json.loads(region_json(("gpus",), (2,), [5, 7])) == {
+        "labels": ["gpus"], "slice": {"offset": 5, "sizes": [2], "strides": [2]}}
+    # One chosen member: a scalar region.
+    assert json.loads(region_json((), (), [6])) == {"labels": [], "slice": {"offset": 6, "sizes": [], "strides": []}}
+
+
+def test_ranks_that_are_no_grid_are_listed_too():
+    d = json.loads(region_json(("w",), (3,), [0, 1, 5]))
+    assert d["ranks"] == [0, 1, 5] and d["slice"]["sizes"] == [3]
