@@ -43,7 +43,8 @@ def stop() -> None:
         rec.flush(_send)
 
 
-def _actor_id(slot: Any) -> int:
+def actor_id(slot: Any) -> int:
+    """The telemetry id (``actors.id``) of the actor an actor slot holds."""
     tid = getattr(slot, "_telemetry_id", None)
     if tid is None:
         tid = slot._telemetry_id = hash_id(f"{slot.msg.actor_id}[{_rank(slot)}]")
@@ -65,8 +66,8 @@ def created(slot: Any) -> None:
     if rec is not None and rec.on:
         msg = slot.msg
         rank = _rank(slot)
-        rec.actor(_actor_id(slot), hash_id(msg.actor_id), rank, f"{msg.actor_id}[{rank}]", f"{msg.name}[{rank}]")
-        rec.actor_status(_actor_id(slot), "Created")
+        rec.actor(actor_id(slot), hash_id(msg.actor_id), rank, f"{msg.actor_id}[{rank}]", f"{msg.name}[{rank}]")
+        rec.actor_status(actor_id(slot), "Created")
 
 
 def ready(slot: Any) -> None:
@@ -74,14 +75,14 @@ def ready(slot: Any) -> None:
     next periodic flush, so that they reach its host before its spawn is answered (the mesh admin API
     and ``monarch query`` then list every actor whose spawn has returned)."""
     if rec is not None and rec.on:
-        rec.actor_status(_actor_id(slot), "Idle")
+        rec.actor_status(actor_id(slot), "Idle")
         if _send is not None:
             rec.flush(_send)
 
 
 def status(slot: Any, new_status: str, reason: str | None = None) -> None:
     if rec is not None and rec.on:
-        rec.actor_status(_actor_id(slot), new_status, reason)
+        rec.actor_status(actor_id(slot), new_status, reason)
 
 
 def arrived(call: Any) -> None:
@@ -104,4 +105,4 @@ def handled(slot: Any, call: Any, active_us: int, ok: bool) -> None:
         sender = _senders[call.sender] = hash_id(call.sender)
     reply = call.reply
     rec.message(rec.new_id(), getattr(call, "_queued_us", active_us), active_us, time.time_ns() // 1000, sender,
-                _actor_id(slot), call.method, reply.port_id if reply is not None else None, ok)
+                actor_id(slot), call.method, reply.port_id if reply is not None else None, ok)

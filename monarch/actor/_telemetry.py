@@ -12,6 +12,8 @@ import atexit
 import threading
 from typing import Any
 
+from monarch_agents import actor_telemetry
+from monarch_agents.context import current
 from monarch_agents.messages import TelemetryRows
 from monarch_telemetry.recorder import hash_id, recorder, region_json
 
@@ -98,6 +100,10 @@ def sent(rt: Any, mesh: Any, endpoint: str, shape: Any, reply: Any) -> None:
         hit = _casts[key] = (mesh, shape, (root_actor(rt), _mesh_id(mesh), view, view,
                                            adverb, n))
     sender, mesh_id, view, full_json, adverb, n = hit[2]
+    # Sent from inside an actor: that actor is the sender (Monarch's sender_actor_id), not the proc's root.
+    info = current().actor
+    if info is not None and info.slot is not None:
+        sender = actor_telemetry.actor_id(info.slot)
     rec.sent(sender, mesh_id, view, full_json, endpoint, adverb, n)
 
 

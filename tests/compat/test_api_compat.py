@@ -393,6 +393,14 @@ monarch delta True {'route': 'b'} 3
 """
 BOTH["client_metric_sums.py"] = CLIENT_METRIC_SUMS_OUT
 
+SENT_FROM_ACTOR_OUT = """\
+target mesh shape: {'inner': {'labels': ['hosts', 'gpus'], 'sizes': [1, 3]}}
+sent by the caller: True
+  view_json: ['hosts'] 1 [1]
+  shape_json: ['hosts'] 1 [1]
+"""
+BOTH["sent_from_actor.py"] = SENT_FROM_ACTOR_OUT
+
 
 VALUE_MESHES_OUT = """\
 negative and junk items TypeError TypeError OverflowError
