@@ -84,9 +84,12 @@ class Recorder:
     # -- what gets recorded --------------------------------------------------------------
 
     def mesh(self, mesh_id: int, cls: str, given_name: str, full_name: str, labels: tuple, sizes: tuple,
-             parent_mesh_id: int | None = None, parent_labels: tuple = (), parent_sizes: tuple = ()) -> None:
+             parent_mesh_id: int | None = None, parent_labels: tuple = (), parent_sizes: tuple = (),
+             parent_indices: Sequence[int] | None = None) -> None:
+        """``parent_indices``: which members of the parent's base the (possibly sliced) parent covers."""
         if self.on:
-            parent_view = region_json(parent_labels, parent_sizes) if parent_mesh_id is not None else None
+            parent_view = (region_json(parent_labels, parent_sizes, parent_indices) if parent_mesh_id is not None
+                           else None)
             self._meshes(mesh_id, now_us(), cls, given_name, full_name, shape_json(labels, sizes),
                          parent_mesh_id, parent_view, self.host)
 

@@ -66,7 +66,8 @@ def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any) -> N
     hid = hash_id("hosts:" + ",".join(h.addr for h in hosts))
     hshape = host_mesh._shape
     rec.mesh(hid, "Host", "hosts", "hosts:" + ",".join(h.host for h in hosts), hshape.labels, hshape.sizes)
-    rec.mesh(hash_id(mesh_id), "Proc", name, mesh_id, shape.labels, shape.sizes, hid, hshape.labels, hshape.sizes)
+    rec.mesh(hash_id(mesh_id), "Proc", name, mesh_id, shape.labels, shape.sizes, hid, hshape.labels, hshape.sizes,
+             hshape.indices)
 
 
 def actor_mesh(rt: Any, proc_mesh_: Any, actor_id: str, name: str, cls: type, shape: Any) -> None:
@@ -75,7 +76,7 @@ def actor_mesh(rt: Any, proc_mesh_: Any, actor_id: str, name: str, cls: type, sh
         root_actor(rt)
         pshape = proc_mesh_._shape
         rec.mesh(hash_id(actor_id), f"Python<{cls.__name__}>", name, actor_id, shape.labels, shape.sizes,
-                 hash_id(proc_mesh_._mesh_id), pshape.labels, pshape.sizes)
+                 hash_id(proc_mesh_._mesh_id), pshape.labels, pshape.sizes, pshape.indices)
 
 
 _casts: dict[tuple, tuple] = {}  # (id(mesh), id(shape), broadcast) -> (mesh, shape, row values)

@@ -25,3 +25,18 @@ def test_a_slice_keeps_its_offset_and_strides():
 def test_ranks_that_are_no_grid_are_listed_too():
     d = json.loads(region_json(("w",), (3,), [0, 1, 5]))
     assert d["ranks"] == [0, 1, 5] and d["slice"]["sizes"] == [3]
+
+
+def test_a_mesh_spawned_on_a_slice_records_where_the_slice_starts():
+    from monarch_telemetry.recorder import Recorder
+
+    rec = Recorder("h", enabled=True)
+    # Actors spawned on workers 1..2 of a 3-worker proc mesh.
+    rec.mesh(1, "Python<W>", "w", "w-1", ("workers",), (2,), 9, ("workers",), (2,), [1, 2])
+    rec.mesh(2, "Python<W>", "v", "v-1", ("workers",), (3,), 9, ("workers",), (3,))
+    _, columns = rec.take()["meshes"]
+    shapes, parents = columns[5], columns[7]
+    assert [json.loads(s) for s in shapes] == [{"inner": {"labels": ["workers"], "sizes": [2]}},
+                                               {"inner": {"labels": ["workers"], "sizes": [3]}}]
+    assert [json.loads(p)["slice"] for p in parents] == [{"offset": 1, "sizes": [2], "strides": [1]},
+                                                         {"offset": 0, "sizes": [3], "strides": [1]}]
