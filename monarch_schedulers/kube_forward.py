@@ -36,6 +36,7 @@ import time
 
 from monarch_agents import tunnel
 from monarch_agents.files import runtime_dir, write_atomic
+from monarch_agents.unproven import UnprovenConnections
 from monarch_schedulers.agent_launch import ROUTE_FILE, read_keys
 
 log = logging.getLogger("monarch.kube_forward")
@@ -77,9 +78,8 @@ class Forwarder:
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._live: set[socket.socket] = set()
-        self._unproven: dict[socket.socket, float] = {}
-        #: SOCKS connections closed unauthenticated to make room for newer ones.
-        self.shed = 0
+        #: SOCKS connections yet to show the token (the oldest is closed to make room for a newer one).
+        self._unproven = UnprovenConnections(_UNPROVEN_MAX)
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -121,16 +121,7 @@ class Forwarder:
                 return
             self._track(conn)
             if handle == self.socks:
-                with self._tlock:
-                    if len(self._unproven) >= _UNPROVEN_MAX:
-                        oldest = min(self._unproven, key=self._unproven.__getitem__)
-                        del self._unproven[oldest]
-                        self.shed += 1
-                        try:
-                            oldest.shutdown(socket.SHUT_RDWR)  # its thread reads EOF and ends
-                        except OSError:
-                            pass
-                    self._unproven[conn] = time.monotonic()
+                self._unproven.admit(conn)
             self._spawn(handle, (conn,), name)
 
     # -- threads and their stop -------------------------------------------------------------
@@ -195,8 +186,7 @@ class Forwarder:
             self._proven(conn)
 
     def _proven(self, conn: socket.socket) -> None:
-        with self._tlock:
-            self._unproven.pop(conn, None)
+        self._unproven.proven(conn)
 
     def _socks(self, conn: socket.socket) -> None:
         try:

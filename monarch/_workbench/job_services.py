@@ -41,6 +41,8 @@ from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from monarch_agents.unproven import UnprovenConnections
+
 DEFAULT_QUERY_TIMEOUT_S = 10.0
 #: Connections to a job's HTTP server that have not sent a whole request yet, at most: one more
 #: closes the oldest of them, so another local user's idle connections hold neither the server's
@@ -527,28 +529,20 @@ class _CappedHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: Any, handler: Any):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET  # before the socket is made
-        self._unread_lock = threading.Lock()
-        self._unread: dict[socket.socket, float] = {}
-        #: Connections closed unread to make room for newer ones.
-        self.shed = 0
+        self._unread = UnprovenConnections(UNREAD_MAX)
         super().__init__(address, handler)
 
+    @property
+    def shed(self) -> int:
+        """Connections closed unread to make room for newer ones."""
+        return self._unread.shed
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        with self._unread_lock:
-            if len(self._unread) >= UNREAD_MAX:
-                oldest = min(self._unread, key=self._unread.__getitem__)
-                del self._unread[oldest]
-                self.shed += 1
-                try:
-                    oldest.shutdown(socket.SHUT_RDWR)  # its handler reads EOF and ends
-                except OSError:
-                    pass
-            self._unread[request] = time.monotonic()
+        self._unread.admit(request)
         super().process_request(request, client_address)
 
     def request_read(self, request: Any) -> None:
-        with self._unread_lock:
-            self._unread.pop(request, None)
+        self._unread.proven(request)
 
     def shutdown_request(self, request: Any) -> None:
         self.request_read(request)

@@ -52,6 +52,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, Union
 from monarch import config as _config
 from monarch.actor import _worker_auth
 from monarch_agents.future import Future
+from monarch_agents.unproven import UnprovenConnections
 
 PrivateKey = Union[bytes, Path, None]
 CA = Union[bytes, Path, Literal["trust_all_connections"]]
@@ -132,8 +133,7 @@ class _Worker:
         self.secret = secret
         self.proven: "queue.Queue[_worker_auth.Session]" = queue.Queue()
         self.lock = threading.Lock()
-        self.unproven: dict[socket.socket, float] = {}
-        self.shed = 0
+        self.unproven = UnprovenConnections(_UNPROVEN_MAX)
         self.closed = False
 
     def start(self) -> None:
@@ -149,13 +149,7 @@ class _Worker:
                 if self.closed:
                     conn.close()
                     return
-                if len(self.unproven) >= _UNPROVEN_MAX:
-                    oldest = min(self.unproven, key=self.unproven.__getitem__)
-                    del self.unproven[oldest]
-                    self.shed += 1
-                    with contextlib.suppress(OSError):
-                        oldest.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and closes it
-                self.unproven[conn] = time.monotonic()
+                self.unproven.admit(conn)
             threading.Thread(target=self._prove, args=(conn,), name="monarch-worker-hello", daemon=True).start()
 
     def _prove(self, conn: socket.socket) -> None:
@@ -168,8 +162,7 @@ class _Worker:
             conn.close()
             return
         finally:
-            with self.lock:
-                self.unproven.pop(conn, None)
+            self.unproven.proven(conn)
         self.proven.put(session)
 
     def next(self, timeout: float | None = None) -> "_worker_auth.Session":
@@ -178,13 +171,10 @@ class _Worker:
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            pending = list(self.unproven)
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         self.listener.close()
-        for c in pending:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
+        self.unproven.shut_all()
         while True:
             try:
                 self.proven.get_nowait().conn.close()

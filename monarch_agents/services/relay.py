@@ -26,12 +26,14 @@ import time
 
 from monarch_agents import tunnel
 from monarch_agents.services import Service
+from monarch_agents.unproven import UnprovenConnections
 
 log = logging.getLogger("monarch.relay")
 
 _ACCEPT_WAIT_S = 10.0
-#: At most this many connections wait to show the token at once; more are closed at once (a
-#: flood of idle connections from anyone who can reach the port must not grow threads without bound).
+#: At most this many connections wait to show the token at once; one more closes the oldest (a
+#: flood of idle connections from anyone who can reach the port must not grow threads without bound,
+#: nor keep the client out by holding every slot).
 _UNPROVEN_MAX = 16
 #: A connection has this long, in all, to send its request line with the token.
 _REQUEST_DEADLINE_S = 5.0
@@ -49,8 +51,9 @@ class RelayService(Service):
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
         self._closed = False
-        self._unproven = threading.BoundedSemaphore(_UNPROVEN_MAX)
-        self.shed = 0
+        #: Connections yet to show the token (one more closes the oldest: a stranger's idle
+        #: connections neither exhaust the agent nor keep the client out).
+        self._unproven = UnprovenConnections(_UNPROVEN_MAX)
         self.clients = 0
         self.tunnels = 0
         #: Why the relay is not listening ("" while it is, or when it was not asked for).
@@ -75,7 +78,7 @@ class RelayService(Service):
     def info(self) -> dict:
         if self.error:
             return {"port": self.port, "error": self.error}
-        return {"port": self.port, "clients": self.clients, "tunnels": self.tunnels, "shed": self.shed} if self.port else {}
+        return {"port": self.port, "clients": self.clients, "tunnels": self.tunnels, "shed": self._unproven.shed} if self.port else {}
 
     def stop(self, deadline: float) -> None:
         with self._lock:
@@ -84,6 +87,7 @@ class RelayService(Service):
             pending, self._pending = self._pending, {}
         for s in [*listeners, *(c for c, _ in pending.values())]:
             _close(s)
+        self._unproven.shut_all()
 
     # -- the relay port --------------------------------------------------------
 
@@ -93,10 +97,7 @@ class RelayService(Service):
                 conn, _ = ls.accept()
             except OSError:
                 return  # closed by stop()
-            if not self._unproven.acquire(blocking=False):
-                self.shed += 1  # the pool of connections yet to show the token is full
-                _close(conn)
-                continue
+            self._unproven.admit(conn)
             threading.Thread(target=self._request, args=(conn,), name="relay-request", daemon=True).start()
 
     def _request(self, conn: socket.socket) -> None:
@@ -109,7 +110,7 @@ class RelayService(Service):
                 log.info("relay: dropped a connection without the job's token")
                 return _close(conn)
         finally:
-            self._unproven.release()  # proven (or gone): its slot is free for the next one
+            self._unproven.proven(conn)  # proven (or gone): its slot is free for the next one
         conn.settimeout(None)
         if req.get("listen"):
             self._control(conn)
