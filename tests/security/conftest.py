@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import textwrap
 import uuid
 from dataclasses import dataclass
 
@@ -63,3 +64,40 @@ def shared(tmp_path_factory):
     os.chmod(d, 0o1777)
     yield d
     subprocess.run(["rm", "-rf", d], capture_output=True)
+
+
+#: Run as another user: ``python3 -c FLOOD HOST PORT N [trickle]`` opens N connections and holds them
+#: silent for 120 s (``trickle``: a SOCKS5 greeting naming 255 methods, then one byte every 3 s).
+FLOOD = textwrap.dedent('''
+    import socket, sys, time
+    socks = []
+    for _ in range(int(sys.argv[3])):
+        try:
+            socks.append(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5))
+        except OSError as e:
+            print("connect failed:", e, flush=True)
+            break
+    print(len(socks), "open", flush=True)
+    if sys.argv[4:] == ["trickle"]:  # a SOCKS5 greeting naming 255 methods, then one byte every 3 s
+        for s in socks:
+            s.sendall(bytes([5, 255]))
+        for _ in range(40):
+            time.sleep(3)
+            for s in socks:
+                try:
+                    s.sendall(bytes([0]))
+                except OSError:
+                    pass
+    time.sleep(120)
+''')
+
+
+def open_sockets(pid: int) -> int:
+    """How many sockets process ``pid`` holds open."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n

@@ -20,42 +20,14 @@ import urllib.request
 
 import pytest
 
+from tests.security.conftest import FLOOD, open_sockets
+
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-FLOOD = textwrap.dedent('''
-    import socket, sys, time
-    socks = []
-    for _ in range(int(sys.argv[3])):
-        try:
-            socks.append(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5))
-        except OSError as e:
-            print("connect failed:", e, flush=True)
-            break
-    print(len(socks), "open", flush=True)
-    if sys.argv[4:] == ["trickle"]:  # a SOCKS5 greeting naming 255 methods, then one byte every 3 s
-        for s in socks:
-            s.sendall(bytes([5, 255]))
-        for _ in range(40):
-            time.sleep(3)
-            for s in socks:
-                try:
-                    s.sendall(bytes([0]))
-                except OSError:
-                    pass
-    time.sleep(120)
-''')
 
 
-def _sockets(pid: int) -> int:
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return n
 
 
 def _threads(pid: int) -> int:
@@ -80,7 +52,7 @@ def test_a_jobs_http_server_binds_loopback_answers_no_other_user_and_caps_idle_c
         url = server.stdout.readline().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url  # loopback unless admin_addr says otherwise
         port = url.rpartition(":")[2]
-        sockets, threads = _sockets(server.pid), _threads(server.pid)
+        sockets, threads = open_sockets(server.pid), _threads(server.pid)
         script = os.path.join(shared, "flood.py")
         with open(script, "w") as f:
             f.write(FLOOD)
@@ -89,7 +61,7 @@ def test_a_jobs_http_server_binds_loopback_answers_no_other_user_and_caps_idle_c
         line = flood.stdout.readline()
         assert line.endswith(" open\n") and int(line.split()[0]) > 32, line
         # While all stay open the server comes to hold at most 32 of them, with a thread each at most.
-        while _sockets(server.pid) > sockets + 32 or _threads(server.pid) > threads + 32:
+        while open_sockets(server.pid) > sockets + 32 or _threads(server.pid) > threads + 32:
             time.sleep(0.1)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(url + "/v1/schema/admin", timeout=60) as r:
@@ -212,7 +184,7 @@ def test_a_kubernetes_port_forwards_socks_proxy_caps_idle_connections_from_anoth
     flood = None
     try:
         port, token = fw.stdout.readline().split()
-        sockets, threads = _sockets(fw.pid), _threads(fw.pid)
+        sockets, threads = open_sockets(fw.pid), _threads(fw.pid)
         script = os.path.join(shared, "flood.py")
         with open(script, "w") as f:
             f.write(FLOOD)
@@ -223,7 +195,7 @@ def test_a_kubernetes_port_forwards_socks_proxy_caps_idle_connections_from_anoth
         line = flood.stdout.readline()
         assert line.endswith(" open\n") and int(line.split()[0]) > 16, line
         # While all stay open the proxy comes to hold at most 16 of them, with a thread each at most.
-        while _sockets(fw.pid) > sockets + 16 or _threads(fw.pid) > threads + 16:
+        while open_sockets(fw.pid) > sockets + 16 or _threads(fw.pid) > threads + 16:
             time.sleep(0.1)
         # The job's own client still authenticates at once (RFC 1929, the relay token as password).
         import socket

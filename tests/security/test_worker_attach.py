@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.helpers import wait_gone
+from tests.security.conftest import FLOOD, open_sockets
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,14 +73,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _open_sockets(pid: int) -> int:
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return n
 
 
 @pytest.fixture
@@ -239,25 +232,13 @@ def test_a_worker_secret_another_user_planted_or_could_read_is_refused(attacker,
     assert r.returncode != 0 and "must be a regular file of yours, not a link" in r.stderr, r.stderr
 
 
-FLOOD = textwrap.dedent('''
-    import socket, sys, time
-    socks = []
-    for _ in range(int(sys.argv[3])):
-        try:
-            socks.append(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5))
-        except OSError as e:
-            print("connect failed:", e, flush=True)
-            break
-    print(len(socks), "open", flush=True)
-    time.sleep(120)
-''')
 
 
 def test_idle_connections_from_another_user_neither_fill_the_worker_nor_keep_its_owner_out(attacker, worker, shared,
                                                                                           tmp_path):
     p, address, env = worker
     port = address.rpartition(":")[2]
-    before = _open_sockets(p.pid)
+    before = open_sockets(p.pid)
     script = os.path.join(shared, "flood.py")
     with open(script, "w") as f:
         f.write(FLOOD)
@@ -267,7 +248,7 @@ def test_idle_connections_from_another_user_neither_fill_the_worker_nor_keep_its
         assert line.endswith(" open\n") and int(line.split()[0]) > 16, line
         # While they all stay open, the worker comes to hold at most 16 of them (one more closes the
         # oldest; a closed one's descriptor goes as soon as its thread sees it).
-        while _open_sockets(p.pid) > before + 16:
+        while open_sockets(p.pid) > before + 16:
             time.sleep(0.1)
         r = _client(address, env, tmp_path)
         assert r.returncode == 0 and "ANSWER: hi" in r.stdout, r.stdout + r.stderr
