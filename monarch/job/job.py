@@ -785,8 +785,13 @@ def load_current_job() -> JobTrait:
     except FileNotFoundError:
         raise FileNotFoundError(f"No spec found at {_rel(path)}. Call monarch.job.set_current_job('module.attr') first.") \
             from None
+    return job_at(module_path)
+
+
+def job_at(module_path: str) -> JobTrait:
+    """The job object ``module.attr`` names (the module is imported); a clear error when it is not one."""
     mod_name, _, attr = module_path.rpartition(".")
-    if not mod_name:
+    if not mod_name or not attr:
         raise ValueError(f"module_path must be 'module.attr', got {module_path!r}")
     job = getattr(importlib.import_module(mod_name), attr, None)
     if job is None:

@@ -183,19 +183,9 @@ def _spec_file() -> Path:
 
 
 def _import_job(module_path: str) -> "JobTrait":
-    import importlib
+    from monarch.job.job import job_at
 
-    from monarch.job.job import JobTrait
-
-    mod_name, _, attr = module_path.rpartition(".")
-    if not mod_name or not attr:
-        raise ValueError(f"module_path must be 'module.attr', got {module_path!r}")
-    job = getattr(importlib.import_module(mod_name), attr, None)
-    if job is None:
-        raise AttributeError(f"Module '{mod_name}' has no '{attr}' attribute")
-    if not isinstance(job, JobTrait):
-        raise TypeError(f"'{module_path}' must be a JobTrait, got {type(job).__name__}")
-    return job
+    return job_at(module_path)
 
 
 def set_current_job(module_path: str) -> None:
