@@ -125,6 +125,30 @@ class ReadStream:
         self.fds.clear()
 
 
+
+def _pwrite_aligned(fd: int, data: memoryview, offset: int) -> None:
+    """``data`` written at ``offset`` (a block boundary) of an O_DIRECT file, through an aligned buffer of
+    this thread's (reused, so its pages are warm); a last partial block is padded with zeros (the
+    caller cuts a file's end back to its size)."""
+    bounce = getattr(_local, "bounce", None)
+    if bounce is None:
+        bounce = _local.bounce = mmap.mmap(-1, _BOUNCE)
+    n, pos = data.nbytes, 0
+    while pos < n:
+        k = min(_BOUNCE, n - pos)
+        bounce[:k] = data[pos:pos + k]
+        padded = _aligned(k)
+        if padded > k:
+            bounce[k:padded] = bytes(padded - k)
+        view = memoryview(bounce)
+        try:
+            done = 0
+            while done < padded:
+                done += os.pwrite(fd, view[done:padded], offset + pos + done)
+        finally:
+            view.release()
+        pos += k
+
 class ChunkStore:
     """The chunks one host has, under ``root``."""
 
@@ -314,24 +338,7 @@ class ChunkStore:
             return False
         n = data.nbytes
         try:
-            bounce = getattr(_local, "bounce", None)
-            if bounce is None:
-                bounce = _local.bounce = mmap.mmap(-1, _BOUNCE)
-            pos = 0
-            while pos < n:
-                k = min(_BOUNCE, n - pos)
-                bounce[:k] = data[pos:pos + k]
-                padded = -(-k // _ALIGN) * _ALIGN
-                if padded > k:
-                    bounce[k:padded] = bytes(padded - k)
-                done = 0
-                view = memoryview(bounce)
-                try:
-                    while done < padded:
-                        done += os.write(fd, view[done:padded])
-                finally:
-                    view.release()
-                pos += k
+            _pwrite_aligned(fd, data, 0)
             if n % _ALIGN:
                 os.ftruncate(fd, n)
         except OSError as e:
@@ -440,24 +447,7 @@ class ChunkStore:
             while done < n:
                 done += os.pwrite(seg.fd, data[done:], seg.pos + done)
             return
-        bounce = getattr(_local, "bounce", None)
-        if bounce is None:
-            bounce = _local.bounce = mmap.mmap(-1, _BOUNCE)
-        pos = 0
-        while pos < n:
-            k = min(_BOUNCE, n - pos)
-            bounce[:k] = data[pos:pos + k]
-            padded = _aligned(k)
-            if padded > k:
-                bounce[k:padded] = bytes(padded - k)
-            view = memoryview(bounce)
-            try:
-                done = 0
-                while done < padded:
-                    done += os.pwrite(seg.fd, view[done:padded], seg.pos + pos + done)
-            finally:
-                view.release()
-            pos += k
+        _pwrite_aligned(seg.fd, data, seg.pos)
 
     def _add_seg_entries(self, name: str, index: _SegIndex, entries: list[tuple[str, int, int]]) -> None:
         # Called with the lock held.
