@@ -128,6 +128,8 @@ class StopActor(Message):
     actor_id: str
     reply: PortRef
     rank: int = 0
+    #: Why (``ActorMesh.stop(reason)``): the ``Stopped`` status's reason, as Monarch records it.
+    reason: str | None = None
 
 
 @message

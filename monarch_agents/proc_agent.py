@@ -819,6 +819,8 @@ class ProcAgent:
         if slot is None:
             self.send_reply(msg.reply, True, rank=msg.rank)
             return
+        if msg.reason and slot.stop_reason is None:
+            slot.stop_reason = msg.reason
         slot.begin_stop()
         if slot.constructing:
             # As in Monarch, an actor whose __init__ has not returned (it may never) is stopped at

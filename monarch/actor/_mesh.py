@@ -872,7 +872,7 @@ class ActorMesh(_MeshBase, Generic[T]):
         port = rt.open_port(gather, list(targets))
         for i, idx in enumerate(shape.indices):
             try:
-                rt.send(self._procs[idx].addr, m.StopActor(self._actor_id, port, i))
+                rt.send(self._procs[idx].addr, m.StopActor(self._actor_id, port, i, reason))
             except SupervisionError:
                 # Its proc is already gone, so it is as stopped as it will ever be.
                 rt.mailbox.call_soon(functools.partial(gather.deliver, m.Reply(port.port_id, i, True, None)))
