@@ -36,6 +36,8 @@ trap 'on_signal TERM 15' TERM
 trap 'on_signal INT 2' INT
 trap 'on_signal HUP 1' HUP
 # "$@" in the background, waited for (a trap runs during `wait`, not during a foreground command).
+# Without job control a background command starts with SIGINT and SIGQUIT ignored; tests/conftest.py
+# gives the suite (and what it starts) the terminal's dispositions back, or no Ctrl-C test would work.
 in_background() {
   "$@" &
   child=$!

@@ -12,12 +12,21 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
 import pytest
 
 from tests.helpers import kill_tree, session_pids, stop_client, wait_no_new_pids
+
+# A suite started in the background of a script without job control (scripts/test.sh's `pytest &`)
+# inherits SIGINT and SIGQUIT ignored, and so would every process it starts: each Ctrl-C test would
+# then fail (a SIGINT does nothing).  The suite runs with the dispositions a terminal gives.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture

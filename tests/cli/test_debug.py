@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -275,15 +276,26 @@ def test_rank_killed_while_attached(workdir, runs):
         while not sessions(workdir)[0]["held_by"]:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: dbg.stdout.read(1), "")), daemon=True)
+        reader.start()
         os.kill(pid, signal.SIGKILL)
-        time.sleep(1.0)
-        out, _ = dbg.communicate("list\nquit\n", timeout=30)
+        # The next line goes to the debugger only once it has said the session ended: sent before, it
+        # is the rank's pdb that reads it (a `list` of the source), as a loaded machine showed.
+        deadline = time.monotonic() + 30
+        while f"ended: rank 0 exited (pid {pid} on host0)" not in "".join(chunks):
+            assert time.monotonic() < deadline and dbg.poll() is None, "".join(chunks)
+            time.sleep(0.05)
+        dbg.stdin.write("list\nquit\n")
+        dbg.stdin.close()
+        dbg.wait(timeout=30)
+        reader.join(timeout=30)
+        out = "".join(chunks)
     finally:
         if dbg.poll() is None:
             dbg.kill()
             dbg.wait()
     assert dbg.returncode == 0
-    assert f"ended: rank 0 exited (pid {pid} on host0)" in out
     assert out.rstrip().endswith("no debug sessions (a rank that calls breakpoint() shows up here)\nmonarch_dbg>")
     assert run.wait() != 0
 
