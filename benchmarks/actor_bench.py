@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/actor_bench.py                 # ours, table
     .venv/bin/python benchmarks/actor_bench.py --quick --json  # ours, few iterations, JSON on stdout
-    .venv/bin/python benchmarks/actor_bench.py --impl torchmonarch --torchmonarch-python /work/wt/tm-venv/bin/python
+    .venv/bin/python benchmarks/actor_bench.py --impl torchmonarch --torchmonarch-python tm/bin/python
     .venv/bin/python benchmarks/actor_bench.py --compare       # both, with ratios
     .venv/bin/python benchmarks/actor_bench.py --inter-host    # same-host vs a host in a network namespace (root)
 
@@ -58,9 +58,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 #: Where torchmonarch's interpreter is looked for when --torchmonarch-python is not given, in order
 #: (the same places as tests/compat and the other benchmarks; ``TORCHMONARCH_PYTHON`` first).
-TM_PYTHONS = [os.environ.get("TORCHMONARCH_PYTHON", ""), os.path.join(REPO, ".tm-venv", "bin", "python"),
-              "/work/wt/tm-venv/bin/python", "/tmp/tm/venv/bin/python"]
-DEFAULT_TM_PYTHON = next((p for p in TM_PYTHONS if p and os.path.exists(p)), "/tmp/tm/venv/bin/python")
+TM_PYTHONS = [os.environ.get("TORCHMONARCH_PYTHON", ""), os.path.join(REPO, ".tm-venv", "bin", "python")]
+DEFAULT_TM_PYTHON = next((p for p in TM_PYTHONS if p and os.path.exists(p)), TM_PYTHONS[1])
 GET_TIMEOUT_S = 120.0
 MiB = 1 << 20
 ECHO_SIZES = [("1KiB", 1 << 10), ("1MiB", MiB), ("16MiB", 16 * MiB), ("64MiB", 64 * MiB)]

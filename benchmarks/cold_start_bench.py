@@ -37,7 +37,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DEFAULT_TM_PYTHON = "/work/wt/tm-venv/bin/python"
+#: torchmonarch's interpreter: $TORCHMONARCH_PYTHON, else a .tm-venv at the root (as tests/compat look).
+DEFAULT_TM_PYTHON = os.environ.get("TORCHMONARCH_PYTHON") or os.path.join(REPO, ".tm-venv", "bin", "python")
 
 PROG = r"""
 import time

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/tensor_bench.py                  # ours, table
     .venv/bin/python benchmarks/tensor_bench.py --quick --json   # ours, few iterations, JSON on stdout
     .venv/bin/python benchmarks/tensor_bench.py --compare        # both in one run, with ratios
-    .venv/bin/python benchmarks/tensor_bench.py --compare --torchmonarch-python /work/wt/tm-venv/bin/python
+    .venv/bin/python benchmarks/tensor_bench.py --compare --torchmonarch-python tm/bin/python
 
 Both packages import as ``monarch``, so each implementation runs in an interpreter of its
 own: this script runs itself with ``--child`` under each and reads its JSON back.  On a
@@ -42,7 +42,8 @@ from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DEFAULT_TM_PYTHON = "/work/wt/tm-venv/bin/python"
+#: torchmonarch's interpreter: $TORCHMONARCH_PYTHON, else a .tm-venv at the root (as tests/compat look).
+DEFAULT_TM_PYTHON = os.environ.get("TORCHMONARCH_PYTHON") or os.path.join(REPO, ".tm-venv", "bin", "python")
 MiB = 1 << 20
 
 METRICS = [
