@@ -95,3 +95,26 @@ def test_a_taken_port_leaves_the_agent_serving_and_says_why():
     finally:
         service.stop(time.monotonic() + 1)
         taken.close()
+
+
+def test_idle_connections_neither_fill_the_relay_nor_keep_the_client_out(relay):
+    """Anyone who can reach the port may open connections and send nothing: once 16 wait, one more
+    closes the oldest (a relay that refused the newest kept the client out for as long as they held)."""
+    service, keys, port = relay
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(24)]
+    try:
+        control = _request(port, {"token": tunnel.token(keys), "listen": True})
+        assert tunnel.read_line(control)["port"]  # the client got in, after the 24
+        assert service.info()["shed"] >= 24 + 1 - 16
+        closed = 0
+        for s in idle[:8]:  # the oldest were the ones closed
+            s.settimeout(5)
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == 8
+        control.close()
+    finally:
+        for s in idle:
+            s.close()
