@@ -41,7 +41,7 @@ from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from monarch_agents.unproven import UnprovenConnections
+from monarch_agents.unproven import UnprovenConnections, local_peer_uid
 
 DEFAULT_QUERY_TIMEOUT_S = 10.0
 #: Connections to a job's HTTP server that have not sent a whole request yet, at most: one more
@@ -490,34 +490,6 @@ _ADMIN_SCHEMA = {
 
 
 # -- the servers ------------------------------------------------------------------------------------
-
-
-def _proc_net_addr(host: str, port: int) -> str:
-    """``host:port`` as ``/proc/net/tcp[6]`` writes it (each 32-bit word of the address in host order)."""
-    import ipaddress
-    import sys
-
-    raw = ipaddress.ip_address(host.split("%")[0]).packed
-    words = [raw[i:i + 4] for i in range(0, len(raw), 4)]
-    return "".join((w[::-1] if sys.byteorder == "little" else w).hex().upper() for w in words) + f":{port:04X}"
-
-
-def local_peer_uid(conn: socket.socket) -> int | None:
-    """The uid that owns the other end of ``conn`` when that end is a socket of this machine (the
-    kernel's own table, ``/proc/net/tcp[6]``); None for a peer elsewhere, or where it cannot be told."""
-    try:
-        peer, me = conn.getpeername()[:2], conn.getsockname()[:2]
-        theirs, ours = _proc_net_addr(*peer), _proc_net_addr(*me)
-        table = "/proc/net/tcp6" if conn.family == socket.AF_INET6 else "/proc/net/tcp"
-        with open(table) as f:
-            next(f)
-            for line in f:
-                cols = line.split()
-                if cols[1] == theirs and cols[2] == ours:
-                    return int(cols[7])
-    except (OSError, ValueError, StopIteration):
-        pass
-    return None
 
 
 class _CappedHTTPServer(ThreadingHTTPServer):

@@ -8,6 +8,11 @@
 
 Bytes travel as actor messages between the two procs, so they use the job's authenticated,
 encrypted connections: nothing new listens on the network except the source address asked for.
+That address is reachable by every user of the machine (loopback too), and what it leads to is the
+job owner's (a notebook, a debugger, a dashboard): a connection whose other end is another local
+user's socket is closed before anything is forwarded (its uid is the kernel's, ``/proc/net/tcp``).
+On loopback a peer whose uid cannot be told is refused too; on another address (asked for, to
+reach it from other machines) a peer elsewhere is forwarded, as Monarch's is.
 
 Beyond Monarch: the destination is retried for ``connect_timeout`` seconds per connection (a
 server that is still starting is waited for, a bounded time), after which the connection is
@@ -18,6 +23,7 @@ connections within ``S`` seconds and raises a clear error if one does not.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import time
@@ -25,6 +31,7 @@ import uuid
 from typing import Any, Callable, NamedTuple
 
 from monarch.actor import Actor, Channel, Point, Port, PortReceiver, ProcMesh, current_rank, endpoint
+from monarch_agents.unproven import local_peer_uid
 
 log = logging.getLogger("monarch.port_forward")
 
@@ -205,6 +212,7 @@ class _Source(Actor):
         self.destination: Any = None
         self.relays = _Relays()
         self.where = ""
+        self.refused = 0
 
     @endpoint
     async def start(self, destination: Any, src_address: Any) -> str:
@@ -216,7 +224,25 @@ class _Source(Actor):
         self.where = f"{host}:{self.server.sockets[0].getsockname()[1]}"
         return self.where
 
+    def _admits(self, writer: asyncio.StreamWriter) -> bool:
+        """Only the owner's processes, or (off loopback) peers on other machines, are forwarded."""
+        sock = writer.get_extra_info("socket")
+        uid = local_peer_uid(sock) if sock is not None else None
+        if uid is not None:
+            return uid == os.getuid()
+        try:
+            return not ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_loopback
+        except (AttributeError, OSError, ValueError):
+            return False
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._admits(writer):
+            self.refused += 1
+            if self.refused == 1 or self.refused % 100 == 0:  # one line, not one per connection of a flood
+                log.warning("port forward %s: refused %d connection(s) from another user's process",
+                            self.where, self.refused)
+            writer.transport.abort()
+            return
         to_me, from_destination = Channel.open()
         try:
             to_destination = await self.destination.open.call_one(to_me)
