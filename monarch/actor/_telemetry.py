@@ -1,64 +1,127 @@
 """What a client records: its ``<root>`` actor, the meshes it makes, the messages it casts.
 
-Rows go into the process's :class:`~monarch_telemetry.recorder.Recorder` and are pushed, a
-few times a second and once more at exit, to the host agent of the first host it spawned
-procs on, where ``monarch query`` finds them.  Ids are hashes of names, the same ones
-proc agents use (see ``monarch_agents.actor_telemetry``).
+A client may hold meshes of several jobs (one runtime per job, ``monarch_agents.client``), and each
+job's telemetry is its own host agents' tables: so each job gets its own rows.  What belongs to a
+job (its ``<root>`` actor, its meshes, the casts to them) goes into a :class:`Recorder` of that
+job's runtime and is pushed only to that job; what belongs to the process (spans, metrics and log
+lines the client records outside any job, in ``monarch_telemetry.recorder.recorder()``) is pushed to
+every job it holds then.  One thread pushes, a few times a second and once more at exit, to the
+host agent of the first host of each job (set by :func:`push_to`: the job's telemetry service
+start, else its first ``spawn_procs``), where ``monarch query`` finds them.  Ids are hashes of names,
+the same ones proc agents use (see ``monarch_agents.actor_telemetry``).
+
+Inside a proc (an actor that spawns meshes) everything goes into the proc's own recorder, which
+its proc agent pushes to its host.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from monarch_agents import actor_telemetry
 from monarch_agents.context import current
 from monarch_agents.messages import TelemetryRows
-from monarch_telemetry.recorder import hash_id, recorder, region_json
+from monarch_telemetry.recorder import FLUSH_INTERVAL_S, Recorder, hash_id, log, recorder, region_json
 
 _lock = threading.Lock()
 _root: dict[str, int] = {}  # client address -> its <root> actor id
-_sink: str | None = None
 _views: dict[int, tuple[Any, str]] = {}  # id(shape) -> (shape, its JSON)
 
 
+@dataclass
+class _Job:
+    """One runtime's (one job's) rows and where they go."""
+
+    rt: Any
+    rec: Recorder
+    send: Callable[[dict], None] | None = None
+
+
+#: This client's jobs, by their runtime's address.
+_jobs: dict[str, _Job] = {}
+_flusher: threading.Thread | None = None
+_stop = threading.Event()
+
+
+def _in_proc() -> bool:
+    return actor_telemetry.rec is not None
+
+
+def job_recorder(rt: Any) -> Recorder:
+    """Where rows of ``rt``'s job go: its own recorder in a client, the proc's recorder in a proc."""
+    job = _jobs.get(rt.addr)
+    if job is not None and job.rt is rt:
+        return job.rec
+    shared = recorder()
+    if _in_proc() or not shared.on:
+        return shared
+    with _lock:
+        job = _jobs.get(rt.addr)
+        if job is None or job.rt is not rt:  # (an address a closed runtime had: a new job)
+            job = _jobs[rt.addr] = _Job(rt, Recorder(shared.host, enabled=True))
+        return job.rec
+
+
 def root_actor(rt: Any) -> int:
-    """The id of this client's ``<root>`` actor (recorded once, with its Client status)."""
+    """The id of this client's ``<root>`` actor in ``rt``'s job (recorded once, with its Client status)."""
     rid = _root.get(rt.addr)
     if rid is None:
+        rec = job_recorder(rt)
         with _lock:
             rid = _root.get(rt.addr)
             if rid is None:
                 rid = _root[rt.addr] = hash_id(rt.addr)
-                rec = recorder()
                 rec.actor(rid, rid, 0, rt.addr, "<root>")
                 rec.actor_status(rid, "Client")
     return rid
 
 
 def push_to(rt: Any, host_addr: str) -> None:
-    """Push this client's rows to ``host_addr`` from now on (the first host it spawns procs on)."""
-    global _sink
-    rec = recorder()
-    if not rec.on or _sink is not None:
+    """Push the rows of ``rt``'s job to ``host_addr`` from now on (a host of that job), and this
+    process's own rows there too; a job's first call decides."""
+    global _flusher
+    if not recorder().on or _in_proc():
         return
+    job_recorder(rt)
     with _lock:
-        if _sink is not None:
+        job = _jobs[rt.addr]
+        if job.send is not None:
             return
-        _sink = host_addr
+        job.send = lambda rows: rt.send(host_addr, TelemetryRows(rows))
+        if _flusher is None:
+            _flusher = threading.Thread(target=_flush_loop, name="telemetry-flush", daemon=True)
+            _flusher.start()
+            atexit.register(flush)
 
-    def send(rows: dict) -> None:
-        rt.send(host_addr, TelemetryRows(rows))
 
-    rec.start_flusher(send)
-    atexit.register(lambda: rec.flush(send))
+def _flush_loop() -> None:
+    while not _stop.wait(FLUSH_INTERVAL_S):
+        flush()
+
+
+def flush() -> None:
+    """Push what was recorded since the last push: each job's rows to it, this process's to every job."""
+    with _lock:
+        jobs = [j for j in _jobs.values() if j.send is not None]
+    shared = recorder().take() if jobs else {}
+    for job in jobs:
+        if job.rt.closed:
+            continue  # its runtime was closed: nothing reaches its hosts any more
+        for rows in (job.rec.take(), shared):
+            if rows:
+                try:
+                    job.send(rows)
+                except Exception as e:  # that job's host agent is gone: these rows have nowhere to go
+                    log.debug("telemetry rows dropped: %s", e)
 
 
 def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any) -> None:
-    rec = recorder()
-    if not rec.on:
+    if not recorder().on:
         return
+    rec = job_recorder(rt)
     root_actor(rt)
     hosts = host_mesh.hosts
     if hosts:
@@ -71,21 +134,20 @@ def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any) -> N
 
 
 def actor_mesh(rt: Any, proc_mesh_: Any, actor_id: str, name: str, cls: type, shape: Any) -> None:
-    rec = recorder()
-    if rec.on:
+    if recorder().on:
+        rec = job_recorder(rt)
         root_actor(rt)
         pshape = proc_mesh_._shape
         rec.mesh(hash_id(actor_id), f"Python<{cls.__name__}>", name, actor_id, shape.labels, shape.sizes,
                  hash_id(proc_mesh_._mesh_id), pshape.labels, pshape.sizes, pshape.indices)
 
 
-_casts: dict[tuple, tuple] = {}  # (id(mesh), id(shape), broadcast) -> (mesh, shape, row values)
+_casts: dict[tuple, tuple] = {}  # (id(mesh), id(shape), broadcast) -> (mesh, shape, row values, recorder)
 
 
 def sent(rt: Any, mesh: Any, endpoint: str, shape: Any, reply: Any) -> None:
     """One cast to (a slice of) an actor mesh (hot path: one dict lookup and one append)."""
-    rec = recorder()
-    if not rec.on:
+    if not recorder().on:
         return
     key = (id(mesh), id(shape), reply is None)
     hit = _casts.get(key)
@@ -99,13 +161,13 @@ def sent(rt: Any, mesh: Any, endpoint: str, shape: Any, reply: Any) -> None:
         # Monarch's shape_json is the view's shape, as its view_json (a Shape converted from the Region).
         view = _json(shape)
         hit = _casts[key] = (mesh, shape, (root_actor(rt), _mesh_id(mesh), view, view,
-                                           adverb, n))
+                                           adverb, n), job_recorder(rt))
     sender, mesh_id, view, full_json, adverb, n = hit[2]
     # Sent from inside an actor: that actor is the sender (Monarch's sender_actor_id), not the proc's root.
     info = current().actor
     if info is not None and info.slot is not None:
         sender = actor_telemetry.actor_id(info.slot)
-    rec.sent(sender, mesh_id, view, full_json, endpoint, adverb, n)
+    hit[3].sent(sender, mesh_id, view, full_json, endpoint, adverb, n)
 
 
 def _mesh_id(mesh: Any) -> int:

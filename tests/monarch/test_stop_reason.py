@@ -17,8 +17,8 @@ def _stopped_reasons(state, name: str, n: int) -> list:
     rows: list = []
     for _ in range(300):
         rows = state.query_engine_client.query(
-            # actors rows come from the proc agents; meshes rows from the client, which pushes to the first
-            # host it used in this process (another test's job, in a shared pytest process).
+            # actors rows come from the proc agents (meshes rows from the client would do too: each job
+            # of this shared pytest process gets the client's rows of its own).
             "SELECT e.reason FROM actor_status_events e JOIN actors a ON e.actor_id = a.id "
             f"WHERE a.display_name LIKE '{name}[%' AND e.new_status = 'Stopped'")["rows"]
         if len(rows) >= n:
