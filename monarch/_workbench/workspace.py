@@ -266,14 +266,27 @@ class WorkspacePusher:
                 self.present = set()  # a host lost chunks it had: the two rounds ask every host
             return None
         switched = [t for t, (ok, v) in zip(self.targets, answers) if ok and isinstance(v, dict)]
+        stuck = ""
         if switched:
             previous = self.committed
-            self._answers(lambda t: wm.WsCommit(self.name, previous, t.mountpoint, self.source, _NO_PORT), switched)
+            back = self._answers(lambda t: wm.WsCommit(self.name, previous, t.mountpoint, self.source, _NO_PORT),
+                                 switched)
+            # A host that could not be switched back serves the new tree while the others serve the
+            # previous one: the user must hear it (in the same line), or runs there see other code.
+            left = [(t, v) for t, (ok, v) in zip(switched, back) if not (ok and isinstance(v, dict))]
+            if left:
+                t0, v0 = left[0]
+                more = f" (and {len(left) - 1} more host{'s' if len(left) > 2 else ''})" if len(left) > 1 else ""
+                stuck = (f"; host {t0.host} (rank {t0.rank}){more} could not be switched back and serves the new "
+                         f"tree: {self._failure(t0, v0).message}")
         t, ok, v = next(f for f in failed if not redo(f[1], f[2]))
+        hint = "`monarch status` shows the hosts; sync again once fixed"
         if ok and isinstance(v, wm.WsBatchDone):
-            raise WorkspaceError(f"host {t.host} (rank {t.rank}): {v.error}",
-                                 "`monarch status` shows the hosts; sync again once fixed")
-        raise self._failure(t, v)
+            raise WorkspaceError(f"host {t.host} (rank {t.rank}): {v.error}{stuck}", hint)
+        e = self._failure(t, v)
+        if stuck:
+            raise WorkspaceError(e.message + stuck, e.hint or hint)
+        raise e
 
     def _send_inline(self, ids: list[str], read: Callable[[str], bytes]) -> tuple[int, int]:
         """The chunks of a small edit to every host, one message each through the tree of host agents."""

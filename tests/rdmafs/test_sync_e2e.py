@@ -374,3 +374,40 @@ def test_an_edit_corrupted_in_transit_is_sent_again(client, agents, tmp_path):
     assert len(sent) == 2 and r.sent_chunks == 2
     for m in r.mounts:
         assert open(os.path.join(m["mountpoint"], "a.py")).read() == "A = 2\n"
+
+
+def test_a_host_that_cannot_be_switched_back_is_named_in_the_error(client, tmp_path, fuse, tiny_disk):
+    """The edit fails on h1 (full disk) and h0, switched already, cannot go back (the previous tree's
+    tree left its store): the one error line says h0 serves the new tree, not only why h1 failed."""
+    started = [start_agent(client, tmp_path, 0), start_agent(client, tmp_path, 1, {"MONARCH_WORKSPACE_DIR": str(tiny_disk / "ws")})]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("v1\n")
+    filler = tiny_disk / "filler"
+    try:
+        p = WorkspacePusher(client, str(ws), targets(started))
+        mnts = [m["mountpoint"] for m in p.sync().mounts]
+        packs = tmp_path / "h0" / "ws" / "store" / "packs"
+        assert os.listdir(packs), "h0 keeps the previous tree (its manifest too) in packs"
+        for f in os.listdir(packs):
+            os.unlink(packs / f)
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"x" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        (ws / "a.py").write_text("v2\n")
+        with pytest.raises(WorkspaceError) as e:
+            p.sync()
+        msg = e.value.message
+        assert "\n" not in msg
+        assert msg.startswith("host h1 (rank 1): no space left on the host's disk"), msg
+        assert "host h0 (rank 0) could not be switched back and serves the new tree: " in msg, msg
+        assert [open(os.path.join(m, "a.py")).read() for m in mnts] == ["v2\n", "v1\n"], "as the error says"
+    finally:
+        for a in started:
+            a.stop()
+    assert wait_gone([a.pid for a in started]) == []
