@@ -208,15 +208,28 @@ def _serve_one(session: "_worker_auth.Session", bind_host: str) -> bool:
             return False
         session.answer(info)
         conn.settimeout(None)
-        # Serve until the client goes away, or says its host mesh was shut down ("shutdown" line).
+        # Serve until the client goes away, or says its host mesh was shut down (its sealed
+        # shutdown line: one written by anyone else on the way is ignored, said once).
+        buf = b""
+        forged = 0
         while True:
             ready, _, _ = select.select([conn], [], [], 0.5)
             if ready:
-                data = conn.recv(64)
+                data = conn.recv(4096)
                 if not data:
                     return False
-                if b"shutdown" in data:
-                    return True
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                if len(buf) > _worker_auth.MAX_LINE:
+                    lines.append(buf)
+                    buf = b""
+                for line in lines:
+                    if session.is_shutdown(line):
+                        return True
+                    forged += 1
+                    if forged == 1:
+                        log.warning("monarch worker: ignored a line on a client's connection that is not its "
+                                    "sealed shutdown (written by someone else on the way?)")
             if agent.poll() is not None:
                 return False
     finally:
@@ -309,8 +322,8 @@ def start_worker_loop_forever(*, private_key: PrivateKey = None, ca: CA, address
     return fut
 
 
-#: Enrollment connections of this client, kept open while it uses the workers.
-_links: dict[str, socket.socket] = {}
+#: Enrollment connections of this client (their sessions), kept open while it uses the workers.
+_links: dict[str, "_worker_auth.Session"] = {}
 
 
 def _connect_when_up(host: str, port: int, address: str, left: Callable[[str], float]) -> socket.socket:
@@ -403,7 +416,7 @@ def _attach(workers: Sequence[Any], name: Optional[str], secret: bytes, secret_n
         for r in refs:
             link = _links.pop(r.addr, None)
             if link is not None:
-                link.close()
+                link.conn.close()
         err = RuntimeError("attach failed: config push failed during attach on 1 host(s):\n"
                            f"  - {getattr(e, 'worker', '?')}: {e}")
         err.__cause__ = e
@@ -457,7 +470,7 @@ def _enroll_one(address: str, rank: int, keys: dict, refs: list, left: Callable[
     host, port = _dial_address(address)
     s = _connect_when_up(host, port, address, left)
     try:
-        line = _worker_auth.connect(s, secret, {"keys": keys, "host_rank": rank}, time.monotonic() + left(address),
+        line, session = _worker_auth.connect(s, secret, {"keys": keys, "host_rank": rank}, time.monotonic() + left(address),
                                     address, secret_name)
     except OSError as e:
         s.close()
@@ -480,7 +493,7 @@ def _enroll_one(address: str, rank: int, keys: dict, refs: list, left: Callable[
         s.close()
         raise RuntimeError(f"worker {address} did not start a host agent: {answer.get('error', 'no answer')}")
     s.settimeout(None)
-    _links[answer["addr"]] = s
+    _links[answer["addr"]] = session
     refs.append(HostRef(answer["addr"], answer.get("host", host), rank))
 
 
@@ -488,13 +501,13 @@ def release_workers(addrs: Sequence[str]) -> None:
     """The client shut these workers' host mesh down: each worker stops its agent (and, under
     ``run_worker_loop_until_shutdown``, returns)."""
     for a in addrs:
-        s = _links.pop(a, None)
-        if s is not None:
+        session = _links.pop(a, None)
+        if session is not None:
             try:
-                s.sendall(b"shutdown\n")
+                session.conn.sendall(session.shutdown_line())
             except OSError:
                 pass
-            s.close()
+            session.conn.close()
 
 
 # --- bootstrap commands ---------------------------------------------------------------------------
@@ -551,8 +564,8 @@ def shutdown_context(host_timeout: float | None = None) -> Future:
         from monarch_agents.client import close_runtime
 
         _client._stop_local_host()
-        for s in _links.values():
-            s.close()
+        for session in _links.values():
+            session.conn.close()
         _links.clear()
         close_runtime()
         fut.set_result(None)

@@ -15,13 +15,18 @@ The handshake, one JSON line each way, each side with a fresh 32-byte nonce::
     worker -> client   {"monarch_worker": 1, "nonce": Nw, "proof": HMAC(S, "worker" Nc Nw)}
     client -> worker   {"proof": HMAC(S, "client" Nc Nw), "box": seal(K, 0, the job's keys)}
     worker -> client   {"box": seal(K, 1, the host agent's address)}
+    ... the connection stays open while the client uses the worker ...
+    client -> worker   {"shutdown": seal(K, 2, "shutdown")}     (HostMesh.shutdown)
 
 The client checks the worker's proof before it sends its own proof or anything sealed, so a
 program that is not the user's worker (another user's, listening first) learns a nonce and
 nothing else; the worker checks the client's proof before it opens the box or starts anything.
 ``K = HMAC(S, "session" Nc Nw)``; ``seal`` is libsodium's ChaCha20-Poly1305 (the library CURVE
 already uses), so the keys are confidential and tamper-evident on the wire.  The proofs carry
-different labels, so one side's proof is never the other's.
+different labels, so one side's proof is never the other's.  The shutdown line, which ends the
+worker's loop, is sealed too: a program that relays the connection (listening at the address the
+client dials) can drop it, which only stops the agent as the client's exit does, but cannot end the
+worker by writing a line of its own.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ PROTOCOL = 1
 #: The longest line either side reads during the handshake (a job's keys are about 1 KiB).
 MAX_LINE = 64 * 1024
 _NONCE = 32
+#: The seal counters of one session: the request (client), the answer (worker), the shutdown (client).
+_REQUEST, _ANSWER, _SHUTDOWN = 0, 1, 2
 
 
 class WorkerAuthError(PermissionError):
@@ -189,8 +196,24 @@ class Session:
 
     def answer(self, info: bytes) -> None:
         """Send the host agent's info line (or an error's JSON), sealed."""
-        box = seal(self.key, 1, info, self.ad)
+        box = seal(self.key, _ANSWER, info, self.ad)
         self.conn.sendall(json.dumps({"box": box.hex()}).encode() + b"\n")
+
+    def shutdown_line(self) -> bytes:
+        """The client's line that ends the worker's loop (``HostMesh.shutdown``), sealed."""
+        return json.dumps({"shutdown": seal(self.key, _SHUTDOWN, b"shutdown", self.ad).hex()}).encode() + b"\n"
+
+    def is_shutdown(self, line: bytes) -> bool:
+        """Whether ``line`` (without its newline) is the client's sealed shutdown, not one written by
+        anyone else on the way."""
+        msg = _json(line)
+        box = _hex(msg.get("shutdown")) if msg is not None else None
+        if box is None:
+            return False
+        try:
+            return unseal(self.key, _SHUTDOWN, box, self.ad) == b"shutdown"
+        except WorkerAuthError:
+            return False
 
 
 def read_line(conn: socket.socket, deadline: float, what: str) -> bytes:
@@ -254,16 +277,16 @@ def accept(conn: socket.socket, secret: bytes, deadline: float) -> Session:
     box = _hex(reply.get("box")) if reply is not None else None
     if box is None:
         raise WorkerAuthError("the client sent no sealed request")
-    request = _json(unseal(key, 0, box, ad))
+    request = _json(unseal(key, _REQUEST, box, ad))
     if request is None:
         raise WorkerAuthError("the client's sealed request is not a JSON object")
     return Session(conn, key, ad, request)
 
 
 def connect(conn: socket.socket, secret: bytes, request: dict, deadline: float, address: str,
-            path: str) -> bytes:
+            path: str) -> tuple[bytes, Session]:
     """The client's side: check the worker's proof, then send ours and the sealed ``request``;
-    returns the worker's answer line, opened.  Raises ``RuntimeError`` for a peer that is no monarch
+    returns the worker's answer line, opened, and the session (to seal its shutdown line).  Raises ``RuntimeError`` for a peer that is no monarch
     worker, :class:`WorkerAuthError` for one that does not prove the secret (nothing sent to it)."""
     nc = os.urandom(_NONCE)
     conn.sendall(json.dumps({"monarch_worker": PROTOCOL, "nonce": nc.hex()}).encode() + b"\n")
@@ -280,7 +303,7 @@ def connect(conn: socket.socket, secret: bytes, request: dict, deadline: float, 
                               "your worker (another user's program may listen there), or its secret file differs "
                               "from yours; nothing was sent to it")
     key, ad = _mac(secret, b"session", nc, nw), nc + nw
-    box = seal(key, 0, json.dumps(request).encode(), ad)
+    box = seal(key, _REQUEST, json.dumps(request).encode(), ad)
     conn.sendall(json.dumps({"proof": _mac(secret, b"client", nc, nw).hex(), "box": box.hex()}).encode() + b"\n")
     line = read_line(conn, deadline, address)
     answer = _json(line)
@@ -290,4 +313,4 @@ def connect(conn: socket.socket, secret: bytes, request: dict, deadline: float, 
     if sealed is None:
         raise RuntimeError(f"worker {address} closed the connection before answering"
                            if not line else f"worker {address} answered {line[:60]!r}, not a sealed answer")
-    return unseal(key, 1, sealed, ad)
+    return unseal(key, _ANSWER, sealed, ad), Session(conn, key, ad, request)

@@ -318,3 +318,92 @@ def test_a_home_monarch_folder_another_user_can_write_is_not_used_for_the_secret
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"cannot make your worker secret {home}/.monarch/worker.key" in r.stdout, r.stdout
     assert "is writable by others" in r.stdout and not (home / ".monarch" / "worker.key").exists(), r.stdout
+
+
+#: Run as another user: listen where the victim's client dials, relay both ways to the real worker,
+#: and once the worker has answered (its second line), write a shutdown line of its own to it.
+RELAY = textwrap.dedent('''
+    import socket, sys, threading
+    ls = socket.create_server(("127.0.0.1", 0))
+    print(ls.getsockname()[1], flush=True)
+    client, _ = ls.accept()
+    worker = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+    worker.settimeout(None)
+    lock = threading.Lock()
+
+    def pipe(src, dst, inject):
+        lines = 0
+        while data := src.recv(65536):
+            with lock:
+                dst.sendall(data)
+            lines += data.count(b"\\n")
+            if inject and lines >= 2:
+                inject = False
+                with lock:
+                    worker.sendall(b"shutdown\\n" + b'{"shutdown": "' + b"00" * 24 + b'"}\\n')
+                print("injected", flush=True)
+        dst.shutdown(socket.SHUT_WR)
+
+    t = threading.Thread(target=pipe, args=(worker, client, True), daemon=True)
+    t.start()
+    pipe(client, worker, False)
+    t.join()
+''')
+
+#: The victim's client through that relay: attach, an actor answers; then (after a line on stdin)
+#: it answers again and the mesh is shut down.
+TWO_CALLS = textwrap.dedent('''
+    import sys
+    from monarch.actor import Actor, attach_to_workers, endpoint
+
+    class Hi(Actor):
+        @endpoint
+        def hi(self) -> str:
+            return "hi"
+
+    hosts = attach_to_workers(ca="trust_all_connections", workers=[sys.argv[1]])
+    hi = hosts.spawn_procs().spawn("hi", Hi)
+    print("FIRST:", hi.hi.call_one().get(), flush=True)
+    sys.stdin.readline()
+    print("SECOND:", hi.hi.call_one().get(), flush=True)
+    hosts.shutdown().get()
+''')
+
+
+def test_a_shutdown_line_written_by_another_user_on_the_way_does_not_end_the_worker(attacker, worker, shared,
+                                                                                    tmp_path):
+    """Another user relays the victim's enrollment connection (listening at the address the client
+    dials) and writes a shutdown line into it: the keys and answer are sealed, and so is the shutdown,
+    so the worker ignores it (said once), the victim's job goes on, and its own shutdown still works."""
+    p, address, env = worker
+    script = os.path.join(shared, "relay.py")
+    with open(script, "w") as f:
+        f.write(RELAY)
+    relay = attacker.popen(["/usr/bin/python3", script, address.rpartition(":")[2]], stdout=subprocess.PIPE,
+                           text=True)
+    client = None
+    try:
+        port = int(relay.stdout.readline())
+        client = subprocess.Popen([sys.executable, "-c", TWO_CALLS, f"tcp://127.0.0.1:{port}"], env=env, cwd=tmp_path,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = client.stdout.readline()
+        assert first == "FIRST: hi\n", (f"worker exit status {p.poll()} (None: running); client: "
+                                         + (client.stderr.read() if client.poll() is not None else ""))
+        assert relay.stdout.readline() == "injected\n"
+        # The worker reads the injected lines: it ends (it used to) or says once that it ignored them.
+        log = tmp_path / "worker.log"
+        while "ignored a line on a client's connection that is not its sealed shutdown" not in log.read_text():
+            assert p.poll() is None, f"the worker ended on another user's shutdown line: {log.read_text()}"
+            time.sleep(0.05)
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        out, err = client.communicate(timeout=180)
+        assert client.returncode == 0 and out == "SECOND: hi\n", out + err
+        assert p.wait(timeout=60) == 0  # the client's own (sealed) shutdown ended the loop
+    finally:
+        for proc in (client, relay):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = (tmp_path / "worker.log").read_text()
+    assert text.count("ignored a line on a client's connection that is not its sealed shutdown") == 1, text
