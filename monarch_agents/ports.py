@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 from monarch_agents.errors import SupervisionError
 from monarch_agents.future import Future
@@ -24,28 +24,79 @@ def _runtime():
     return ensure()
 
 
-class Port(Generic[R]):
-    """Where to send values; picklable, so it can travel to other actors."""
+#: Hands a value that a :class:`Port` has no route for back to the actor that sent it (Monarch's
+#: undeliverable message): ``returned(sender, port, ok, value, error)``, installed by
+#: ``monarch.actor._mailbox`` (this layer cannot import that one).  None: the send raises.
+returned: Callable[[Any, "Port[Any]", bool, Any, BaseException], None] | None = None
 
-    def __init__(self, ref: PortRef, rank: int = 0):
+#: Whether ``addr`` may be sent to at all (an address of this job's transport); set with ``returned``.
+routable: Callable[[str], bool] = lambda addr: True
+
+
+class Port(Generic[R]):
+    """Where to send values; picklable, so it can travel to other actors.
+
+    ``Port(ref)`` or ``Port(ref, rank)``; or Monarch's ``Port(port_ref, instance, rank)``, whose
+    ``port_ref`` may be Monarch's hand-built ``PortRef(PortId(...))`` and whose ``instance``
+    (``context().actor_instance._as_rust()``) is the sender: a value that cannot be delivered goes
+    back to that actor (its ``_handle_undeliverable_message``), as in Monarch.  A port is never
+    pickled with its sender: as Monarch's, it is rebuilt with the actor that unpickles it, so the
+    actor that uses a port it was given hears of what that port could not deliver.
+    """
+
+    def __init__(self, ref: Any, *args: Any):
+        if len(args) > 2:
+            raise TypeError(f"Port() takes a port ref, then a rank or an instance and a rank ({len(args) + 1} given)")
+        instance, rank = (args[0], args[1]) if len(args) == 2 else (None, args[0] if args else 0)
+        self._port_ref = ref  # as it was given (Monarch's ``Port._port_ref``)
+        if not isinstance(ref, PortRef):
+            # Monarch's ``PortRef(PortId(actor_id=ActorAddr(addr=...), port=...))``
+            pid = ref.port_id
+            ref = PortRef(pid.actor_id.addr, pid.port)
         self._ref = ref
-        self._rank = rank
+        self._rank = 0 if rank is None else rank
+        self._instance = instance
 
     def send(self, value: R) -> None:
         """Deliver ``value`` to the receiver (fire and forget)."""
-        _runtime().send(self._ref.addr, Reply(self._ref.port_id, self._rank, True, Pickled.of(value)))
+        self._post(True, value)
 
     def exception(self, exc: BaseException) -> None:
         """Make the receiver's next ``recv()`` raise ``exc``."""
-        _runtime().send(self._ref.addr, Reply(self._ref.port_id, self._rank, False, Pickled.of(exc)))
+        self._post(False, exc)
+
+    def _post(self, ok: bool, value: Any) -> None:
+        addr = self._ref.addr
+        if returned is not None and not routable(addr):
+            # No process of this job has that address: as in Monarch, the value goes back to the
+            # actor sending it (a client, which has no handler for it, raises below).
+            sender = self._instance if self._instance is not None else _current_actor()
+            if sender is not None:
+                returned(sender, self, ok, value,
+                         LookupError(f"no route to {addr!r}: not an address of this job's transport"))
+                return
+        _runtime().send(addr, Reply(self._ref.port_id, self._rank, ok, Pickled.of(value)))
 
     def __reduce__(self) -> Any:
         from monarch_agents.runtime import port_for_peer
 
-        return Port, (port_for_peer(self._ref), self._rank)
+        return _reconstruct_port, (port_for_peer(self._ref), self._rank)
 
     def __repr__(self) -> str:
         return f"Port({self._ref.addr}#{self._ref.port_id})"
+
+
+def _current_actor() -> Any:
+    """The actor running here (its ``ActorSlotInfo``), None in a client."""
+    from monarch_agents.context import current
+
+    return current().actor
+
+
+def _reconstruct_port(ref: PortRef, rank: int) -> "Port[Any]":
+    # Bound to the actor that unpickles it, never to the one that pickled it (as Monarch's); where no
+    # actor is running (a client, or a thread of the runtime), the sender is whoever sends.
+    return Port(ref, _current_actor(), rank)
 
 
 class _Queue:

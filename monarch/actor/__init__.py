@@ -21,6 +21,7 @@ from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.ports import Port, PortReceiver, RankedPortReceiver
 from monarch.actor._client import Channel
+from monarch.actor import _mailbox  # noqa: F401  (a Port with no route returns its value to the sending actor)
 from monarch_agents.supervision import default_fault_hook as unhandled_fault_hook
 from monarch.actor._endpoint import Accumulator, Endpoint, NotAnEndpoint, as_endpoint, concurrent_endpoint, endpoint, send
 from monarch.actor._mesh import (

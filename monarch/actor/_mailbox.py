@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from monarch_agents import ports as _ports
+
 # An address of this job's transport: what a process listens on, then "#" and its incarnation.
 _TRANSPORT_ADDR = re.compile(r"^(tcp|ipc)://[^#\s]+#\S+$")
 
@@ -117,7 +119,7 @@ class PortRef:
         addr = self.port_id.actor_id.addr
         ok = not isinstance(message.kind, _ExceptionKind)
         try:
-            if not _TRANSPORT_ADDR.match(addr):
+            if not _routable(addr):
                 raise LookupError(f"no route to {addr!r}: not an address of this job's transport")
             rt = runtime.current()
             if rt is None:
@@ -125,11 +127,41 @@ class PortRef:
             rank = message.kind.rank or 0
             rt.send(addr, m.Reply(self.port_id.port, rank, ok, m.Pickled(message.message, [])))
         except Exception as e:
-            envelope = UndeliverableMessageEnvelope(str(instance), self.port_id, f"{type(e).__name__}: {e}")
-            returned = getattr(instance, "_undeliverable", None)
-            if returned is None:
+            if getattr(instance, "_undeliverable", None) is None:
                 raise
-            returned(envelope)
+            _return(instance, self.port_id, e)
+
+
+def _routable(addr: str) -> bool:
+    return bool(_TRANSPORT_ADDR.match(addr))
+
+
+def _return(instance: Any, dest: PortId, error: BaseException) -> None:
+    """Hand ``instance`` (the sending actor) the envelope of a message it could not deliver; its
+    sender is the actor's id, as Monarch's ``message.sender()`` is (a client raises it)."""
+    envelope = UndeliverableMessageEnvelope(str(instance.actor_id), dest, f"{type(error).__name__}: {error}")
+    instance._undeliverable(envelope)
+
+
+def _port_returned(sender: Any, port: Any, ok: bool, value: Any, error: BaseException) -> None:
+    """What a ``monarch.actor.Port`` had no route for (``monarch_agents.ports.returned``): back to its
+    sender, an ``ActorInstance`` given to ``Port(port_ref, instance, rank)`` or the actor using it."""
+    from monarch.actor._mesh import ActorInstance
+
+    instance = sender if hasattr(sender, "_undeliverable") else ActorInstance(sender)
+    given = port._port_ref
+    dest = given.port_id if isinstance(given, PortRef) else \
+        PortId(ActorAddr(port._ref.addr, "", ""), port._ref.port_id)
+    _return(instance, dest, error)
+
+
+def _port_routable(addr: str) -> bool:
+    # "" is a port that takes nothing (a reply nobody waits for): sending to it stays a no-op.
+    return not addr or _routable(addr)
+
+
+_ports.returned = _port_returned
+_ports.routable = _port_routable
 
 
 __all__ = ["ActorAddr", "PortId", "PortRef", "PythonMessage", "PythonMessageKind",

@@ -1,0 +1,44 @@
+"""References that travel (issue #26): ports, and meshes pickled into messages or with plain
+``pickle``, each a program of ours in Monarch's API with its expected output.  Each also runs on
+torchmonarch 0.7.0 when one is at hand (``TORCHMONARCH_PYTHON`` or a ``.tm-venv`` at the root), and
+both must print the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.compat.test_api_compat import _torchmonarch_python
+from tests.compat.test_compat import HERE, run_program
+
+OUT: dict[str, str] = {}
+
+OUT["port_handoff.py"] = """\
+courier posts, no client made: True
+streamer posts, no client made: True
+letters: ['from a courier', 'from a stream', 'from the client']
+returned to the courier itself: [True]
+returned to the streamer itself: [True]
+boxes opened: 3
+done
+"""
+
+
+@pytest.mark.parametrize("program", sorted(OUT))
+def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
+    r = run_program(program, tmp_path)
+    assert r.stdout == OUT[program]
+
+
+@pytest.mark.parametrize("program", sorted(OUT))
+def test_program_prints_the_same_on_torchmonarch(program, tmp_path):
+    py = _torchmonarch_python()
+    if py is None:
+        pytest.skip("torchmonarch 0.7.0 is not installed here: set TORCHMONARCH_PYTHON")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONARCH", "PYTHONPATH"))}
+    r = subprocess.run([py, os.path.join(HERE, program)], cwd=tmp_path, env=e, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == OUT[program]
