@@ -21,21 +21,35 @@ for the admin server ``monarch.config``'s ``mesh_admin_addr``, says otherwise) f
 
 References are opaque strings (``root``, ``host:NAME``, ``proc:NAME/PID``,
 ``actor:NAME/PID/ACTOR``): round-trip them, percent-encoded in the URL path.
+
+Who is answered: the owner's processes on this machine (the peer's uid, from the kernel's
+``/proc/net/tcp``); another user's get a 403 line.  A server bound beyond loopback (asked for with
+``admin_addr``, to be reached from other machines, whose peers' uids cannot be told) answers those
+only with its bearer token (``Authorization: Bearer TOKEN``, else a 401 line): a random token made
+per server, in a 0600 file of the user's runtime folder named by ``JobServer.token_file`` (and
+said on stderr, and by ``_spawn_admin`` on stdout), removed when the server closes.  Monarch's OSS
+admin server falls back to plain HTTP with no check at all; its Meta build requires mutual TLS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import getpass
+import hmac
+import ipaddress
 import json
 import os
+import secrets
 import socket
+import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -492,6 +506,31 @@ _ADMIN_SCHEMA = {
 # -- the servers ------------------------------------------------------------------------------------
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _make_token(port: int) -> tuple[str, str]:
+    """A fresh bearer token, and the 0600 file (in this user's private runtime folder) it is in."""
+    from monarch_agents.files import private_dir, runtime_dir
+
+    token = secrets.token_urlsafe(32)
+    folder = private_dir(os.path.join(runtime_dir(), "http-tokens"))
+    path = os.path.join(folder, f"{os.getpid()}-{port}.token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, path
+
+
 class _CappedHTTPServer(ThreadingHTTPServer):
     """A ``ThreadingHTTPServer`` that holds at most :data:`UNREAD_MAX` connections yet to send a
     request (see there); its handlers say when one has (``request_read``)."""
@@ -541,19 +580,30 @@ class JobServer:
             def parse_request(self) -> bool:
                 ok = super().parse_request()
                 self.server.request_read(self.connection)  # type: ignore[attr-defined]
-                # Loopback is reachable by every user of the machine, and these answers hold the
-                # job's logs, telemetry and stacks: another user's process gets one line.  (A peer on
-                # another machine, where admin_addr asked for one, cannot be told and is served.)
-                uid = local_peer_uid(self.connection) if ok else None
-                if uid is not None and uid != os.getuid():
-                    body = b"this job's HTTP server answers only its owner's processes\n"
-                    self.send_response(403)
-                    self.send_header("Content-Type", "text/plain")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                if not ok:
                     return False
-                return ok
+                # Loopback is reachable by every user of the machine, and these answers hold the
+                # job's logs, telemetry and stacks: another user's process gets one line.  A peer on
+                # another machine (where admin_addr asked for an address beyond loopback) cannot be
+                # told by uid: it must show the server's bearer token.
+                uid = local_peer_uid(self.connection)
+                if uid is not None and uid != os.getuid():
+                    return self._refuse(403, "this job's HTTP server answers only its owner's processes")
+                if uid is None and not server.authorized(self.headers.get("Authorization")):
+                    return self._refuse(401, "this job's HTTP server answers other machines only with its bearer "
+                                             "token (Authorization: Bearer TOKEN; its owner has the token file)")
+                return True
+
+            def _refuse(self, status: int, line: str) -> bool:
+                body = line.encode() + b"\n"
+                self.send_response(status)
+                if status == 401:
+                    self.send_header("WWW-Authenticate", 'Bearer realm="monarch"')
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return False
 
             def do_GET(self) -> None:
                 server._get(self)
@@ -566,12 +616,31 @@ class JobServer:
         host, bound_port = self._httpd.server_address[:2]
         shown = f"[{host}]" if ":" in str(host) else host
         self.url = f"http://{shown}:{bound_port}"
+        #: Beyond loopback: the bearer token other machines must show, and the 0600 file that holds it.
+        self.token: str | None = None
+        self.token_file: str | None = None
+        if not _loopback(str(host)):
+            self.token, self.token_file = _make_token(bound_port)
+            # Removed at close(), or at the program's exit where no one closed it.
+            self._forget_token = weakref.finalize(self, _remove_quietly, self.token_file)
+            print(f"monarch: {self.url} answers other machines only with the bearer token in {self.token_file} "
+                  f"(curl -H \"Authorization: Bearer $(cat {self.token_file})\" {self.url}/v1/tree)",
+                  file=sys.stderr, flush=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="monarch-job-http", daemon=True)
         self._thread.start()
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether ``header`` (an ``Authorization`` value) shows this server's bearer token; none is
+        shown where the server has none (on loopback every peer's uid is told instead)."""
+        scheme, _, value = (header or "").partition(" ")
+        return self.token is not None and scheme.lower() == "bearer" and \
+            hmac.compare_digest(value.strip().encode(), self.token.encode())
 
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+        if self.token_file is not None:
+            self._forget_token()
 
     # -- answers ----
 

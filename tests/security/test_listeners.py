@@ -211,3 +211,78 @@ def test_a_kubernetes_port_forwards_socks_proxy_caps_idle_connections_from_anoth
             flood.wait()
         fw.stdin.close()
         fw.wait(timeout=60)
+
+
+@pytest.fixture
+def other_machine():
+    """A network namespace joined to this one by a veth pair: a process in it reaches this machine's
+    address there as a peer on another machine does (not in this namespace's /proc/net/tcp)."""
+    import shutil
+    import uuid
+
+    if os.getuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs root with ip and nsenter (as in CI) to make a network namespace")
+    tag = uuid.uuid4().hex[:6]
+    ns, here, there = f"secfix{tag}", f"sfh{tag}", f"sft{tag}"
+    net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+    cmds = [["ip", "netns", "add", ns], ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+            ["ip", "link", "set", there, "netns", ns], ["ip", "addr", "add", f"{net}.1/30", "dev", here],
+            ["ip", "link", "set", here, "up"],
+            ["ip", "-n", ns, "addr", "add", f"{net}.2/30", "dev", there], ["ip", "-n", ns, "link", "set", there, "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"]]
+    try:
+        for c in cmds:
+            subprocess.run(c, check=True, capture_output=True)
+        yield ns, f"{net}.1"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes its veth end, and so the pair
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+
+
+#: The mesh admin API bound beyond loopback, as ``MeshAdminConfig(admin_addr="0.0.0.0:0")`` starts it.
+WIDE_SERVER = JOB_SERVER.replace("admin=True)", "admin=True, bind='0.0.0.0')").replace(
+    "print(server.url, flush=True)", "print(server.url, getattr(server, 'token_file', None), flush=True)")
+
+
+def test_a_jobs_http_server_beyond_loopback_answers_other_machines_only_with_its_token(attacker, other_machine,
+                                                                                      shared):
+    ns, address = other_machine
+    server = subprocess.Popen([sys.executable, "-c", WIDE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        url, token_file = server.stdout.readline().split()
+        assert url.startswith("http://0.0.0.0:"), url
+        there = f"http://{address}:{url.rpartition(':')[2]}"
+        probe = os.path.join(shared, "get.py")
+        with open(probe, "w") as f:
+            f.write("import sys, urllib.error, urllib.request\n"
+                    "o = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+                    "h = {'Authorization': sys.argv[2]} if len(sys.argv) > 2 else {}\n"
+                    "try:\n    print(o.open(urllib.request.Request(sys.argv[1], headers=h), timeout=30).status)\n"
+                    "except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode().strip())\n")
+        from tests.security.conftest import RUNUSER
+
+        def from_there(path: str, *auth: str) -> str:
+            r = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", RUNUSER, "-u", attacker.name, "--",
+                                "/usr/bin/python3", probe, there + path, *auth], capture_output=True, text=True,
+                               timeout=120, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+            return r.stdout.strip() or r.stderr
+
+        refused = "401 this job's HTTP server answers other machines only with its bearer token"
+        for path in ("/v1/tree", "/SKILL.md", "/v1/schema/admin"):
+            assert from_there(path).startswith(refused), from_there(path)
+        assert from_there("/v1/tree", "Bearer " + "A" * 43).startswith(refused)
+        # Its owner has the token, in a file of theirs only they may read.
+        st = os.stat(token_file)
+        assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o600, oct(st.st_mode)
+        with open(token_file) as f:
+            token = f.read().strip()
+        assert from_there("/v1/schema/admin", f"Bearer {token}") == "200"
+        # Another user of this machine gets its 403 at that address too, token or not.
+        r = attacker.run(f"/usr/bin/python3 {probe} {there}/v1/tree")
+        assert r.stdout.startswith("403 "), r.stdout
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)
+    assert not os.path.exists(token_file)  # removed with the server
+    assert f"answers other machines only with the bearer token in {token_file}" in server.stderr.read()

@@ -44,7 +44,9 @@ def _spawn_admin(host_meshes: list[HostMesh], admin_addr: str | None = None,
                               bind=bind, port=port)
         _servers.append(server)
         os.environ["MONARCH_ADMIN_URL"] = server.url  # where Monarch's tools look for it
-        print(f"Mesh admin server listening on {server.url}", flush=True)  # Monarch's says where, on stdout
+        # Monarch's says where, on stdout; beyond loopback, also where the token other machines need is.
+        shown = f" (bearer token for other machines in {server.token_file})" if server.token_file else ""
+        print(f"Mesh admin server listening on {server.url}{shown}", flush=True)
         return server.url, _AdminRef(server.url)
 
     return Future._from_coro(start())
