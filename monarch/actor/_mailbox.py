@@ -23,27 +23,98 @@ from monarch_agents import ports as _ports
 _TRANSPORT_ADDR = re.compile(r"^(tcp|ipc)://[^#\s]+#\S+$")
 
 
+def _location(addr: str) -> str:
+    """How Monarch prints a channel address inside an id: ``scheme://rest`` (its ``local:N`` is
+    ``inproc://N``); an address of ours is already in that form."""
+    scheme, sep, rest = addr.partition(":")
+    if not sep or rest.startswith("//"):
+        return addr
+    return f"inproc://{rest}" if scheme == "local" else f"{scheme}://{rest}"
+
+
+def _address(location: str) -> str:
+    """The inverse of :func:`_location`: an address of ours (it has a ``#``) stays as it is."""
+    if "#" in location:
+        return location
+    scheme, sep, rest = location.partition("://")
+    if not sep:
+        return location
+    return f"local:{rest}" if scheme == "inproc" else f"{scheme}:{rest}"
+
+
 @dataclass(frozen=True)
 class ActorAddr:
-    """Where an actor lives: its process's address, its proc's name and its own."""
+    """Where an actor lives: its process's address, its proc's name and its own.
+
+    As Monarch's (a singleton root actor of a named proc): ``str()`` is ``actor.proc@location``,
+    which :meth:`from_string` reads back; ``uid``, ``pid`` and ``label`` are the actor's name,
+    ``proc_label`` the proc's, ``proc_id`` is ``proc@location``.
+    """
 
     addr: str
     proc_name: str
     actor_name: str
 
+    @property
+    def label(self) -> str:
+        return self.actor_name
+
+    @property
+    def uid(self) -> str:
+        return self.actor_name
+
+    @property
+    def pid(self) -> str:
+        return self.uid
+
+    @property
+    def proc_label(self) -> str:
+        return self.proc_name
+
+    @property
+    def proc_id(self) -> str:
+        return f"{self.proc_name}@{_location(self.addr)}"
+
+    @property
+    def is_root(self) -> bool:
+        return True
+
+    @staticmethod
+    def from_string(text: str) -> "ActorAddr":
+        """The address ``str()`` printed (``actor.proc@location``)."""
+        names, at, location = text.partition("@")
+        actor, dot, proc = names.partition(".")
+        if not (at and dot and actor and proc and location):
+            raise ValueError(f"Failed to extract actor id from {text}: expected actor.proc@location")
+        return ActorAddr(_address(location), proc, actor)
+
     def __str__(self) -> str:
-        return f"{self.addr},{self.proc_name},{self.actor_name}"
+        return f"{self.actor_name}.{self.proc_id}"
 
 
 @dataclass(frozen=True)
 class PortId:
-    """One port of one actor."""
+    """One port of one actor; ``str()`` is Monarch's ``actor.proc:port@location``."""
 
     actor_id: ActorAddr
     port: int
 
+    @property
+    def index(self) -> int:
+        return self.port
+
+    @staticmethod
+    def from_string(text: str) -> "PortId":
+        """The port id ``str()`` printed (``actor.proc:port@location``)."""
+        names, at, location = text.partition("@")
+        actor_proc, colon, port = names.rpartition(":")
+        if not (at and colon and port.isdigit()):
+            raise ValueError(f"Failed to extract port id from {text}: expected actor.proc:port@location")
+        return PortId(ActorAddr.from_string(f"{actor_proc}@{location}"), int(port))
+
     def __str__(self) -> str:
-        return f"{self.actor_id}[{self.port}]"
+        a = self.actor_id
+        return f"{a.actor_name}.{a.proc_name}:{self.port}@{_location(a.addr)}"
 
 
 class _ResultKind:

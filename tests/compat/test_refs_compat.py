@@ -25,6 +25,35 @@ boxes opened: 3
 done
 """
 
+OUT["actor_addresses.py"] = """\
+printed: trainer.worker@inproc://3
+names: trainer trainer trainer worker trainer worker
+proc id: worker@inproc://3 root: True address: local:3
+read back: True True local:3
+another actor differs: True
+port: trainer.worker:12@inproc://3 12 True
+printed: trainer.worker@tcp://127.0.0.1:29500
+names: trainer trainer trainer worker trainer worker
+proc id: worker@tcp://127.0.0.1:29500 root: True address: tcp:127.0.0.1:29500
+read back: True True tcp:127.0.0.1:29500
+another actor differs: True
+port: trainer.worker:12@tcp://127.0.0.1:29500 12 True
+done
+"""
+
+OUT["mesh_refs.py"] = """\
+fresh actor mesh as an argument: [1, 1]
+fresh proc mesh as an argument: 101
+fresh actor mesh returned: 11
+fresh actor mesh in a value mesh: 0 11
+fresh proc mesh returned: [6, 6]
+plain pickle, fresh actor mesh: 21
+plain pickle, same actors: 22
+plain pickle, fresh proc mesh: 31
+plain pickle, proc mesh in use: 41
+done
+"""
+
 
 @pytest.mark.parametrize("program", sorted(OUT))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
