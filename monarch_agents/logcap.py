@@ -5,20 +5,25 @@ A runaway rank once wrote 60 GB of log and filled its host's disk.  So a rank's 
 at most ``MONARCH_RUN_LOG_MAX`` bytes (default 256 MiB; ``512M``, ``2G``, ``1048576``; ``0``: no cap),
 read from the rank's environment (``monarch run -e MONARCH_RUN_LOG_MAX=1G``) or else its host
 agent's.  The first half of the cap is written as it comes (the head); after that the output goes
-to two rotating tail files (``<rank>.tail0``/``.tail1``, a quarter of the cap each: the older one is
-emptied when the newer is full), and when the rank ends a one-line note on its stderr (how much was
-left out) and the tail are appended to the log, so a reader sees head, note, tail, in order.  While
-the tail is being kept, ``monarch logs -f`` shows nothing new; it shows the note and the tail at the
-end.  At most about 1.25 times the cap is on disk at once (while the tail is appended).
+to rotating tail files (``<rank>.tail<n>``, a quarter of the cap each, two at most: the older one
+is removed when the newer is full), and when the rank ends a one-line note on its stderr (how much
+was left out) and the tail are appended to the log, so a reader sees head, note, tail, in order.
+While the tail is being kept, ``monarch logs -f`` follows the tail files (``<rank>.tails`` says
+which there are), then shows the note and only what it had not shown of the tail.  At most about
+1.25 times the cap is on disk at once (while the tail is appended).
 
 What it does not change: the live stream to the client gets every byte; only what is kept is cut.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
+from dataclasses import dataclass, field
 from typing import Mapping
+
+from monarch_agents.files import write_atomic
 
 #: The environment variable of the cap (bytes, or a size such as ``256M``).
 LOG_MAX_ENV = "MONARCH_RUN_LOG_MAX"
@@ -27,6 +32,8 @@ DEFAULT_LOG_MAX = 256 << 20
 ORDER_RECORD = struct.Struct("<cI")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+#: The file kind (``<rank>.tails``) that indexes a rank's tail files while its log is cut (see :class:`CappedLog`).
+TAILS_KIND = "tails"
 #: How much of a tail file is read at once when it is appended to the log.
 _COPY = 1 << 20
 
@@ -65,8 +72,30 @@ def human(n: int) -> str:
     return f"{n} bytes"
 
 
+@dataclass
+class _Seg:
+    """One tail file: ``<base>.tail<seq>``, records as in ``<rank>.order`` each followed by its bytes."""
+
+    fd: int
+    path: str
+    seq: int
+    size: int = 0  # bytes in it (records and output)
+    records: int = 0
+    out: dict = field(default_factory=lambda: {"stdout": 0, "stderr": 0})  # output bytes of each stream
+
+    @property
+    def output(self) -> int:
+        return self.out["stdout"] + self.out["stderr"]
+
+
 class CappedLog:
     """The log files of one rank at ``base`` (``<dir>/<rank>``), kept under ``cap`` bytes (0: none).
+
+    While the tail is kept, ``<base>.tails`` (:data:`TAILS_KIND`, JSON, replaced whole) says which
+    tail files are there (``<base>.tail<seq>``, ``seq`` counting up: a name is never reused, so a
+    reader that follows one never reads another's bytes) and how much was left out; at close it
+    says where the copied tail lies in the log's files, so ``monarch logs -f``, which showed the
+    tail as it came, shows only what it had not (see ``monarch._workbench.logs.LogReader``).
 
     :meth:`write` and :meth:`close` raise ``OSError`` (a full disk): the caller stops writing then."""
 
@@ -84,8 +113,9 @@ class CappedLog:
         #: Bytes (output and order records) the head may still take.
         self.head_left = cap // 2
         self.seg_max = max(cap // 4, 1)
-        #: The tail files, oldest first: [fd, bytes in it (records), output bytes in it, path].
-        self.segs: list[list] = []
+        #: The tail files, oldest first (two at most).
+        self.segs: list[_Seg] = []
+        self.next_seq = 0
         #: Output bytes left out (neither in the head nor in the tail).
         self.dropped = 0
         self.head_bytes = 0
@@ -120,30 +150,39 @@ class CappedLog:
         if len(data) > keep:  # one chunk bigger than a tail file: its end is what a tail keeps
             self.dropped += len(data) - max(keep, 0)
             data = data[len(data) - max(keep, 0):]
-        if not self.segs or (self.segs[-1][1] and self.segs[-1][1] + ORDER_RECORD.size + len(data) > self.seg_max):
+        if not self.segs or (self.segs[-1].size and self.segs[-1].size + ORDER_RECORD.size + len(data) > self.seg_max):
             self._rotate()
         seg = self.segs[-1]
-        _write_all(seg[0], ORDER_RECORD.pack(tag, len(data)) + data)
-        seg[1] += ORDER_RECORD.size + len(data)
-        seg[2] += len(data)
+        _write_all(seg.fd, ORDER_RECORD.pack(tag, len(data)) + data)
+        seg.size += ORDER_RECORD.size + len(data)
+        seg.records += 1
+        seg.out["stdout" if tag == b"o" else "stderr"] += len(data)
 
     def _rotate(self) -> None:
-        if len(self.segs) < 2:
-            path = f"{self.base}.tail{len(self.segs)}"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-            self.segs.append([fd, 0, 0, path])
-            return
-        oldest = self.segs.pop(0)
-        self.dropped += oldest[2]
-        os.ftruncate(oldest[0], 0)  # O_APPEND: the next write lands at its new end, 0
-        oldest[1] = oldest[2] = 0
-        self.segs.append(oldest)
+        if len(self.segs) == 2:
+            oldest = self.segs.pop(0)
+            self.dropped += oldest.output
+            os.close(oldest.fd)
+            os.unlink(oldest.path)  # before the next is made: at most two on disk
+        path = f"{self.base}.tail{self.next_seq}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        self.segs.append(_Seg(fd, path, self.next_seq))
+        self.next_seq += 1
+        self._write_tails({"closed": False, "segs": [s.seq for s in self.segs], "dropped": self.dropped})
+
+    def _write_tails(self, index: dict) -> None:
+        """``<base>.tails``: for a reader only, so one that cannot be written costs the log nothing
+        (a follower then sees the tail at the end, as before there was an index)."""
+        try:
+            write_atomic(f"{self.base}.{TAILS_KIND}", json.dumps(index).encode(), durable=False)
+        except OSError:
+            pass
 
     def note(self) -> str:
         """The line that says what was left out, '' if nothing was."""
         if not self.segs:
             return ""
-        tail = sum(s[2] for s in self.segs)
+        tail = sum(s.output for s in self.segs)
         return (f"its log was cut at {human(self.cap)} ({LOG_MAX_ENV}): kept the first {human(self.head_bytes)} "
                 f"and the last {human(tail)}, left out {human(self.dropped)} between them "
                 f"({self.base}.stdout, .stderr)")
@@ -153,26 +192,30 @@ class CappedLog:
         try:
             if self.segs:
                 marker = f"\n[monarch: {self.note()}]\n".encode()
+                head = {s: os.fstat(fd).st_size for s, fd in self.fds.items()}
+                # Where each file's head ends, where the note ends, and what each tail file adds:
+                # written before the log grows, so a reader that sees it grown finds it.
+                self._write_tails({"closed": True, "head": head, "marker": len(marker),
+                                   "segs": [[s.seq, s.records, s.out["stdout"], s.out["stderr"]] for s in self.segs]})
                 self._append(b"e", marker)
                 for seg in self.segs:
-                    self._copy_tail(seg[0])
-                    os.close(seg[0])
-                    seg[0] = -1
-                    os.unlink(seg[3])  # before the next is copied: the disk holds one tail file less
+                    self._copy_tail(seg.path)
+                    os.close(seg.fd)
+                    seg.fd = -1
+                    os.unlink(seg.path)  # before the next is copied: the disk holds one tail file less
         finally:
             for seg in self.segs:
-                if seg[0] >= 0:
-                    os.close(seg[0])
-                    seg[0] = -1
+                if seg.fd >= 0:
+                    os.close(seg.fd)
+                    seg.fd = -1
                 try:
-                    os.unlink(seg[3])
+                    os.unlink(seg.path)
                 except FileNotFoundError:
                     pass
             self._close_fds()
 
-    def _copy_tail(self, fd: int) -> None:
-        with os.fdopen(os.dup(fd), "rb") as f:
-            f.seek(0)
+    def _copy_tail(self, path: str) -> None:
+        with open(path, "rb") as f:
             while True:
                 head = f.read(ORDER_RECORD.size)
                 if len(head) < ORDER_RECORD.size:

@@ -54,7 +54,8 @@ def test_over_the_cap_head_note_and_tail_in_order(tmp_path):
     log.close()
     on_disk = sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path))
     assert peak <= cap + 64 and on_disk <= cap + 1024, (peak, on_disk)  # data, order records and the note
-    assert sorted(os.listdir(tmp_path)) == ["0.order", "0.stderr", "0.stdout"]  # tail files gone
+    # Tail files gone; their index stays (where the tail went, for a follower that comes late).
+    assert sorted(os.listdir(tmp_path)) == ["0.order", "0.stderr", "0.stdout", "0.tails"]
     data, chunks = _read(tmp_path)
     head_end = data.index(b"\n[monarch: ")
     head, rest = data[:head_end], data[head_end:]
@@ -131,3 +132,61 @@ def test_the_proc_log_pump_caps_what_children_write_and_stops(tmp_path):
     assert len(data) <= (64 << 10) + 200 and b"[monarch: this log was cut at 64 KiB" in data
     assert data.startswith(b"0000000\n") and data.endswith(b"0199999\nEND\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.log", "small.log"]
+
+
+def test_a_follower_sees_the_tail_as_it_is_written_and_each_byte_once(tmp_path):
+    """Past the cap the head stops growing: a follower (``monarch logs -f``) reads the tail files as the
+    rank writes them, across rotations, then the log's note, and nothing of the tail twice."""
+    cap = 16 << 10
+    log = CappedLog(str(tmp_path / "0"), cap)
+    reader = LogReader(local_fetch(str(tmp_path)), [0])
+    lines = [f"{i:07d}\n".encode() for i in range(20_000)]  # 160 KB: ten times the cap, many rotations
+    seen: list = []
+    got_while_cut = 0
+    for i, line in enumerate(lines):
+        log.write("stderr" if i % 1000 == 999 else "stdout", line)
+        if i % 50 == 0:
+            new = reader.poll()
+            if log.truncated:
+                got_while_cut += sum(len(c.data) for c in new)
+                # Each poll shows up to what was written (whole records): the follower keeps up.
+                assert new and new[-1].data == line, (i, new[-1:])
+            seen += new
+    seen += reader.poll()
+    assert got_while_cut > cap, "the tail was shown as it came"
+    log.close()
+    (tmp_path / "0.exit").write_text("{}")
+    seen += reader.poll()
+    assert reader.done
+    data = b"".join(c.data for c in seen)
+    # Every line once, in order (this reader kept up: nothing was left out for it, so no note on the
+    # way), then the log's own note (the log on disk left the middle out).
+    shown, note = data.rsplit(b"\n[monarch: its log was cut", 1)
+    assert shown == b"".join(lines)
+    assert note.endswith(b"]\n") and b"[monarch:" not in shown
+    assert any(c.stream == "stderr" and c.data == b"0019999\n" for c in seen)
+    # A reader that comes after the end sees the log as kept: head, note, tail.
+    whole, _ = _read(tmp_path)
+    assert whole.startswith(b"0000000\n") and whole.endswith(b"0019999\n") and len(whole) < len(b"".join(lines))
+
+
+def test_a_follower_that_falls_behind_says_what_it_missed(tmp_path):
+    """A follower slower than a whole tail file: a note where output is missing, then the newest."""
+    cap = 16 << 10
+    log = CappedLog(str(tmp_path / "0"), cap)
+    reader = LogReader(local_fetch(str(tmp_path)), [0], ("stdout", "stderr"))
+    lines = [f"{i:07d}\n".encode() for i in range(10_000)]
+    seen = []
+    for line in lines[:2000]:
+        log.write("stdout", line)
+    seen += reader.poll()  # the head, and into the tail
+    for line in lines[2000:]:
+        log.write("stdout", line)  # many tail files' worth before the next poll
+    seen += reader.poll()
+    log.close()
+    (tmp_path / "0.exit").write_text("{}")
+    seen += reader.poll()
+    data = b"".join(c.data for c in seen)
+    assert b"moved on faster than it was read: some output left out here" in data
+    assert data.endswith(b"]\n") and b"0009999\n" in data
+    assert data.count(b"0009999\n") == 1

@@ -160,13 +160,58 @@ def test_a_runaway_rank_log_is_capped_head_and_tail_kept_and_said_once(workdir):
     assert run_dirs[0].removesuffix(".stdout") in warnings[0]  # where
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in ("0.stdout", "0.stderr", "0.order"))
     assert size <= (256 << 10) + 1024, size
-    assert not [f for f in os.listdir(folder) if ".tail" in f]
+    assert not [f for f in os.listdir(folder) if ".tail" in f and f != "0.tails"]  # the index of the tail stays
     # `monarch logs`: the head, the note in place, the tail.
     got = _raw("logs", cwd=workdir)
     assert got.returncode == 0, got.stderr
     out = got.stdout + got.stderr
     assert b"0000000\n0000001\n" in got.stdout and got.stdout.rstrip().endswith(b"0399999")
     assert b"[monarch: its log was cut at 256 KiB" in out
+
+
+def test_follow_shows_a_capped_logs_tail_as_it_comes(workdir):
+    """`logs -f` of a rank whose log reached its cap shows the output after the cap as it comes (as
+    `tail -f` would), not only once the rank ended; and the end of the log once, after its note."""
+    import queue
+    import threading
+
+    monarch("serve", "--hosts", "1", cwd=workdir, check=True)
+    go = workdir / "go"
+    script = ("import os, sys, time\n"
+              "for i in range(100_000): print(f'{i:07d}')\n"  # 800 KB: a dozen times the cap
+              "print('PAST-THE-CAP', flush=True)\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+              "print('AFTER', flush=True)\n")
+    r = monarch("--json", "run", "--detach", "-e", "MONARCH_RUN_LOG_MAX=64K", "--", sys.executable, "-c", script,
+                cwd=workdir, check=True)
+    run_id = json.loads(r.stdout)["run_id"]
+    follow = subprocess.Popen([*MONARCH, "logs", "--run", run_id, "-f"], cwd=workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1"})
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in follow.stdout] + [lines.put(None)], daemon=True)
+    reader.start()
+    try:
+        got = []
+        while b"PAST-THE-CAP\n" not in got:  # the rank waits for `go`: only a live tail shows this line
+            line = lines.get(timeout=90)
+            assert line is not None, (b"".join(got[-5:]), follow.stderr.read())
+            got.append(line)
+        go.touch()
+        assert follow.wait(timeout=90) == 0, follow.stderr.read()
+        reader.join(timeout=30)
+        while (line := lines.get(timeout=5)) is not None:
+            got.append(line)
+    finally:
+        go.touch()
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    out = b"".join(got)
+    assert out.startswith(b"0000000\n0000001\n") and out.count(b"PAST-THE-CAP\n") == 1
+    # The log's note once (after what the follower saw live, before what it had not: AFTER, or not).
+    assert out.count(b"[monarch: its log was cut at 64 KiB") == 1, out[-600:]
+    assert out.count(b"AFTER\n") == 1 and out.index(b"AFTER\n") > out.index(b"PAST-THE-CAP\n"), out[-600:]
+    assert b"0099999\n" in out
 
 
 _CHATTY_ACTORS = """
