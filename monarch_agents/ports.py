@@ -65,9 +65,15 @@ class Port(Generic[R]):
         """Make the receiver's next ``recv()`` raise ``exc``."""
         self._post(False, exc)
 
+    #: Whether no process of this job can have this port's address (asked once, on the first send).
+    _unroutable: bool | None = None
+
     def _post(self, ok: bool, value: Any) -> None:
         addr = self._ref.addr
-        if returned is not None and not routable(addr):
+        unroutable = self._unroutable
+        if unroutable is None and returned is not None:
+            unroutable = self._unroutable = not routable(addr)
+        if unroutable:
             # No process of this job has that address: as in Monarch, the value goes back to the
             # actor sending it (a client, which has no handler for it, raises below).
             sender = self._instance if self._instance is not None else _current_actor()

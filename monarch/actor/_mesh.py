@@ -37,7 +37,7 @@ from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
 from monarch_agents.runtime import pickling_for as rt_pickling_for
 from monarch import config as _config
-from monarch.actor import _mock, _telemetry
+from monarch.actor import _ids, _mock, _telemetry
 from monarch.actor._client import (ROOT_ENV, SYS_PATH_ENV, HostRef, ensure_runtime, env_changes, local_host,
                                    refresh_local_stdio, user_sys_path)
 from monarch.actor._endpoint import Endpoint, NotAnEndpoint, _Gather, endpoint
@@ -928,8 +928,8 @@ class ActorInstance:
         return self._info.name if self._info else "root"
 
     @property
-    def actor_id(self) -> str:
-        return self._info.actor_id if self._info else "root"
+    def actor_id(self) -> "ActorId":
+        return ActorId.of(self._info)
 
     @property
     def class_name(self) -> str:
@@ -975,6 +975,57 @@ class ActorInstance:
 
     def __repr__(self) -> str:
         return (self._info.qualname or f"<{self.name} {self.rank}>") if self._info else "<root>"
+
+
+class ActorId(str):
+    """``context().actor_instance.actor_id``: the actor's id, a string unique to the actor as Monarch's
+    is (``NAME-HEX[RANK]``, what ``current_actor_name()`` says; the client's ``root``), that also
+    answers what Monarch's ``ActorAddr`` does: ``actor_name``/``label`` (the name it was spawned with;
+    the client's is ``client``), ``uid``/``pid`` (``name<v>``, the mesh id's value in ``Uid``'s base
+    58), ``proc_name``/``proc_label`` (its process: host and pid; the client's ``local``), ``addr``
+    (its process's address), ``proc_id`` (``proc@addr``) and ``is_root`` (only the client's)."""
+
+    actor_name: str
+    uid: str
+    proc_name: str
+    addr: str
+    is_root: bool
+
+    @staticmethod
+    def of(info: Any) -> "ActorId":
+        if info is None:
+            from monarch_agents import runtime as _rt
+
+            rt = _rt.current()
+            aid = ActorId("root")
+            aid.actor_name = aid.uid = "client"
+            aid.proc_name, aid.addr, aid.is_root = "local", rt.addr if rt is not None else "", True
+            return aid
+        aid = ActorId(f"{info.actor_id}[{info.rank}]")
+        aid.actor_name = info.name
+        _, _, suffix = info.actor_id.rpartition("-")
+        try:
+            aid.uid = f"{info.name}<{_ids._encode(int(suffix, 16))}>"
+        except ValueError:  # not NAME-HEX (a client-hosted actor's id is its own)
+            aid.uid = info.actor_id
+        aid.proc_name, aid.addr, aid.is_root = f"{info.host}-{os.getpid()}", info.proc_addr, False
+        return aid
+
+    @property
+    def label(self) -> str:
+        return self.actor_name
+
+    @property
+    def pid(self) -> str:
+        return self.uid
+
+    @property
+    def proc_label(self) -> str:
+        return self.proc_name
+
+    @property
+    def proc_id(self) -> str:
+        return f"{self.proc_name}@{self.addr}"
 
 
 class CreatorInstance:

@@ -54,6 +54,15 @@ plain pickle, proc mesh in use: 41
 done
 """
 
+OUT["actor_ids.py"] = """\
+names: ('worker', 'worker') uid name<v>: True pid is uid: True root: False proc names: (True, True) stable: True
+names: ('worker', 'worker') uid name<v>: True pid is uid: True root: False proc names: (True, True) stable: True
+ranks differ: True
+same again: True
+client: client client client
+done
+"""
+
 
 @pytest.mark.parametrize("program", sorted(OUT))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
