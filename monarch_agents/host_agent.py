@@ -33,7 +33,7 @@ from monarch_agents import messages as m
 from monarch_agents.files import private_dir, write_atomic
 from monarch_agents.hardening import not_dumpable
 from monarch_agents.keys import CLIENT, LOCAL_PROC
-from monarch_agents.logcap import LogPump, log_cap
+from monarch_agents.logcap import LogPump, StdioLogCap, log_cap
 from monarch_agents.runtime import Runtime, install
 from monarch_agents.services import (Child, SerialWorker, Service, debug, fanout, killpg, procs, relay, runs, shells,
                                      telemetry, workspace)
@@ -508,6 +508,9 @@ def main(argv: list[str] | None = None, services: Iterable[type[Service]] = SERV
 
     logging.basicConfig(level=os.environ.get("MONARCH_LOG", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # agent.log (this process's stdout and stderr) under a cap, its newest lines kept: an agent of a
+    # long reservation that warns in a loop once filled its host's disk.
+    StdioLogCap.install(os.environ)
     _interpreter_first_on_path()
     host = args.hostname or os.environ.get("MONARCH_HOSTNAME") or socket.gethostname()
     try:

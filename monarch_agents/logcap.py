@@ -459,3 +459,94 @@ class LogPump:
         for fd in fds:
             os.close(fd)
         return True
+
+
+#: The environment variable of the cap of a host agent's own log (its stdout and stderr: ``agent.log``).
+AGENT_LOG_MAX_ENV = "MONARCH_AGENT_LOG_MAX"
+DEFAULT_AGENT_LOG_MAX = 32 << 20
+
+
+class StdioLogCap:
+    """Keeps the file this process's stderr (and stdout, if the same file) is, ``agent.log``, under
+    ``cap`` bytes: once it reaches it, it becomes ``<path>.1`` (replacing the one before) and a new
+    ``<path>`` starts with a line saying so.  So the newest lines, the ones an error report needs,
+    are always there (at least ``cap`` bytes' worth), and at most about twice the cap is on disk.
+
+    Checked before each record the process logs (a ``logging`` filter: an ``fstat``), the only
+    writer that can run away.  What children forked before a rotation write goes on into
+    ``<path>.1``; they write little (the zygote)."""
+
+    def __init__(self, path: str, cap: int, fds: list[int]):
+        import threading
+
+        self.path = path
+        self.cap = cap
+        self.fds = fds
+        self.lock = threading.Lock()
+
+    @classmethod
+    def install(cls, env: Mapping[str, str]) -> "StdioLogCap | None":
+        """The cap on this process's stderr file, checked before every record the root logger's
+        handlers write; None when stderr is not a file of ours to rotate (a terminal, a pipe), or
+        the cap is 0.  A bad ``MONARCH_AGENT_LOG_MAX`` is said in the log, and the default applies."""
+        import logging
+        import stat
+
+        problem = ""
+        try:
+            cap = parse_size(env.get(AGENT_LOG_MAX_ENV) or str(DEFAULT_AGENT_LOG_MAX))
+        except ValueError as e:
+            cap, problem = DEFAULT_AGENT_LOG_MAX, f"{AGENT_LOG_MAX_ENV}: {e}; kept {human(DEFAULT_AGENT_LOG_MAX)}"
+        try:
+            st = os.fstat(2)
+            path = os.readlink("/proc/self/fd/2")
+            named = os.stat(path)
+        except OSError:
+            return None
+        if problem:
+            logging.getLogger("monarch.host_agent").warning("%s", problem)
+        if not cap or not stat.S_ISREG(st.st_mode) or (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino):
+            return None
+        fds = [2]
+        try:
+            out = os.fstat(1)
+            if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino):
+                fds.insert(0, 1)
+        except OSError:
+            pass
+        capper = cls(path, cap, fds)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(capper)
+        capper.check()  # an agent started again on the same host appends to the last one's file
+        return capper
+
+    def filter(self, record: object) -> bool:
+        self.check()
+        return True
+
+    def check(self) -> None:
+        if not self.cap or os.fstat(2).st_size < self.cap:
+            return
+        import time
+
+        with self.lock:
+            try:
+                if os.fstat(2).st_size < self.cap:
+                    return  # another thread rotated it
+                os.replace(self.path, self.path + ".1")
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            except OSError:
+                self.cap = 0  # cannot rotate here (the folder went read-only, say): the log goes on as it was
+                return
+            try:
+                note = (f"[monarch: {time.strftime('%Y-%m-%d %H:%M:%S')} this log reached its cap of {human(self.cap)} "
+                        f"({AGENT_LOG_MAX_ENV}): the lines before this one are in {os.path.basename(self.path)}.1, "
+                        "older ones were removed]\n")
+                try:
+                    _write_all(fd, note.encode())
+                except OSError:
+                    pass  # a full disk: the lines that follow are what matters
+                for target in self.fds:
+                    os.dup2(fd, target)
+            finally:
+                os.close(fd)

@@ -283,11 +283,17 @@ class LocalScheduler(Scheduler):
             for name in sorted(os.listdir(logs)):
                 if host is not None and name != f"host{host}":
                     continue
-                try:
-                    with open(os.path.join(logs, name, "agent.log"), errors="replace") as f:
-                        out.append(f"== {name} ==\n{f.read()}")
-                except OSError:
-                    pass
+                text = ""
+                # A capped agent.log's lines before its last rotation are in agent.log.1 (monarch_agents.logcap).
+                for part in ("agent.log.1", "agent.log"):
+                    try:
+                        with open(os.path.join(logs, name, part), errors="replace") as f:
+                            text += f.read()
+                    except OSError:
+                        if part == "agent.log":
+                            text = None
+                if text is not None:
+                    out.append(f"== {name} ==\n{text}")
             break
         return "\n".join(out)
 

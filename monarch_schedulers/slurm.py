@@ -425,7 +425,11 @@ class SlurmScheduler(Scheduler):
         for name in names:
             if not name.startswith("host") or (host is not None and name != f"host{host}"):
                 continue
+            # A capped agent.log's lines before its last rotation are in agent.log.1 (monarch_agents.logcap).
+            older = _read(os.path.join(logs, name, "agent.log.1"))
             text = _read(os.path.join(logs, name, "agent.log"))
+            if older is not None and text is not None:
+                text = older + text
             if text is not None:
                 out.append(f"== {name} ==\n{text}")
         return "\n".join(out)

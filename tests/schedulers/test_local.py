@@ -107,3 +107,15 @@ def test_a_released_reservation_says_so_to_describe(tmp_path):
     s.release(job_id, str(tmp_path))
     d = s.describe(job_id, str(tmp_path))
     assert d.state is HostState.ENDED and "released" in d.reason
+
+
+def test_logs_read_a_rotated_agent_log_oldest_first(tmp_path):
+    """A capped agent.log (monarch_agents.logcap.StdioLogCap) that rotated: agent.log.1, then agent.log."""
+    from monarch_schedulers.local import LocalScheduler
+
+    for i in (0, 1):
+        (tmp_path / "logs" / f"host{i}").mkdir(parents=True)
+        (tmp_path / "logs" / f"host{i}" / "agent.log").write_text(f"agent {i} now\n")
+    (tmp_path / "logs" / "host1" / "agent.log.1").write_text("agent 1 before\n")
+    text = LocalScheduler().logs("nojob", job_dir=str(tmp_path))
+    assert text == "== host0 ==\nagent 0 now\n\n== host1 ==\nagent 1 before\nagent 1 now\n"

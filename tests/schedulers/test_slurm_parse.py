@@ -421,6 +421,9 @@ def test_logs(tmp_path):
     assert text == ("== slurm-5.out ==\nbatch says hi\n\n== host0 ==\nagent 0\n\n"
                     "== host2 ==\nagent 2\n\n== host10 ==\nagent 10\n")
     assert s.logs("5", host=2, job_dir=str(job_dir)) == "== host2 ==\nagent 2\n"
+    # A capped agent.log rotated: the lines before it, from agent.log.1, come first.
+    (job_dir / "logs" / "host2" / "agent.log.1").write_text("agent 2 before\n")
+    assert s.logs("5", host=2, job_dir=str(job_dir)) == "== host2 ==\nagent 2 before\nagent 2\n"
 
 
 def test_logs_finds_the_job_dir_from_the_job_id(tmp_path, monkeypatch):
