@@ -563,6 +563,11 @@ def shutdown_context(host_timeout: float | None = None) -> Future:
         from monarch.actor import _client
         from monarch_agents.client import close_runtime
 
+        # The client's last telemetry rows reach their jobs, and its pushing thread ends, while
+        # the runtimes are still open.
+        from monarch.actor import _telemetry
+
+        _telemetry.stop()
         _client._stop_local_host()
         for session in _links.values():
             session.conn.close()

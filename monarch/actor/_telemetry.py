@@ -42,8 +42,8 @@ class _Job:
 
 #: This client's jobs, by their runtime's address.
 _jobs: dict[str, _Job] = {}
-_flusher: threading.Thread | None = None
-_stop = threading.Event()
+#: The pushing thread and what stops it (one at a time: :func:`stop`, or no open job left, ends it).
+_flusher: tuple[threading.Thread, threading.Event] | None = None
 
 
 def _in_proc() -> bool:
@@ -92,14 +92,39 @@ def push_to(rt: Any, host_addr: str) -> None:
             return
         job.send = lambda rows: rt.send(host_addr, TelemetryRows(rows))
         if _flusher is None:
-            _flusher = threading.Thread(target=_flush_loop, name="telemetry-flush", daemon=True)
-            _flusher.start()
+            stop_event = threading.Event()
+            thread = threading.Thread(target=_flush_loop, args=(stop_event,), name="telemetry-flush", daemon=True)
+            _flusher = (thread, stop_event)
+            thread.start()
             atexit.register(flush)
 
 
-def _flush_loop() -> None:
-    while not _stop.wait(FLUSH_INTERVAL_S):
+def _flush_loop(stop_event: threading.Event) -> None:
+    """Push every FLUSH_INTERVAL_S until stopped, or until every job it pushed to was closed (a
+    client that closed its runtimes without :func:`stop` keeps no thread); a later job starts another."""
+    global _flusher
+    while not stop_event.wait(FLUSH_INTERVAL_S):
         flush()
+        with _lock:
+            if all(j.rt.closed for j in _jobs.values() if j.send is not None):
+                if _flusher is not None and _flusher[1] is stop_event:
+                    _flusher = None
+                return
+
+
+def stop(timeout: float = 2.0) -> None:
+    """Push what is left and end the pushing thread, joined by ``timeout`` (before the runtimes
+    close: the rows recorded since the last push still reach their jobs)."""
+    global _flusher
+    with _lock:
+        flusher, _flusher = _flusher, None
+    if flusher is None:
+        return
+    thread, stop_event = flusher
+    stop_event.set()
+    if thread is not threading.current_thread():
+        thread.join(timeout)
+    flush()
 
 
 def flush() -> None:
