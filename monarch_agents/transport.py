@@ -78,9 +78,12 @@ _HWM = 1_000_000
 _COPY_THRESHOLD = 1 << 20
 _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 5000
-#: How long closing (or exiting) waits for messages still queued to same-host peers, as
-#: ZeroMQ's linger does for TCP ones: "send, then exit" must deliver.
-_LINGER_S = 0.5
+#: How long closing (or exiting) waits for messages still queued: to same-host peers until they
+#: read them, to peers on other hosts until their connection is made (ZeroMQ sends what it queued
+#: the moment it is; a peer still connecting when the socket closed lost it).  "Send, then exit"
+#: must deliver: a proc's last reply, a client's last call.  A peer that never connects is given up
+#: at its connect deadline (``_CONNECT_DEADLINE_S``), so this is rarely waited in full.
+_LINGER_S = 5.0
 #: A peer that has not completed the CURVE handshake by then is treated as gone (sooner under a
 #: shorter ``message_delivery_timeout``: see :func:`_liveness_s`).
 _CONNECT_DEADLINE_S = 5.0
@@ -106,6 +109,10 @@ _PIECES = struct.Struct("!4sI")  # magic, how many frames come in pieces; then o
 #: is not told, and what was made for the rest would stay allocated).
 _ASSEMBLY_STALL_S = 60.0
 
+
+#: ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | _PROTOCOL | _AUTH (libzmq's values, spelled out so that
+#: importing this module does not import pyzmq; see _ZmqOnFirstUse).
+_HANDSHAKE_FAILED = 0x0800 | 0x2000 | 0x4000
 
 _ctx_lock = threading.Lock()
 _ctx: zmq.Context | None = None
@@ -228,7 +235,7 @@ def addr_host(addr: str) -> str:
 class _Peer:
     """A ZeroMQ DEALER to a peer on another host, and its monitor."""
 
-    __slots__ = ("sock", "lock", "monitor", "connected", "created")
+    __slots__ = ("sock", "lock", "monitor", "connected", "created", "refused")
 
     def __init__(self, sock: zmq.Socket, monitor: zmq.Socket):
         self.sock = sock
@@ -236,6 +243,9 @@ class _Peer:
         self.monitor = monitor
         self.connected = False
         self.created = time.monotonic()
+        #: Its handshake failed (it does not take our keys): nothing queued for it will leave, so a
+        #: close does not wait for it (:meth:`Mailbox.linger`).
+        self.refused = False
 
 
 class PeerLost(Exception):
@@ -537,7 +547,8 @@ class Mailbox:
             s.setsockopt(zmq.SOCKS_PROXY, self._socks.encode())
             s.setsockopt(zmq.SOCKS_USERNAME, b"monarch")
             s.setsockopt(zmq.SOCKS_PASSWORD, tunnel.token(self.keys).encode())
-        mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                   | _HANDSHAKE_FAILED)
         try:
             s.connect(zmq_endpoint(addr))
         except zmq.ZMQError:
@@ -707,14 +718,19 @@ class Mailbox:
                 raise
 
     def linger(self, timeout: float = _LINGER_S) -> None:
-        """Wait, at most ``timeout``, until what was sent to same-host peers has left this process."""
+        """Wait, at most ``timeout``, until what was sent has left this process: read by same-host
+        peers, and to peers on other hosts, their connections made (a ZeroMQ socket closed while its
+        peer's handshake was under way dropped what it held for it)."""
         if not self._running or threading.current_thread() is self._thread:
             return
 
         def drained() -> bool:
             with self._peers_lock:
-                links = [p for p in self._peers.values() if type(p) is ipc.Link]
-            return not any(link.pending and not link.closed for link in links)
+                peers = list(self._peers.values())
+            # A peer not connected yet is still in its connect deadline: one that misses it is
+            # declared dead and leaves _peers (_check_connected), which ends the wait for it.
+            return not any(link.pending and not link.closed if type(link) is ipc.Link
+                           else not (link.connected or link.refused) for link in peers)
 
         with self._drained:
             self._lingering += 1
@@ -1177,6 +1193,8 @@ class Mailbox:
             p = self._peers.get(addr) if addr else None
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and p is not None:
                 p.connected = True
+            elif event & _HANDSHAKE_FAILED and p is not None:
+                p.refused = True
             elif event == zmq.EVENT_DISCONNECTED and addr and p is not None and p.connected:
                 if addr not in self.dead:
                     self.dead.add(addr)
