@@ -37,9 +37,9 @@ sys.path.insert(0, REPO)
 
 #: The issue's example (p99 by endpoint), and a plain grouped aggregate.
 QUERY = ("SELECT endpoint, count(*) AS n, avg(latency_us) AS mean_us, "
-         "approx_percentile_cont(latency_us, 0.99) AS p99_us FROM messages GROUP BY endpoint ORDER BY endpoint")
+         "approx_percentile_cont(latency_us, 0.99) AS p99_us FROM messages_ext GROUP BY endpoint ORDER BY endpoint")
 QUERY_SIMPLE = ("SELECT endpoint, count(*) AS n, avg(latency_us) AS mean_us, max(latency_us) AS max_us "
-                "FROM messages GROUP BY endpoint ORDER BY endpoint")
+                "FROM messages_ext GROUP BY endpoint ORDER BY endpoint")
 ENDPOINTS = ["step", "forward", "backward", "load", "save", "ping", "gather", "reduce"]
 
 
@@ -240,15 +240,15 @@ def bench_memory(messages: int, bound_mib: int) -> dict:
         rec.message(rec.new_id(), i, i + 5, i + 100, 7, 8, "step", None, True)
         if i % 50_000 == 49_999:
             store.absorb(rec.take())
-            peak_table = max(peak_table, store["messages"].nbytes + store["message_status_events"].nbytes)
+            peak_table = max(peak_table, store["messages_ext"].nbytes + store["message_status_events_ext"].nbytes)
             peak_rss = max(peak_rss, proc.memory_info().rss)
     store.absorb(rec.take())
     record_s = time.perf_counter() - t
     return {"messages": messages, "bound_bytes_per_table": bound,
-            "messages_table_bytes": store["messages"].nbytes,
-            "status_events_table_bytes": store["message_status_events"].nbytes,
-            "within_bound": store["messages"].nbytes <= bound and store["message_status_events"].nbytes <= bound,
-            "rows_kept": store["messages"].num_rows, "rows_dropped": store["messages"].dropped_rows,
+            "messages_table_bytes": store["messages_ext"].nbytes,
+            "status_events_table_bytes": store["message_status_events_ext"].nbytes,
+            "within_bound": store["messages_ext"].nbytes <= bound and store["message_status_events_ext"].nbytes <= bound,
+            "rows_kept": store["messages_ext"].num_rows, "rows_dropped": store["messages_ext"].dropped_rows,
             "rss_growth_mib": (peak_rss - rss0) / (1 << 20), "record_ns_per_message": record_s / messages * 1e9}
 
 

@@ -604,7 +604,10 @@ def query_tables(sql: str, tables: dict[str, list[pa.Table]], *, row_limit: int 
     p = plan(sql, row_limit)
     parts = {}
     for name in p.scans:
-        parts[name] = [scan_table(name, t, p.scans[name], deadline=deadline) for t in tables.get(name, [])]
+        held = tables.get(name)
+        if held is None and TABLES[name].source:  # Monarch's table: its columns of ours
+            held = [t.select(TABLES[name].column_names) for t in tables.get(TABLES[name].source, [])]
+        parts[name] = [scan_table(name, t, p.scans[name], deadline=deadline) for t in held or []]
     return finish(p, parts, deadline=deadline)
 
 

@@ -25,6 +25,8 @@ def save_host(store, directory: str, host: str) -> list[str]:
     """Write every table ``store`` holds rows of; returns the files written."""
     tables = {}
     for name in TABLES:
+        if TABLES[name].source:
+            continue  # its rows are its source's, saved once
         batches = store.batches(name)
         if batches:
             tables[name] = pa.Table.from_batches(batches, schema=TABLES[name].schema)
@@ -35,7 +37,7 @@ def write_host(directory: str, host: str, tables: dict[str, pa.Table]) -> list[s
     """Write one host's tables (empty ones skipped) as ``directory/<table>/<host>.parquet``."""
     written = []
     for name, table in tables.items():
-        if name not in TABLES or table.num_rows == 0:
+        if name not in TABLES or TABLES[name].source or table.num_rows == 0:
             continue
         folder = os.path.join(directory, name)
         os.makedirs(folder, exist_ok=True)
@@ -54,7 +56,12 @@ def load(directory: str) -> dict[str, list[pa.Table]]:
     out: dict[str, list[pa.Table]] = {}
     found = False
     for name, spec in TABLES.items():
+        if spec.source:
+            continue
         folder = os.path.join(directory, name)
+        if not os.path.isdir(folder) and name.endswith("_ext"):
+            # Saved before Monarch's tables were split from ours: ours were stored under Monarch's name.
+            folder = os.path.join(directory, name.removesuffix("_ext"))
         if not os.path.isdir(folder):
             continue
         for f in sorted(os.listdir(folder)):
@@ -64,6 +71,9 @@ def load(directory: str) -> dict[str, list[pa.Table]]:
                 out.setdefault(name, []).append(_conform(t, spec.schema))
     if not found:
         raise FileNotFoundError(f"{directory} holds no saved telemetry (no <table>/<host>.parquet files)")
+    for name, spec in TABLES.items():
+        if spec.source in out:
+            out[name] = [t.select(spec.column_names) for t in out[spec.source]]
     return out
 
 

@@ -4,8 +4,8 @@ Procs and clients call the ``Recorder`` methods below; each is one ``RowBuffer.a
 (a lock and a few C appends, no object per row).  A flusher thread hands the buffers to
 the process's host agent a few times a second (``start_flusher``), where they become
 Arrow.  Handled messages are recorded once, at completion, into an internal buffer with
-all four timestamps; the host agent derives both ``messages`` and
-``message_status_events`` from it in one vectorised step (``derive_messages``).
+all four timestamps; the host agent derives both ``messages_ext`` and
+``message_status_events_ext`` from it in one vectorised step (``derive_messages``).
 
 ``MONARCH_TELEMETRY=0`` turns recording off: every method returns at once.
 
@@ -38,7 +38,7 @@ MESSAGE_LOG = TableSpec("_message_log", "internal", "handled messages, as record
     Column("port_index", I64, "", True), Column("host", STR, ""), Column("status", STR, ""),
 ))
 
-_RECORDED = ("meshes", "actors", "actor_status_events", "sent_messages", "logs", "spans", "metrics")
+_RECORDED = ("meshes_ext", "actors_ext", "actor_status_events_ext", "sent_messages_ext", "logs", "spans", "metrics")
 FLUSH_INTERVAL_S = 0.2
 
 
@@ -69,10 +69,10 @@ class Recorder:
         self.buffers[MESSAGE_LOG.name] = RowBuffer(MESSAGE_LOG)
         # Ids unique across processes without coordination: 28 random bits, then a counter.
         self._ids = itertools.count((random.getrandbits(28) << 32) + 1)
-        self._meshes = self.buffers["meshes"].append
-        self._actors = self.buffers["actors"].append
-        self._status = self.buffers["actor_status_events"].append
-        self._sent = self.buffers["sent_messages"].appender()
+        self._meshes = self.buffers["meshes_ext"].append
+        self._actors = self.buffers["actors_ext"].append
+        self._status = self.buffers["actor_status_events_ext"].append
+        self._sent = self.buffers["sent_messages_ext"].appender()
         self._logs = self.buffers["logs"].appender()
         self._msgs = self.buffers[MESSAGE_LOG.name].appender()
         self._flusher: threading.Thread | None = None
@@ -275,7 +275,7 @@ def derive_messages(rows: int, columns: list) -> tuple[Any, Any]:
 
     names = [c.name for c in MESSAGE_LOG.columns]
     col = {n: column_to_arrow(c, t.arrow_type) for n, c, t in zip(names, columns, MESSAGE_LOG.columns)}
-    ts = TABLES["messages"].schema
+    ts = TABLES["messages_ext"].schema
     msgs = pa.RecordBatch.from_arrays([
         col["id"], col["active_us"], col["from_actor_id"], col["to_actor_id"], col["endpoint"], col["port_index"],
         col["host"], col["status"], pc.subtract(col["done_us"], col["queued_us"]),
@@ -289,6 +289,6 @@ def derive_messages(rows: int, columns: list) -> tuple[Any, Any]:
         parts.append(pa.RecordBatch.from_arrays([
             pc.add(pc.multiply(ids, four), pa.scalar(step, pa.int64())), col[ts_col], ids,
             col["status"] if status is None else pa.array([status] * rows, pa.string()), col["host"],
-        ], schema=TABLES["message_status_events"].schema))
+        ], schema=TABLES["message_status_events_ext"].schema))
     events = pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
     return msgs, events

@@ -2,14 +2,15 @@
 
 ``monarch query --tables`` prints this, and README's telemetry section lists the same
 (a test keeps the two in step).  Monarch's own event tables (``meshes``, ``actors``,
-``actor_status_events``, ``messages``, ``sent_messages``, ``message_status_events``) keep
-PyTorch Monarch 0.7.0's names, columns and column order; the columns we add come after
-theirs.  Ids are 64-bit and the same on every host (names are hashed), so tables recorded
-on different hosts join.
+``actor_status_events``, ``messages``, ``sent_messages``, ``message_status_events``) have
+exactly PyTorch Monarch's columns, in its order; the same rows with the columns we add after
+theirs (host, pid, latency...) are ``<name>_ext`` (``actors_ext``...).  Ids are 64-bit and the
+same on every host (names are hashed), so tables recorded on different hosts join.
 
 Three kinds of table:
 
 - *event* tables are appended to while the job runs (a bounded ring, oldest rows dropped first);
+  Monarch's six are read from ours (``actors`` is ``actors_ext``'s rows with only Monarch's columns);
 - *snapshot* tables are built by each host agent when asked (what is true now);
 - *views* are SQL over the others, run after the rows of every host are merged.
 
@@ -57,6 +58,9 @@ class TableSpec:
     doc: str
     columns: tuple[Column, ...]
     recorded_by: str = ""
+    #: For Monarch's six event tables: the table of ours whose rows they are (its first columns are
+    #: theirs).  Only that one is stored; this one is those rows with only Monarch's columns.
+    source: str = ""
 
     @property
     def schema(self) -> "pa.Schema":
@@ -93,9 +97,14 @@ def _c(name: str, type_: str, doc: str, nullable: bool = False) -> Column:
 
 _HOST = _c("host", STR, "host (agent) where the row was recorded")
 
-# --- Monarch's event tables (names, columns and order as in torchmonarch 0.7.0) -------------
+# --- Monarch's event tables ------------------------------------------------------------------
+#
+# Each is stored once, as ours (``<name>_ext``: Monarch's columns, in Monarch's order, then where
+# the row was recorded and what else we measure), and read under Monarch's name with exactly
+# Monarch's columns: a program (or Meta's tests) comparing ``SELECT *`` or ``information_schema``
+# with Monarch's schema sees the same table, and ``JOIN actors_ext`` gives our extra facts.
 
-MESHES = TableSpec("meshes", EVENT, "One row per mesh made: host meshes, proc meshes and actor meshes.", (
+MESHES_EXT = TableSpec("meshes_ext", EVENT, "One row per mesh made: host meshes, proc meshes and actor meshes.", (
     _c("id", I64, "mesh id (a hash of its full name)"),
     _c("timestamp_us", I64, "when it was made, microseconds since the epoch"),
     _c("class", STR, "'Host', 'Proc', or 'Python<ActorClass>' for an actor mesh"),
@@ -107,7 +116,7 @@ MESHES = TableSpec("meshes", EVENT, "One row per mesh made: host meshes, proc me
     _HOST,
 ), "client")
 
-ACTORS = TableSpec("actors", EVENT, "One row per actor started (each rank of an actor mesh).", (
+ACTORS_EXT = TableSpec("actors_ext", EVENT, "One row per actor started (each rank of an actor mesh).", (
     _c("id", I64, "actor id (a hash of full_name)"),
     _c("timestamp_us", I64, "when it was created"),
     _c("mesh_id", I64, "the actor mesh it belongs to (meshes.id)"),
@@ -118,7 +127,7 @@ ACTORS = TableSpec("actors", EVENT, "One row per actor started (each rank of an 
     _c("pid", I64, "the process it runs in"),
 ), "proc agent, client")
 
-ACTOR_STATUS_EVENTS = TableSpec("actor_status_events", EVENT,
+ACTOR_STATUS_EVENTS_EXT = TableSpec("actor_status_events_ext", EVENT,
     "Actor lifecycle: Client, Created, Initializing, Idle, Stopping, Stopped, Failed.", (
     _c("id", I64, "event id"),
     _c("timestamp_us", I64, "when the actor entered the status"),
@@ -128,7 +137,7 @@ ACTOR_STATUS_EVENTS = TableSpec("actor_status_events", EVENT,
     _HOST,
 ), "proc agent, client")
 
-MESSAGES = TableSpec("messages", EVENT, "One row per endpoint call an actor handled (recorded where it was handled).", (
+MESSAGES_EXT = TableSpec("messages_ext", EVENT, "One row per endpoint call an actor handled (recorded where it was handled).", (
     _c("id", I64, "message id"),
     _c("timestamp_us", I64, "when the handler started (the message became active)"),
     _c("from_actor_id", I64, "the sending process's root actor (the client's '<root>' actor, or a proc's)"),
@@ -141,7 +150,7 @@ MESSAGES = TableSpec("messages", EVENT, "One row per endpoint call an actor hand
     _c("queue_us", I64, "time spent queued behind earlier messages to the same actor"),
 ), "proc agent")
 
-MESSAGE_STATUS_EVENTS = TableSpec("message_status_events", EVENT,
+MESSAGE_STATUS_EVENTS_EXT = TableSpec("message_status_events_ext", EVENT,
     "Message lifecycle: queued (arrived), active (handler started), complete or failed.", (
     _c("id", I64, "event id"),
     _c("timestamp_us", I64, "when the message entered the status"),
@@ -150,7 +159,7 @@ MESSAGE_STATUS_EVENTS = TableSpec("message_status_events", EVENT,
     _HOST,
 ), "proc agent")
 
-SENT_MESSAGES = TableSpec("sent_messages", EVENT, "One row per message a sender cast to an actor mesh (or slice of it).", (
+SENT_MESSAGES_EXT = TableSpec("sent_messages_ext", EVENT, "One row per message a sender cast to an actor mesh (or slice of it).", (
     _c("id", I64, "id of the send"),
     _c("timestamp_us", I64, "when it was sent"),
     _c("sender_actor_id", I64, "actors.id of the sender (the client's '<root>')"),
@@ -162,6 +171,27 @@ SENT_MESSAGES = TableSpec("sent_messages", EVENT, "One row per message a sender 
     _c("adverb", STR, "call, call_one, choose, stream or broadcast"),
     _c("num_targets", I64, "how many actors the send reached"),
 ), "client")
+
+
+
+def _monarch(ext: TableSpec, columns: tuple[str, ...]) -> TableSpec:
+    """Monarch's table over ``ext``'s rows: its first columns, which are Monarch's."""
+    cols = ext.columns[:len(columns)]
+    assert tuple(c.name for c in cols) == columns, (ext.name, columns)
+    return TableSpec(ext.name.removesuffix("_ext"), EVENT,
+                     ext.doc + f" Monarch's columns; `{ext.name}` has the same rows with ours.", cols,
+                     ext.recorded_by, source=ext.name)
+
+
+# Monarch's columns of each (its ``monarch_telemetry_schema`` crate's row types).
+MESHES = _monarch(MESHES_EXT, ("id", "timestamp_us", "class", "given_name", "full_name", "shape_json",
+                               "parent_mesh_id", "parent_view_json"))
+ACTORS = _monarch(ACTORS_EXT, ("id", "timestamp_us", "mesh_id", "rank", "full_name", "display_name"))
+ACTOR_STATUS_EVENTS = _monarch(ACTOR_STATUS_EVENTS_EXT, ("id", "timestamp_us", "actor_id", "new_status", "reason"))
+MESSAGES = _monarch(MESSAGES_EXT, ("id", "timestamp_us", "from_actor_id", "to_actor_id", "endpoint", "port_index"))
+MESSAGE_STATUS_EVENTS = _monarch(MESSAGE_STATUS_EVENTS_EXT, ("id", "timestamp_us", "message_id", "status"))
+SENT_MESSAGES = _monarch(SENT_MESSAGES_EXT, ("id", "timestamp_us", "sender_actor_id", "actor_mesh_id", "view_json",
+                                             "shape_json"))
 
 # --- ours -------------------------------------------------------------------------------------
 
@@ -281,6 +311,7 @@ METRICS = TableSpec("metrics", EVENT, "Values a program recorded through the act
 
 TABLES: dict[str, TableSpec] = {t.name: t for t in (
     MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
+    MESHES_EXT, ACTORS_EXT, ACTOR_STATUS_EVENTS_EXT, MESSAGES_EXT, MESSAGE_STATUS_EVENTS_EXT, SENT_MESSAGES_EXT,
     HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, SPANS, METRICS,
 )}
 

@@ -158,6 +158,12 @@ def column_to_arrow(col, t: pa.DataType) -> pa.Array:
     return pa.array(col, type=t)
 
 
+def project(b: pa.RecordBatch, spec: TableSpec) -> pa.RecordBatch:
+    """Rows of ``spec.source`` with only ``spec``'s columns (its first ones): no copy of the data."""
+    n = len(spec.columns)
+    return pa.RecordBatch.from_arrays(b.columns[:n], schema=spec.schema)
+
+
 def _compact(b: pa.RecordBatch) -> pa.RecordBatch:
     return pa.Table.from_batches([b]).combine_chunks().to_batches()[0] if b.num_rows else b
 
@@ -181,8 +187,11 @@ class Store:
                  batch_rows: int = DEFAULT_BATCH_ROWS, specs: Iterable[TableSpec] | None = None):
         self.tables: dict[str, Table] = {}
         self.snapshots: dict[str, Snapshot] = {}
+        self._sources: dict[str, TableSpec] = {}
         for spec in specs if specs is not None else TABLES.values():
-            if spec.kind == "event":
+            if spec.source:
+                self._sources[spec.name] = spec  # read from its source's rows (see ``batches``)
+            elif spec.kind == "event":
                 self.tables[spec.name] = Table(spec, max_rows=max_rows, max_bytes=max_bytes, batch_rows=batch_rows)
 
     def __getitem__(self, name: str) -> Table:
@@ -196,6 +205,10 @@ class Store:
         """The rows of table ``name`` now (an empty list for a table this process does not hold)."""
         if name in self.tables:
             return self.tables[name].batches()
+        narrow = self._sources.get(name)
+        if narrow is not None:
+            source = self.tables.get(narrow.source)
+            return [] if source is None else [project(b, narrow) for b in source.batches()]
         fn = self.snapshots.get(name)
         if fn is None:
             return []
@@ -204,7 +217,7 @@ class Store:
         return [pa.RecordBatch.from_pylist(rows, schema=spec.schema)] if rows else []
 
     def names(self) -> list[str]:
-        return [*self.tables, *self.snapshots]
+        return [*self.tables, *(n for n, s in self._sources.items() if s.source in self.tables), *self.snapshots]
 
     def drain(self) -> dict[str, list[pa.RecordBatch]]:
         """Take every event row held (see :meth:`Table.drain`), by table; empty tables left out."""
@@ -219,16 +232,16 @@ class Store:
     def absorb(self, taken: dict[str, tuple[int, list]]) -> None:
         """Append rows a :class:`~monarch_telemetry.recorder.Recorder` took: {table: (rows, columns)}.
 
-        Unknown tables are ignored; handled messages become ``messages`` and ``message_status_events``.
+        Unknown tables are ignored; handled messages become ``messages_ext`` and ``message_status_events_ext``.
         """
         from monarch_telemetry.recorder import MESSAGE_LOG, derive_messages
 
         for name, (rows, columns) in taken.items():
             if name == MESSAGE_LOG.name:
-                if "messages" in self.tables and len(columns) == len(MESSAGE_LOG.columns):
+                if "messages_ext" in self.tables and len(columns) == len(MESSAGE_LOG.columns):
                     msgs, events = derive_messages(rows, columns)
-                    self.tables["messages"].append_batch(msgs)
-                    self.tables["message_status_events"].append_batch(events)
+                    self.tables["messages_ext"].append_batch(msgs)
+                    self.tables["message_status_events_ext"].append_batch(events)
                 continue
             t = self.tables.get(name)
             if t is not None and len(columns) == len(t._fields):
@@ -260,4 +273,4 @@ def from_ipc(data: bytes | memoryview) -> pa.Table:
         return r.read_all()
 
 
-__all__ = ["Table", "Store", "to_ipc", "from_ipc", "column_to_arrow"]
+__all__ = ["Table", "Store", "to_ipc", "from_ipc", "column_to_arrow", "project"]

@@ -74,7 +74,7 @@ def explain(query: Callable[[str], pa.Table]) -> Why:
     since = f"WHERE e.timestamp_us >= {int(run['started'].timestamp() * 1e6)}" if run else ""
     actor_fails = query(
         "SELECT e.timestamp_us, e.reason, a.display_name, a.full_name, a.host, a.rank "
-        "FROM actor_status_events e LEFT JOIN actors a ON e.actor_id = a.id "
+        "FROM actor_status_events e LEFT JOIN actors_ext a ON e.actor_id = a.id "
         f"{since}{' AND' if since else 'WHERE'} e.new_status = 'Failed' ORDER BY e.timestamp_us").to_pylist()
     actors = [Failure("actor", r["host"] or "", _us_to_time(r["timestamp_us"]), r["reason"], rank=r["rank"],
                       actor=r["display_name"] or r["full_name"], exception=_first_line(r["reason"]))

@@ -278,7 +278,7 @@ class AdminTree:
         return self._rows(
             "SELECT a.id, a.full_name, a.display_name, a.timestamp_us, m.class AS class, "
             "s.new_status AS status, s.reason AS reason, s.timestamp_us AS status_us "
-            "FROM actors a LEFT JOIN meshes m ON a.mesh_id = m.id "
+            "FROM actors_ext a LEFT JOIN meshes m ON a.mesh_id = m.id "
             "LEFT JOIN (SELECT actor_id, new_status, reason, timestamp_us, row_number() OVER "
             "(PARTITION BY actor_id ORDER BY timestamp_us DESC) AS n FROM actor_status_events) s "
             f"ON s.actor_id = a.id AND s.n = 1 WHERE a.host = '{_q(host)}' AND a.pid = {int(pid)} "
@@ -311,7 +311,7 @@ class AdminTree:
         if not rows:
             raise NotFound(f"no actor {name!r} in proc {pid} on host {host!r}")
         a = rows[0]
-        msgs = self._rows(f"SELECT count(*) AS n, sum(latency_us) AS t FROM messages WHERE to_actor_id = {int(a['id'])}")
+        msgs = self._rows(f"SELECT count(*) AS n, sum(latency_us) AS t FROM messages_ext WHERE to_actor_id = {int(a['id'])}")
         last = self._rows(f"SELECT endpoint FROM messages WHERE to_actor_id = {int(a['id'])} "
                           "ORDER BY timestamp_us DESC LIMIT 1")
         status = (a["status"] or "created").lower()

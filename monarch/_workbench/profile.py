@@ -83,15 +83,15 @@ def collect(record: Any, start_us: int, end_us: int, timeout_s: float = 10.0) ->
             continue
         trace.span(r["host"], f"proc {r['pid']} ({r['kind']})", f"{r['kind']} {r['mesh'] or r['run_id'] or ''}".strip(),
                    "proc", max(s, start_us), min(e, end_us), status=r["status"], rank=r["rank"])
-    actors = {r["id"]: r for r in rows("SELECT id, display_name, full_name, host, rank FROM actors")}
+    actors = {r["id"]: r for r in rows("SELECT id, display_name, full_name, host, rank FROM actors_ext")}
     for r in rows(f"SELECT timestamp_us, to_actor_id, from_actor_id, endpoint, host, status, latency_us, queue_us "
-                  f"FROM messages WHERE timestamp_us >= {int(start_us)} AND timestamp_us <= {int(end_us)}"):
+                  f"FROM messages_ext WHERE timestamp_us >= {int(start_us)} AND timestamp_us <= {int(end_us)}"):
         a = actors.get(r["to_actor_id"], {})
         thread = f"actor {a.get('display_name') or r['to_actor_id']}"
         ts, lat = int(r["timestamp_us"]), int(r["latency_us"] or 0)
         trace.span(r["host"] or a.get("host") or "?", thread, r["endpoint"] or "message", "endpoint", ts, ts + lat,
                    status=r["status"], queue_us=r["queue_us"])
-    for r in rows(f"SELECT timestamp_us, host, endpoint, adverb, num_targets, sender_actor_id FROM sent_messages "
+    for r in rows(f"SELECT timestamp_us, host, endpoint, adverb, num_targets, sender_actor_id FROM sent_messages_ext "
                   f"WHERE timestamp_us >= {int(start_us)} AND timestamp_us <= {int(end_us)}"):
         a = actors.get(r["sender_actor_id"], {})
         thread = f"actor {a.get('display_name') or r['sender_actor_id']}"

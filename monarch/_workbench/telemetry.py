@@ -168,7 +168,7 @@ def save(record: JobRecord, directory: str, *, timeout_s: float = 60.0) -> tuple
     from monarch_telemetry.table import from_ipc
 
     directory = os.path.abspath(directory)
-    scans = {name: f'SELECT * FROM "{name}"' for name in TABLES}
+    scans = {name: f'SELECT * FROM "{name}"' for name, spec in TABLES.items() if not spec.source}
     answers, errors = _fan_out(record, lambda port: TelemetryScan(scans, timeout_s * _HOST_MARGIN, port), timeout_s)
     files: list[str] = []
     for host, answer in answers.items():

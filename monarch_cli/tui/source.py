@@ -277,12 +277,12 @@ class ReservationSource:
         if live:
             actors = self.query(
                 "SELECT a.host, a.pid, a.display_name AS name, a.full_name, a.rank, s.status, s.reason, "
-                "coalesce(m.calls, 0) AS calls, coalesce(m.failed_calls, 0) AS failed_calls FROM actors a "
+                "coalesce(m.calls, 0) AS calls, coalesce(m.failed_calls, 0) AS failed_calls FROM actors_ext a "
                 "LEFT JOIN (SELECT actor_id, first_value(new_status ORDER BY timestamp_us DESC) AS status, "
                 "first_value(reason ORDER BY timestamp_us DESC) AS reason FROM actor_status_events GROUP BY actor_id) s "
                 "ON s.actor_id = a.id "
                 "LEFT JOIN (SELECT to_actor_id, count(*) AS calls, sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) "
-                "AS failed_calls FROM messages GROUP BY to_actor_id) m ON m.to_actor_id = a.id "
+                "AS failed_calls FROM messages_ext GROUP BY to_actor_id) m ON m.to_actor_id = a.id "
                 "ORDER BY a.host, a.pid, a.full_name", row_limit=5000, **skip)
             for r in actors.table.to_pylist():
                 if (r["host"], r["pid"]) in live:

@@ -19,7 +19,7 @@ T0 = 1_700_000_000_000_000
 
 def _host_tables(seed: int = 7) -> dict[str, list[pa.Table]]:
     rnd = random.Random(seed)
-    out: dict[str, list[pa.Table]] = {n: [] for n in ("messages", "actors", "meshes", "logs", "run_ranks")}
+    out: dict[str, list[pa.Table]] = {n: [] for n in ("messages_ext", "actors_ext", "meshes_ext", "logs", "run_ranks")}
     endpoints = ["step", "incr", "load", None]
     mesh_rows = [dict(id=m, timestamp_us=T0, **{"class": "Python<W>"}, given_name=f"m{m}", full_name=f"m{m}-x",
                       shape_json="{}", parent_mesh_id=None, parent_view_json=None, host="h0") for m in range(3)]
@@ -37,8 +37,8 @@ def _host_tables(seed: int = 7) -> dict[str, list[pa.Table]]:
                       started=T0 + r * 10**6, ended=None if (r == 2 and h == 1) else T0 + r * 10**6 + h * 1000,
                       exit_code=None if (r == 2 and h == 1) else (1 if (r == 1 and h == 2) else 0),
                       signal=None, reason="exited") for r in range(3)]
-        for name, rows in (("messages", msgs), ("actors", actors), ("logs", logs), ("run_ranks", ranks),
-                           ("meshes", mesh_rows if h == 0 else [])):
+        for name, rows in (("messages_ext", msgs), ("actors_ext", actors), ("logs", logs), ("run_ranks", ranks),
+                           ("meshes_ext", mesh_rows if h == 0 else [])):
             out[name].append(pa.Table.from_pylist(rows, schema=TABLES[name].schema))
     return out
 
@@ -60,37 +60,37 @@ def _rows(t: pa.Table, ordered: bool) -> list:
 
 
 QUERIES = [
-    ("SELECT host, count(*) AS n FROM messages WHERE status = 'failed' GROUP BY host", False),
+    ("SELECT host, count(*) AS n FROM messages_ext WHERE status = 'failed' GROUP BY host", False),
     ("SELECT endpoint, count(*), sum(latency_us), min(latency_us), max(latency_us), avg(latency_us) "
-     "FROM messages GROUP BY endpoint", False),
-    ("SELECT count(*) FROM messages", False),
-    ("SELECT * FROM messages WHERE latency_us > 4900 AND endpoint IN ('step', 'incr')", False),
-    ("SELECT m.endpoint, a.display_name, count(*) AS n FROM messages m JOIN actors a ON m.to_actor_id = a.id "
+     "FROM messages_ext GROUP BY endpoint", False),
+    ("SELECT count(*) FROM messages_ext", False),
+    ("SELECT * FROM messages_ext WHERE latency_us > 4900 AND endpoint IN ('step', 'incr')", False),
+    ("SELECT m.endpoint, a.display_name, count(*) AS n FROM messages_ext m JOIN actors_ext a ON m.to_actor_id = a.id "
      "WHERE a.display_name IS NOT NULL GROUP BY m.endpoint, a.display_name", False),
-    ("SELECT a.id, b.id FROM messages a JOIN messages b ON a.to_actor_id = b.to_actor_id AND a.id + 1 = b.id "
+    ("SELECT a.id, b.id FROM messages_ext a JOIN messages_ext b ON a.to_actor_id = b.to_actor_id AND a.id + 1 = b.id "
      "WHERE a.latency_us > 2500 AND b.status = 'failed'", False),
     ("SELECT host, line FROM logs WHERE rank = 2 ORDER BY time DESC, host LIMIT 7", True),
-    ("SELECT id, latency_us FROM messages ORDER BY latency_us DESC, id LIMIT 5", True),
-    ("SELECT host, count(DISTINCT to_actor_id) FROM messages GROUP BY host ORDER BY host", True),
+    ("SELECT id, latency_us FROM messages_ext ORDER BY latency_us DESC, id LIMIT 5", True),
+    ("SELECT host, count(DISTINCT to_actor_id) FROM messages_ext GROUP BY host ORDER BY host", True),
     ("SELECT * FROM runs ORDER BY run_id", True),
     ("SELECT run_id, rank, host, exit_code FROM rank_exits WHERE exit_code <> 0", False),
-    ("SELECT me.given_name, count(*) FROM actors a JOIN meshes me ON a.mesh_id = me.id GROUP BY me.given_name", False),
-    ("SELECT host FROM messages WHERE to_actor_id IN (SELECT id FROM actors WHERE rank = 3) GROUP BY host", False),
-    ("SELECT endpoint, latency_us FROM messages WHERE latency_us > (SELECT avg(latency_us) FROM messages) "
+    ("SELECT me.given_name, count(*) FROM actors_ext a JOIN meshes_ext me ON a.mesh_id = me.id GROUP BY me.given_name", False),
+    ("SELECT host FROM messages_ext WHERE to_actor_id IN (SELECT id FROM actors_ext WHERE rank = 3) GROUP BY host", False),
+    ("SELECT endpoint, latency_us FROM messages_ext WHERE latency_us > (SELECT avg(latency_us) FROM messages_ext) "
      "ORDER BY latency_us DESC, endpoint LIMIT 20", True),
-    ("SELECT host, rank() OVER (ORDER BY count(*) DESC) FROM messages GROUP BY host", False),
+    ("SELECT host, rank() OVER (ORDER BY count(*) DESC) FROM messages_ext GROUP BY host", False),
     ("SELECT line, host FROM logs ORDER BY time DESC, host LIMIT 6", True),
-    ("SELECT count(*) FROM (SELECT * FROM messages WHERE latency_us > 100 LIMIT 5)", False),
+    ("SELECT count(*) FROM (SELECT * FROM messages_ext WHERE latency_us > 100 LIMIT 5)", False),
     ("SELECT upper(line) AS u FROM logs WHERE stream = 'stderr' ORDER BY u DESC LIMIT 4", True),
 ] + [(sql, ordered) for sql, ordered in [  # grouped aggregates: partial on each host, merged here
     ("SELECT endpoint, port_index, count(*), count(port_index), sum(port_index), min(port_index), max(port_index), "
-     "avg(port_index) FROM messages GROUP BY endpoint, port_index", False),
-    ("SELECT endpoint, min(status), max(host), count(endpoint) FROM messages GROUP BY endpoint", False),
+     "avg(port_index) FROM messages_ext GROUP BY endpoint, port_index", False),
+    ("SELECT endpoint, min(status), max(host), count(endpoint) FROM messages_ext GROUP BY endpoint", False),
     ("SELECT count(*), sum(latency_us), min(latency_us), max(latency_us), avg(latency_us), count(port_index) "
-     "FROM messages WHERE latency_us < 0", False),
-    ("SELECT host, count(*) AS n, avg(queue_us) AS q FROM messages WHERE status = 'failed' GROUP BY host "
+     "FROM messages_ext WHERE latency_us < 0", False),
+    ("SELECT host, count(*) AS n, avg(queue_us) AS q FROM messages_ext WHERE status = 'failed' GROUP BY host "
      "HAVING count(*) > 100 ORDER BY n DESC LIMIT 2", True),
-    ("SELECT endpoint, sum(latency_us) * 2 AS s2, max(latency_us) - min(latency_us) AS spread FROM messages "
+    ("SELECT endpoint, sum(latency_us) * 2 AS s2, max(latency_us) - min(latency_us) AS spread FROM messages_ext "
      "GROUP BY endpoint ORDER BY endpoint NULLS FIRST", True),
     ("SELECT host AS h, count(*) FROM logs GROUP BY host ORDER BY h", True),
     ("SELECT run_id, count(*) AS ranks, min(exit_code), max(exit_code), sum(exit_code) FROM run_ranks "
@@ -100,7 +100,7 @@ QUERIES = [
 #: Queries whose aggregate is split between the hosts and the asker (the rest ship rows).
 PARTIAL = [sql for sql, _ in QUERIES if "GROUP BY" in sql and "JOIN" not in sql and "DISTINCT" not in sql
            and "OVER" not in sql and "SELECT id" not in sql and "(SELECT" not in sql] + [
-    "SELECT count(*) FROM messages", "SELECT count(*) FROM messages WHERE latency_us < 0"]
+    "SELECT count(*) FROM messages_ext", "SELECT count(*) FROM messages_ext WHERE latency_us < 0"]
 
 
 @pytest.mark.parametrize("sql,ordered", QUERIES)
@@ -126,10 +126,10 @@ def test_grouped_aggregates_are_partial_on_the_hosts(sql):
 
 
 @pytest.mark.parametrize("sql", [
-    "SELECT host, count(DISTINCT to_actor_id) FROM messages GROUP BY host",
-    "SELECT upper(host), count(*) FROM messages GROUP BY upper(host)",
-    "SELECT host, median(latency_us) FROM messages GROUP BY host",
-    "SELECT host, count(*) FILTER (WHERE latency_us > 10) FROM messages GROUP BY host",
+    "SELECT host, count(DISTINCT to_actor_id) FROM messages_ext GROUP BY host",
+    "SELECT upper(host), count(*) FROM messages_ext GROUP BY upper(host)",
+    "SELECT host, median(latency_us) FROM messages_ext GROUP BY host",
+    "SELECT host, count(*) FILTER (WHERE latency_us > 10) FROM messages_ext GROUP BY host",
     "SELECT status, count(*) FROM runs GROUP BY status",
 ])
 def test_what_does_not_merge_exactly_ships_rows(sql):
@@ -141,27 +141,27 @@ def test_what_does_not_merge_exactly_ships_rows(sql):
 
 def test_grouped_aggregate_over_hosts_some_of_them_empty_and_keys_null():
     tables = _host_tables()
-    empty = pa.Table.from_pylist([], schema=TABLES["messages"].schema)
+    empty = pa.Table.from_pylist([], schema=TABLES["messages_ext"].schema)
     nulls = pa.Table.from_pylist([dict(id=1, timestamp_us=T0, from_actor_id=1, to_actor_id=2, endpoint=None,
                                        port_index=None, host="h9", status="complete", latency_us=7, queue_us=1)],
-                                 schema=TABLES["messages"].schema)
-    tables["messages"] = [empty, *tables["messages"], nulls, empty]
+                                 schema=TABLES["messages_ext"].schema)
+    tables["messages_ext"] = [empty, *tables["messages_ext"], nulls, empty]
     for sql in ("SELECT endpoint, port_index, count(*), sum(latency_us), avg(latency_us), min(port_index) "
-                "FROM messages GROUP BY endpoint, port_index",
-                "SELECT count(*), max(endpoint) FROM messages"):
+                "FROM messages_ext GROUP BY endpoint, port_index",
+                "SELECT count(*), max(endpoint) FROM messages_ext"):
         merged, _ = query_tables(sql, tables, row_limit=None)
         assert _rows(merged, False) == _rows(_one_table(sql, tables), False)
-    merged, _ = query_tables("SELECT count(*), sum(latency_us) FROM messages", {"messages": [empty, empty]},
+    merged, _ = query_tables("SELECT count(*), sum(latency_us) FROM messages_ext", {"messages_ext": [empty, empty]},
                              row_limit=None)
-    assert merged.to_pylist() == [{"count(*)": 0, "sum(messages.latency_us)": None}]
+    assert merged.to_pylist() == [{"count(*)": 0, "sum(messages_ext.latency_us)": None}]
 
 
 def test_filters_and_projections_are_pushed_to_the_hosts():
-    p = plan("SELECT endpoint, median(latency_us) FROM messages WHERE host = 'h1' AND latency_us > 5 GROUP BY endpoint")
-    sql = p.scans["messages"]
+    p = plan("SELECT endpoint, median(latency_us) FROM messages_ext WHERE host = 'h1' AND latency_us > 5 GROUP BY endpoint")
+    sql = p.scans["messages_ext"]
     assert "WHERE" in sql and "'h1'" in sql and "latency_us > 5" in sql
     assert "queue_us" not in sql and "from_actor_id" not in sql  # only the columns read
-    scanned = scan_table("messages", pa.concat_tables(_host_tables()["messages"]), sql)
+    scanned = scan_table("messages_ext", pa.concat_tables(_host_tables()["messages_ext"]), sql)
     assert set(scanned.column("host").to_pylist()) <= {"h1"}
 
 
@@ -228,15 +228,15 @@ def test_a_slow_scan_is_cancelled_at_its_deadline():
     n = 2_000_000
     data = pa.table({"id": pa.array(range(n), pa.int64())})
     batches = data.to_batches(max_chunksize=8192)
-    logs = TABLES["messages"]
+    logs = TABLES["messages_ext"]
     cols = {c.name: (data.column("id") if c.arrow_type == pa.int64() else pa.nulls(n, c.arrow_type)) for c in logs.columns}
     table = pa.Table.from_pydict(cols, schema=pa.schema([pa.field(c.name, c.arrow_type) for c in logs.columns]))
     # Every row comes back (hundreds of batches), and 1 ms is less than planning alone takes: the
     # deadline is passed at the first batch on any machine, so the stream is cut there (an error),
     # not drained to its end (an answer).  No wall-clock bound: speed is for benchmarks/.
     with pytest.raises(QueryTimeout):
-        run_scan(lambda _: table.to_batches(max_chunksize=8192), "messages",
-                 "SELECT id, CAST(id AS VARCHAR) AS s FROM messages",
+        run_scan(lambda _: table.to_batches(max_chunksize=8192), "messages_ext",
+                 "SELECT id, CAST(id AS VARCHAR) AS s FROM messages_ext",
                  deadline=time.monotonic() + 0.001)
     del batches
 

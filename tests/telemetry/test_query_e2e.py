@@ -134,7 +134,7 @@ def test_an_actor_program_fills_monarch_tables_and_job_query(job):
     statuses = q(job, "SELECT DISTINCT e.new_status FROM actor_status_events e JOIN actors a ON e.actor_id = a.id "
                       "WHERE a.display_name LIKE 'workers%'")["rows"]
     assert {"Created", "Initializing", "Idle"} <= {s["new_status"] for s in statuses}
-    sent = q(job, "SELECT adverb, num_targets, count(*) AS n FROM sent_messages s JOIN meshes me "
+    sent = q(job, "SELECT adverb, num_targets, count(*) AS n FROM sent_messages_ext s JOIN meshes me "
                   "ON s.actor_mesh_id = me.id WHERE me.given_name = 'workers' GROUP BY 1, 2 ORDER BY 1")["rows"]
     assert sent == [{"adverb": "call", "num_targets": 4, "n": 3}, {"adverb": "call_one", "num_targets": 1, "n": 1}]
     events = q(job, "SELECT e.status, count(*) AS n FROM message_status_events e JOIN messages m ON e.message_id = m.id "

@@ -34,7 +34,7 @@ def test_a_mesh_spawned_on_a_slice_records_where_the_slice_starts():
     # Actors spawned on workers 1..2 of a 3-worker proc mesh.
     rec.mesh(1, "Python<W>", "w", "w-1", ("workers",), (2,), 9, ("workers",), (2,), [1, 2])
     rec.mesh(2, "Python<W>", "v", "v-1", ("workers",), (3,), 9, ("workers",), (3,))
-    _, columns = rec.take()["meshes"]
+    _, columns = rec.take()["meshes_ext"]
     shapes, parents = columns[5], columns[7]
     assert [json.loads(s) for s in shapes] == [{"inner": {"labels": ["workers"], "sizes": [2]}},
                                                {"inner": {"labels": ["workers"], "sizes": [3]}}]

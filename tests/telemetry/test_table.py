@@ -87,10 +87,10 @@ def test_recorder_rows_cross_a_process_boundary_and_become_both_message_tables()
     assert rec.take() == {}
     store = Store()
     store.absorb(taken)
-    msgs = pa.Table.from_batches(store.batches("messages")).to_pylist()
+    msgs = pa.Table.from_batches(store.batches("messages_ext")).to_pylist()
     assert [m["status"] for m in msgs] == ["complete", "complete", "complete", "failed", "complete"]
     assert msgs[0]["latency_us"] == 50 and msgs[0]["queue_us"] == 10 and msgs[0]["timestamp_us"] == 110
-    events = pa.Table.from_batches(store.batches("message_status_events")).to_pylist()
+    events = pa.Table.from_batches(store.batches("message_status_events_ext")).to_pylist()
     assert len(events) == 15 and len({e["id"] for e in events}) == 15
     by_msg = {}
     for e in events:

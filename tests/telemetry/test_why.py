@@ -56,8 +56,8 @@ def test_an_actor_that_failed_first_is_the_root():
     events = [dict(id=1, timestamp_us=start + 100, actor_id=aid, new_status="Failed",
                    reason="Traceback ...\nValueError: bad shard 7", host="h3"),
               dict(id=2, timestamp_us=T0, actor_id=aid, new_status="Failed", reason="before the run", host="h3")]
-    tables = {"run_ranks": [_t("run_ranks", ranks)], "actors": [_t("actors", actors)],
-              "actor_status_events": [_t("actor_status_events", events)]}
+    tables = {"run_ranks": [_t("run_ranks", ranks)], "actors_ext": [_t("actors_ext", actors)],
+              "actor_status_events_ext": [_t("actor_status_events_ext", events)]}
     w = explain(_ask(tables))
     assert (w.root.kind, w.root.actor, w.root.host) == ("actor", "workers[0]", "h3")
     assert w.root.exception == "ValueError: bad shard 7"

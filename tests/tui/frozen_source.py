@@ -111,11 +111,11 @@ def scale_procs(src: str, dst: str, hosts: int, procs: int, actors_per_proc: int
 
     host_row = rows("hosts")[0]
     proc_row = next(r for r in rows("procs") if r["kind"] == "proc")
-    actor_row = rows("actors")[0]
-    status_rows = [r for r in rows("actor_status_events") if r["actor_id"] == actor_row["id"]]
+    actor_row = rows("actors_ext")[0]
+    status_rows = [r for r in rows("actor_status_events_ext") if r["actor_id"] == actor_row["id"]]
     names = [f"host{i}" for i in range(hosts)]
-    out: dict[str, dict[str, list[dict]]] = {n: {"hosts": [], "procs": [], "actors": [], "actor_status_events": []}
-                                             for n in names}
+    out: dict[str, dict[str, list[dict]]] = {n: {"hosts": [], "procs": [], "actors_ext": [],
+                                                 "actor_status_events_ext": []} for n in names}
     for i, n in enumerate(names):
         out[n]["hosts"].append({**host_row, "host": n, "host_rank": i, "procs_alive": procs // hosts})
     for k in range(procs):
@@ -124,17 +124,18 @@ def scale_procs(src: str, dst: str, hosts: int, procs: int, actors_per_proc: int
         out[n]["procs"].append({**proc_row, "host": n, "pid": pid, "rss_bytes": proc_row["rss_bytes"] + 4096 * k})
         for j in range(actors_per_proc):
             aid = 10**12 + k * 1000 + j
-            out[n]["actors"].append({**actor_row, "host": n, "pid": pid, "id": aid, "rank": k * actors_per_proc + j,
+            out[n]["actors_ext"].append({**actor_row, "host": n, "pid": pid, "id": aid, "rank": k * actors_per_proc + j,
                                      "display_name": f"trainers[{k * actors_per_proc + j}]",
                                      "full_name": f"{actor_row['full_name']}.{k}.{j}"})
-            out[n]["actor_status_events"] += [{**r, "host": n, "actor_id": aid} for r in status_rows]
+            out[n]["actor_status_events_ext"] += [{**r, "host": n, "actor_id": aid} for r in status_rows]
     telemetry = os.path.join(dst, "telemetry")
     # Tables not scaled (runs, logs, stacks, ...) are the recording's, as saved.
     shutil.copytree(os.path.join(src, "telemetry"), telemetry,
-                    ignore=shutil.ignore_patterns("hosts", "procs", "actors", "actor_status_events"))
+                    ignore=shutil.ignore_patterns("hosts", "procs", "actors", "actor_status_events", "actors_ext",
+                                                  "actor_status_events_ext"))
     from monarch_telemetry.schema import TABLES
 
-    for name in ("hosts", "procs", "actors", "actor_status_events"):
+    for name in ("hosts", "procs", "actors_ext", "actor_status_events_ext"):
         os.makedirs(os.path.join(telemetry, name), exist_ok=True)
         for n in names:
             r = out[n][name]
