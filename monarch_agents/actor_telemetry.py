@@ -22,6 +22,9 @@ from monarch_telemetry.recorder import Recorder, hash_id, install, tee_stdio
 rec: Recorder | None = None
 _send: Any = None
 _senders: dict[str, int] = {}
+#: ``messages.port_index``: as Monarch's, the port of the receiving actor the message was delivered
+#: to, scoped by the actor; an actor here has one port per endpoint, named by the endpoint.
+_ports: dict[str, int] = {}
 
 
 def start(rt: Any, config: dict) -> None:
@@ -103,6 +106,8 @@ def handled(slot: Any, call: Any, active_us: int, ok: bool) -> None:
     sender = _senders.get(call.sender)
     if sender is None:
         sender = _senders[call.sender] = hash_id(call.sender)
-    reply = call.reply
+    port = _ports.get(call.method)
+    if port is None:
+        port = _ports[call.method] = hash_id(f"port:{call.method}")
     rec.message(rec.new_id(), getattr(call, "_queued_us", active_us), active_us, time.time_ns() // 1000, sender,
-                actor_id(slot), call.method, reply.port_id if reply is not None else None, ok)
+                actor_id(slot), call.method, port, ok)

@@ -548,6 +548,9 @@ class ActorSlot:
         else:
             text = headline + "\n" + "\n".join("  " + line for line in detail.splitlines())
         self.failed = SupervisionError(text, actor=self.msg.name, rank=rank, host=host)
+        if not self.stopping:
+            # As Monarch's actors do: a failed actor stops (Stopping), then is Failed.
+            actor_telemetry.status(self, "Stopping")
         actor_telemetry.status(self, "Failed", text)
         if self.stopping:
             return  # what fails while it is being stopped is not news to its owner

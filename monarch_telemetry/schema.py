@@ -143,7 +143,7 @@ MESSAGES_EXT = TableSpec("messages_ext", EVENT, "One row per endpoint call an ac
     _c("from_actor_id", I64, "the sending process's root actor (the client's '<root>' actor, or a proc's)"),
     _c("to_actor_id", I64, "actors.id of the receiver"),
     _c("endpoint", STR, "endpoint (method) name", True),
-    _c("port_index", I64, "the reply port, if the caller waits for an answer", True),
+    _c("port_index", I64, "the receiving actor's port the message was delivered to: one per endpoint (a hash of its name)", True),
     _HOST,
     _c("status", STR, "'complete' or 'failed' (the endpoint raised)"),
     _c("latency_us", I64, "from arrival in the proc to the end of the handler, microseconds"),

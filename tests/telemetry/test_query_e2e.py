@@ -151,6 +151,52 @@ def test_an_actor_program_fills_monarch_tables_and_job_query(job):
     assert r.stdout.strip() == "Table [{'endpoint': 'step', 'n': 13}] []", r.stderr
 
 
+def test_a_failed_actor_stops_then_fails_and_each_endpoint_is_one_port(job):
+    script = job / "failing.py"
+    script.write_text(
+        "from monarch.actor import Actor, endpoint\n"
+        "import monarch.actor\n"
+        "from monarch.job import job_load\n"
+        "monarch.actor.unhandled_fault_hook = lambda failure: None\n"
+        "class F(Actor):\n"
+        "    @endpoint\n"
+        "    def ping(self) -> None:\n"
+        "        pass\n"
+        "    @endpoint\n"
+        "    def pong(self) -> None:\n"
+        "        pass\n"
+        "    @endpoint\n"
+        "    def fail(self) -> None:\n"
+        "        raise RuntimeError('on purpose')\n"
+        "f = job_load().state().hosts.spawn_procs(per_host={'gpus': 1}).spawn('failing', F)\n"
+        "for _ in range(3):\n"
+        "    f.ping.call().get()\n"
+        "    f.pong.call().get()\n"
+        "f.fail.broadcast()\n"
+        "import time; time.sleep(1)\n")
+    monarch("run", str(script), cwd=job, check=False, timeout=120)
+    deadline = time.monotonic() + 30
+    while True:
+        rows = q(job, "SELECT a.display_name, e.new_status FROM actor_status_events e JOIN actors a "
+                      "ON e.actor_id = a.id WHERE a.display_name LIKE 'failing%' "
+                      "ORDER BY a.display_name, e.timestamp_us, e.id")["rows"]
+        if sum(r["new_status"] == "Failed" for r in rows) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    for name in ("failing[0]", "failing[1]"):
+        statuses = [r["new_status"] for r in rows if r["display_name"] == name]
+        assert statuses == ["Created", "Initializing", "Idle", "Stopping", "Failed"], (name, rows)
+    # As Monarch's port_index: the receiving actor's port, the same for every call of one endpoint.
+    ports = q(job, "SELECT m.to_actor_id, m.endpoint, count(*) AS n, count(DISTINCT m.port_index) AS ports "
+                   "FROM messages m JOIN actors a ON m.to_actor_id = a.id WHERE a.display_name LIKE 'failing%' "
+                   "AND m.endpoint IN ('ping', 'pong') GROUP BY 1, 2")["rows"]
+    assert sorted((r["n"], r["ports"]) for r in ports) == [(3, 1)] * 4
+    per_actor = q(job, "SELECT count(DISTINCT m.port_index) AS ports FROM messages m JOIN actors a "
+                       "ON m.to_actor_id = a.id WHERE a.display_name = 'failing[0]' "
+                       "AND m.endpoint IN ('ping', 'pong')")["rows"]
+    assert per_actor == [{"ports": 2}]
+
+
 @pytest.mark.parametrize("sql,needle", [
     ("SELEC * FROM logs", "ParserError"),
     ("SELECT * FROM no_such_table", "no_such_table"),
