@@ -267,8 +267,23 @@ STACKS = TableSpec("stacks", EVENT, "Python stacks taken by `monarch stack` (py-
     _c("filename", STR, "source file"),
     _c("line", I64, "line number"),
     _c("error", STR, "why no stack could be taken (then the frame columns are empty)", True),
-    _c("dump_id", STR, "the mesh admin's `POST /v1/pyspy_dump` that took it (empty for `monarch stack`)", True),
-), "host agent")
+    _c("dump_id", STR, "the mesh admin's `POST /v1/pyspy_dump` that took it, or the id a dump was stored under "
+                       "(`store_pyspy_dump`); empty for `monarch stack`", True),
+    _c("proc_ref", STR, "the proc reference a stored dump was given (`store_pyspy_dump`); empty for dumps taken here", True),
+), "host agent, client (stored dumps)")
+
+# Monarch's fourth py-spy table: the locals a stored dump carried (monarch's own dumps take none).
+PYSPY_LOCAL_VARIABLES = TableSpec("pyspy_local_variables", EVENT,
+                                  "One row per local variable of a frame of a py-spy dump stored with "
+                                  "`store_pyspy_dump` (monarch's own dumps take no locals).", (
+    _c("dump_id", STR, "the dump"),
+    _c("thread_id", I64, "thread id"),
+    _c("frame_depth", I64, "0 = innermost frame"),
+    _c("name", STR, "the variable's name"),
+    _c("addr", I64, "its object's address", True),
+    _c("arg", BOOL, "whether it is an argument of the function", True),
+    _c("repr", STR, "its repr", True),
+), "client (stored dumps)")
 
 DEBUG_SESSIONS = TableSpec("debug_sessions", SNAPSHOT,
                            "Ranks and actors paused in pdb now (`breakpoint()`, `monarch run --pdb`), as `monarch debug list` shows them.", (
@@ -312,7 +327,7 @@ METRICS = TableSpec("metrics", EVENT, "Values a program recorded through the act
 TABLES: dict[str, TableSpec] = {t.name: t for t in (
     MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
     MESHES_EXT, ACTORS_EXT, ACTOR_STATUS_EVENTS_EXT, MESSAGES_EXT, MESSAGE_STATUS_EVENTS_EXT, SENT_MESSAGES_EXT,
-    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, SPANS, METRICS,
+    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, SPANS, METRICS, PYSPY_LOCAL_VARIABLES,
 )}
 
 # --- views (run after merging every host's rows) ---------------------------------------------
@@ -355,13 +370,13 @@ FROM run_ranks WHERE ended IS NOT NULL""", (
 # the ``stacks`` rows a dump left, so there is one copy of every frame.
 PYSPY_DUMPS = ViewSpec("pyspy_dumps", "One row per py-spy dump the mesh admin API stored (`POST /v1/pyspy_dump/{proc}`).", """
 SELECT dump_id, CAST(to_unixtime(min(time)) * 1000000 AS BIGINT) AS timestamp_us, pid, 'py-spy' AS binary,
-       'proc:' || host || '/' || CAST(pid AS VARCHAR) AS proc_ref
+       coalesce(max(proc_ref), 'proc:' || host || '/' || CAST(pid AS VARCHAR)) AS proc_ref
 FROM stacks WHERE dump_id IS NOT NULL GROUP BY dump_id, host, pid""", (
     _c("dump_id", STR, "the dump's id, as the API answered it"),
     _c("timestamp_us", I64, "when it was taken (microseconds since the epoch)"),
     _c("pid", I64, "the process"),
     _c("binary", STR, "the profiler that took it"),
-    _c("proc_ref", STR, "the proc's mesh admin reference"),
+    _c("proc_ref", STR, "the proc's mesh admin reference (a stored dump's: the one it was stored with)"),
 ))
 
 PYSPY_STACK_TRACES = ViewSpec("pyspy_stack_traces", "One row per thread of a stored py-spy dump.", """
@@ -383,21 +398,6 @@ FROM stacks WHERE dump_id IS NOT NULL AND error IS NULL""", (
     _c("line", I64, "line number"),
 ))
 
-# Monarch's fourth py-spy table; monarch's dumps take no locals (see monarch_telemetry.stacks), so it
-# has Monarch's columns and never a row.
-PYSPY_LOCAL_VARIABLES = ViewSpec("pyspy_local_variables", "One row per local variable of a frame of a stored py-spy dump: always empty, as monarch's dumps take no locals.", """
-SELECT arrow_cast(NULL, 'Utf8') AS dump_id, CAST(NULL AS BIGINT) AS thread_id, CAST(NULL AS BIGINT) AS frame_depth,
-       arrow_cast(NULL, 'Utf8') AS name, CAST(NULL AS BIGINT) AS addr, CAST(NULL AS BOOLEAN) AS arg,
-       arrow_cast(NULL, 'Utf8') AS repr
-WHERE false""", (
-    _c("dump_id", STR, "the dump"),
-    _c("thread_id", I64, "thread id"),
-    _c("frame_depth", I64, "0 = innermost frame"),
-    _c("name", STR, "the variable's name"),
-    _c("addr", I64, "its object's address"),
-    _c("arg", BOOL, "whether it is an argument of the function"),
-    _c("repr", STR, "its repr", True),
-))
 
 # Monarch's counter table, over ``metrics``: each add is one delta point (Monarch's OTel exporter sums the
 # adds of an export interval into one); its one meter's scope is 'monarch'.
@@ -431,7 +431,7 @@ FROM metrics WHERE kind IN ('counter', 'up_down_counter')""", (
 ))
 
 VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS, PYSPY_DUMPS, PYSPY_STACK_TRACES, PYSPY_FRAMES,
-                                                  PYSPY_LOCAL_VARIABLES, METRIC_SUMS)}
+                                                  METRIC_SUMS)}
 
 
 def all_specs() -> list[TableSpec | ViewSpec]:

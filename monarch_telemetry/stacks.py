@@ -151,3 +151,46 @@ def take(targets: list[Target], host: str, time_us: int) -> list[dict]:
                              "depth": depth, "function": fr.get("name") or "", "filename": fr.get("filename") or "",
                              "line": int(fr.get("line") or 0), "error": None})
     return rows
+
+
+def stored_dump_rows(dump_id: str, proc_ref: str, result_json: str, host: str,
+                     now: int) -> dict[str, tuple[int, list]]:
+    """Rows for a py-spy result (Monarch's ``PySpyResult`` JSON) stored under ``dump_id``: ``stacks``
+    (one per frame, or one with ``error`` for a result that is no stack) and ``pyspy_local_variables``,
+    as :meth:`Table.append_columns` takes them ({table: (rows, columns)}).  Raises ValueError for JSON
+    that is no PySpyResult."""
+    from monarch_telemetry.schema import TABLES
+
+    try:
+        result = json.loads(result_json)
+    except ValueError as e:
+        raise ValueError(f"pyspy_result_json is not JSON: {e}") from None
+    if not isinstance(result, dict) or len(result) != 1:
+        raise ValueError("pyspy_result_json: expected one of {\"Ok\": ...}, {\"Failed\": ...}, {\"BinaryNotFound\": ...}")
+    (tag, body), = result.items()
+    body = body if isinstance(body, dict) else {}
+    pid = int(body.get("pid") or 0)
+    base = {"time": now, "host": host, "pid": pid, "kind": "proc", "run_id": None, "rank": None,
+            "dump_id": dump_id, "proc_ref": proc_ref}
+    stacks: list[dict] = []
+    local_rows: list[dict] = []
+    if tag != "Ok":
+        why = body.get("stderr") or tag
+        stacks.append({**base, "thread_id": 0, "thread_name": None, "depth": 0, "function": "", "filename": "",
+                       "line": 0, "error": str(why)})
+    for th in body.get("stack_traces") or []:
+        tid = int(th.get("thread_id") or 0)
+        for depth, fr in enumerate(th.get("frames") or []):
+            stacks.append({**base, "thread_id": tid, "thread_name": th.get("thread_name"), "depth": depth,
+                           "function": str(fr.get("name") or ""), "filename": str(fr.get("filename") or ""),
+                           "line": int(fr.get("line") or 0), "error": None})
+            for var in fr.get("locals") or []:
+                local_rows.append({"dump_id": dump_id, "thread_id": tid, "frame_depth": depth,
+                                   "name": str(var.get("name") or ""), "addr": var.get("addr"),
+                                   "arg": var.get("arg"), "repr": var.get("repr")})
+    out = {}
+    for name, rows in (("stacks", stacks), ("pyspy_local_variables", local_rows)):
+        if rows:
+            cols = TABLES[name].column_names
+            out[name] = (len(rows), [[r.get(c) for r in rows] for c in cols])
+    return out

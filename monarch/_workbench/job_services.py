@@ -129,6 +129,15 @@ class QueryEngineClient:
     def base_url(self) -> str:
         return self._base_url
 
+    def store_pyspy_dump(self, dump_id: str, proc_ref: str, pyspy_result_json: str) -> dict[str, Any]:
+        """Keep a py-spy result (Monarch's ``PySpyResult`` JSON) in the job's telemetry under ``dump_id``;
+        ``pyspy_dumps``, ``pyspy_frames`` and ``pyspy_local_variables`` then show it."""
+        body = {"dump_id": dump_id, "proc_ref": proc_ref, "pyspy_result_json": pyspy_result_json}
+        req = urllib.request.Request(f"{self._base_url}/api/pyspy_dump", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with self._opener.open(req, timeout=self._timeout) as resp:
+            return json.loads(resp.read())
+
     def query(self, sql: str, timeout: float | None = None) -> dict[str, Any]:
         req = urllib.request.Request(f"{self._base_url}/api/query", data=json.dumps({"sql": sql}).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
@@ -745,6 +754,9 @@ class JobServer:
             ref = urllib.parse.unquote(path[len(svg):])
             self._answer(h, lambda: (200, self.tree.profile_svg(ref, self._body(h)), "image/svg+xml"))
             return
+        if path == "/api/pyspy_dump" and self.telemetry:
+            self._answer(h, lambda: (200, store_pyspy_dump(self.hosts, self._body(h)), "application/json"))
+            return
         if not ((path == "/api/query" and self.telemetry) or (path == "/v1/query" and self.admin)):
             self._error(h, 404, "not_found", f"no such path {path}")
             return
@@ -764,6 +776,40 @@ class JobServer:
             self._error(h, 400, "bad_request", str(e).splitlines()[0] if str(e) else type(e).__name__)
             return
         self._send(h, 200, {"rows": table.to_pylist()})
+
+
+def store_pyspy_dump(hosts: _Hosts, body: Any) -> dict:
+    """``POST /api/pyspy_dump``: keep a py-spy result a program took elsewhere under its ``dump_id``,
+    as Monarch's telemetry service does: its frames become ``stacks`` rows (``pyspy_dumps``,
+    ``pyspy_frames``...) and its locals ``pyspy_local_variables``, held by the job's first host agent
+    (the host whose agent answers the job's queries first)."""
+    from monarch_agents.messages import TelemetryRows
+    from monarch_telemetry.recorder import now_us
+    from monarch_telemetry.stacks import stored_dump_rows
+
+    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in
+                                             ("dump_id", "proc_ref", "pyspy_result_json")):
+        raise BadRequest('expected {"dump_id": "...", "proc_ref": "...", "pyspy_result_json": "..."}')
+    if not hosts.hosts:
+        raise NotFound("this job has no host to keep the dump")
+    try:
+        rows = stored_dump_rows(body["dump_id"], body["proc_ref"], body["pyspy_result_json"], "client", now_us())
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    first = min(hosts.hosts, key=lambda h: h.host_rank)
+    hosts.runtime().send(first.addr, TelemetryRows(rows))
+    # The agent keeps pushed rows on a worker thread of its own: answered once a query sees them, so a
+    # query sent after this answer finds the dump.
+    want = rows["stacks"][0] if "stacks" in rows else 0
+    deadline = time.monotonic() + DEFAULT_QUERY_TIMEOUT_S
+    while want:
+        seen = run_query(hosts, f"SELECT count(*) AS n FROM stacks WHERE dump_id = '{_q(body['dump_id'])}'")
+        if seen.column("n")[0].as_py() >= want:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the dump was sent to host {first.host!r} and is not in its tables yet")
+        time.sleep(0.05)
+    return {"status": "ok"}
 
 
 def parse_bind(addr: str | None) -> tuple[str, int]:

@@ -290,10 +290,10 @@ def test_a_query_of_the_time_is_planned_each_time():
     assert again is not first and again.scans != first.scans
 
 
-def test_pyspy_local_variables_has_monarchs_columns_and_no_rows_and_scans_no_host():
-    """Monarch's fourth py-spy table: listed, typed as Monarch's, always empty (our dumps take no locals)."""
+def test_pyspy_local_variables_has_monarchs_columns_and_is_held_by_the_hosts():
+    """Monarch's fourth py-spy table: listed, typed as Monarch's, its rows (a stored dump's locals) on the hosts."""
     p = plan("SELECT * FROM pyspy_local_variables")
-    assert p.scans == {}
+    assert set(p.scans) == {"pyspy_local_variables"}
     result, _ = finish(p, {})
     assert result.num_rows == 0
     assert [(f.name, str(f.type)) for f in result.schema] == [
