@@ -6,7 +6,7 @@ connection), or an actor of it fails, the failure goes to the actor that
 created the mesh, through its mailbox, in order with its messages.  A mesh made
 by the client itself has no such actor: the failure goes to the root hook the
 caller names (the client's ``monarch.actor.unhandled_fault_hook``; by default
-:func:`default_fault_hook`, which prints one clear line on stderr).  Calls to
+:func:`default_fault_hook`, which, as Monarch's, ends the client).  Calls to
 the failed ranks raise ``SupervisionError`` either way.
 """
 
@@ -30,15 +30,14 @@ _actor_watchers: dict[str, Callable[[m.ActorFailed], None]] = {}
 
 
 def default_fault_hook(failure: MeshFailure) -> None:
-    """Print the failure on stderr; the failed ranks raise SupervisionError when called.
+    """Leave the failure unhandled: the client ends, as Monarch's default does (``sys.exit(1)``).
 
-    Monarch's default hook exits the client (``sys.exit(1)``); ours keeps the client
-    running so it can still stop its meshes and report.  Set
-    ``monarch.actor.unhandled_fault_hook`` to change it: a hook that raises (``sys.exit(1)``
-    included) leaves the fault unhandled, and the client's main thread gets a KeyboardInterrupt,
-    as in Monarch.
+    Raising makes the failure unhandled (see :func:`report`): it is written on stderr and the
+    client's main thread gets a KeyboardInterrupt, so the interpreter finalizes there and
+    ``atexit`` handlers run.  Set ``monarch.actor.unhandled_fault_hook`` to a function that returns
+    to keep the client running (the failed ranks then raise ``SupervisionError`` when called).
     """
-    print(f"monarch: unhandled failure: {failure.report()}; calls to it raise SupervisionError", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def report(owner: ActorSlotInfo | None, failure: MeshFailure, root: Callable[[MeshFailure], None]) -> None:

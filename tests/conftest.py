@@ -40,6 +40,36 @@ def no_leaked_processes():
         pytest.fail(f"test left processes running: {left}")
 
 
+# Failures that reached this process's unhandled_fault_hook, oldest first (see _faults_are_recorded).
+faults_heard: list = []
+
+
+def _record_fault(failure) -> None:
+    faults_heard.append(failure)
+    print(f"monarch (test suite): unhandled failure recorded: {failure.report()}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _faults_are_recorded():
+    """The default ``unhandled_fault_hook`` ends the client, as Monarch's does: here the client is
+    pytest, and a failure a test provokes (a killed proc, an actor that raises in a broadcast) would
+    interrupt the whole session.  For the suite the hook records the failure and writes it on stderr
+    instead; a test that checks failures sets its own (monkeypatch) or reads ``recorded_faults()``.
+    The default itself is tested in a program of its own (tests/compat/default_fault_hook.py).  Left
+    installed after the session: a failure arriving during the last stop must not interrupt it."""
+    import monarch.actor
+
+    monarch.actor.unhandled_fault_hook = _record_fault
+    yield
+
+
+@pytest.fixture
+def recorded_faults():
+    """The failures this test's client was told of and no hook of the test's own took."""
+    first = len(faults_heard)
+    return lambda: faults_heard[first:]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _third_party_temp_folders():
     """torchrun leaves a ``torchelastic_*`` folder in the temp dir for each run, and Chromium its

@@ -286,8 +286,8 @@ class Endpoint(Generic[R]):
 
     def _undeliverable(self, error: OversizedMessage, adverb: str, shape: Shape) -> None:
         """As in Monarch, a message that could not be sent is also a supervision event of its
-        sender: in the client, ``unhandled_fault_hook`` hears it (ours prints it by default,
-        Monarch's exits), on the runtime's thread as a proc's failure would be.  In an actor only
+        sender: in the client, ``unhandled_fault_hook`` hears it (by default it ends the
+        client, as Monarch's), on the runtime's thread as a proc's failure would be.  In an actor only
         its call fails (Monarch fails the sending actor)."""
         from monarch.actor._mesh import _current_ctx, _report
 

@@ -167,6 +167,23 @@ def test_exception_with_no_caller_fails_the_actor(faults):
         pm.stop().get(timeout=T)
 
 
+def test_the_suite_records_a_failure_its_test_leaves_to_the_default(recorded_faults):
+    # No hook of this test's own: the default one would end the client (pytest) with a KeyboardInterrupt;
+    # tests/conftest.py's recorder takes the failure instead, and the session goes on.
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        w = pm.spawn("unwatched", Worker)
+        w.initialized.get(timeout=T)
+        w.fail.broadcast("left to the suite's hook")
+        deadline = time.monotonic() + T
+        while not recorded_faults() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [failure] = recorded_faults()
+        assert failure.mesh_name == "unwatched" and "left to the suite's hook" in failure.report()
+    finally:
+        pm.stop().get(timeout=T)
+
+
 def test_kill9_of_the_host_agent(client, tmp_path, faults):
     agent = start_host_agent(client.keys, tmp_path, hostname="doomed")
     pm = agent.host_mesh().spawn_procs(per_host={"gpus": 2})
