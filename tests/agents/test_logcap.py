@@ -190,3 +190,28 @@ def test_a_follower_that_falls_behind_says_what_it_missed(tmp_path):
     assert b"moved on faster than it was read: some output left out here" in data
     assert data.endswith(b"]\n") and b"0009999\n" in data
     assert data.count(b"0009999\n") == 1
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_follower_of_one_stream_sees_its_tail_once(tmp_path, stream):
+    """``logs -f --stdout`` (or ``--stderr``) of a cut log: that stream's bytes, each once, in order."""
+    log = CappedLog(str(tmp_path / "0"), 16 << 10)
+    reader = LogReader(local_fetch(str(tmp_path)), [0], (stream,))
+    lines = [(("stderr" if i % 3 == 0 else "stdout"), f"{i:07d}\n".encode()) for i in range(20_000)]
+    seen = []
+    for i, (s, line) in enumerate(lines):
+        log.write(s, line)
+        if i % 50 == 0:
+            seen += reader.poll()
+    log.close()
+    (tmp_path / "0.exit").write_text("{}")
+    seen += reader.poll()
+    assert reader.done and {c.stream for c in seen} == {stream}
+    data = b"".join(c.data for c in seen)
+    mine = b"".join(line for s, line in lines if s == stream)
+    if stream == "stdout":
+        assert data == mine  # the log's notes are on stderr
+    else:  # the log's note once, where the rank ended (before what this reader had not read yet)
+        before, rest = data.split(b"\n[monarch: its log was cut", 1)
+        note, after = rest.split(b"]\n", 1)
+        assert before + after == mine and b"[monarch:" not in before + after
