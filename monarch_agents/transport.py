@@ -35,6 +35,7 @@ Nothing binds a wildcard address unless the caller passes one.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import heapq
 import ipaddress
 import itertools
@@ -42,6 +43,7 @@ import logging
 import os
 import select
 import socket
+import stat
 import struct
 import threading
 import time
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents import bulk, ipc, settings, shm, tunnel, wire
 from monarch_agents.keys import HOST, LOCAL_PROC, PROC, JobKeys  # noqa: F401  (JobKeys re-exported: callers name it here)
+from monarch_agents.unproven import strangers
 
 log = logging.getLogger("monarch.transport")
 
@@ -302,6 +305,8 @@ class Mailbox:
         self._admit = admit
         self._on_refused = on_refused or (lambda msg, role: None)
         self.stats_refused = 0
+        #: Connections shut as soon as accepted: another local user's process was at the other end.
+        self.stats_strangers = 0
         #: A host agent's mailbox guards itself against procs' keys (a controller trusts its own procs,
         #: and a `monarch` command's runtime refuses them by policy; see ``_deliver``).
         self._guard_procs = host
@@ -816,8 +821,16 @@ class Mailbox:
         """
         router = self._router
         ep = self._epoll
+        accepted = None
         if router is not None:
             self._watch_zmq(router, lambda ev: self._drain(router))
+            # Each connection the ROUTER accepts is told here (its descriptor), so that one whose
+            # other end is another local user's socket is shut at once, not after the handshake's
+            # deadline: another user could otherwise hold as many of our descriptors as they open
+            # connections in _HANDSHAKE_IVL_MS (a loaded 2-core machine: ~1,500).
+            accepted = router.get_monitor_socket(zmq.EVENT_ACCEPTED)
+            self._watch_zmq(accepted, lambda ev: self._shed_strangers(accepted))
+            self._shed_strangers(accepted)  # reading it once arms its descriptor's signal
         self._watch(self._wake_fd, select.EPOLLIN, self._on_wake)
         listener = self._listener
         if listener is not None:
@@ -865,6 +878,10 @@ class Mailbox:
                     with self._drained:
                         self._drained.notify_all()
         finally:
+            if accepted is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    router.disable_monitor()
+                accepted.close(0)
             if router is not None:
                 router.close(0)
             ep.close()
@@ -1202,12 +1219,68 @@ class Mailbox:
                 self._close_peer(addr)
                 return  # its monitor is closed now
 
+    def _shed_strangers(self, accepted: zmq.Socket) -> None:
+        """Shut the connections just accepted whose other end is another local user's socket.
+
+        ZeroMQ owns their descriptors; a duplicate's ``shutdown`` ends the connection for ZeroMQ too
+        (it reads EOF and closes its own).  A descriptor is checked by its socket's inode, and the
+        inode again on the duplicate, so a number reused meanwhile for something else is left alone.
+        Read until none is left (ZeroMQ's descriptor says "look again" once), in batches that each
+        read the kernel's tables once.
+        """
+        more = True
+        while more:
+            inodes: dict[int, int] = {}
+            while len(inodes) < 1000:
+                try:
+                    frames = accepted.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:  # Again: none left (or the monitor is closing)
+                    more = False
+                    break
+                event, fd = struct.unpack("=hi", frames[0][:6])
+                try:
+                    st = os.fstat(fd)
+                except OSError:
+                    continue  # already closed by ZeroMQ
+                if event == zmq.EVENT_ACCEPTED and stat.S_ISSOCK(st.st_mode):
+                    inodes[fd] = st.st_ino
+            shut = strangers(set(inodes.values())) if inodes else set()
+            before = self.stats_strangers
+            for fd, ino in inodes.items():
+                if ino in shut and _shut_if(fd, ino):
+                    self.stats_strangers += 1
+            if self.stats_strangers > before and (before == 0 or before // 1000 != self.stats_strangers // 1000):
+                log.warning("%s: shut %d connection(s) from another user's process, before any handshake",
+                            self.name, self.stats_strangers)
+
     def statistics(self) -> dict:
         return {"received": self.stats_received, "dropped": self.stats_dropped, "refused": self.stats_refused,
+                "strangers": self.stats_strangers,
                 "peers": len(self._peers)}
 
 
 _fd_limit_raised = False
+
+
+def _shut_if(fd: int, inode: int) -> bool:
+    """Shut down the connection at ``fd`` (another's descriptor) if it is still the socket ``inode``."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return False
+    try:
+        if os.fstat(dup).st_ino != inode:
+            return False
+        s = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return False
+    with s:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return False
+    return True
 
 
 def raise_fd_limit() -> None:

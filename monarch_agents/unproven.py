@@ -11,9 +11,13 @@ a real client is never held back longer than it takes it to prove itself.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 import socket
+import sys
 import threading
 import time
+from dataclasses import dataclass
 
 
 class UnprovenConnections:
@@ -55,29 +59,72 @@ class UnprovenConnections:
             return len(self._since)
 
 
-def _proc_net_addr(host: str, port: int) -> str:
-    """``host:port`` as ``/proc/net/tcp[6]`` writes it (each 32-bit word of the address in host order)."""
-    import ipaddress
-    import sys
+def _ip_port(host: str, port: int) -> tuple[str, int]:
+    """An address as compared with the kernel's tables: an IPv4-mapped IPv6 address as its IPv4 one
+    (a dual-stack listener's peer is ``::ffff:a.b.c.d`` there, ``a.b.c.d`` in the peer's own row)."""
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), port
 
-    raw = ipaddress.ip_address(host.split("%")[0]).packed
-    words = [raw[i:i + 4] for i in range(0, len(raw), 4)]
-    return "".join((w[::-1] if sys.byteorder == "little" else w).hex().upper() for w in words) + f":{port:04X}"
+
+def _proc_net_addr(text: str) -> tuple[str, int]:
+    """``ADDR:PORT`` as ``/proc/net/tcp[6]`` writes it (each 32-bit word of the address in host order)."""
+    addr, _, port = text.partition(":")
+    raw = bytes.fromhex(addr)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return _ip_port(str(ipaddress.ip_address(raw)), int(port, 16))
+
+
+@dataclass(frozen=True)
+class TcpRow:
+    """One TCP socket of this network namespace, as the kernel lists it."""
+
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    uid: int
+    inode: int
+
+
+def tcp_rows() -> list[TcpRow]:
+    """Every TCP socket of this network namespace (``/proc/net/tcp`` and ``tcp6``), read once."""
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    rows.append(TcpRow(_proc_net_addr(cols[1]), _proc_net_addr(cols[2]), int(cols[7]), int(cols[9])))
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    return rows
 
 
 def local_peer_uid(conn: socket.socket) -> int | None:
     """The uid that owns the other end of ``conn`` when that end is a socket of this machine (the
     kernel's own table, ``/proc/net/tcp[6]``); None for a peer elsewhere, or where it cannot be told."""
     try:
-        peer, me = conn.getpeername()[:2], conn.getsockname()[:2]
-        theirs, ours = _proc_net_addr(*peer), _proc_net_addr(*me)
-        table = "/proc/net/tcp6" if conn.family == socket.AF_INET6 else "/proc/net/tcp"
-        with open(table) as f:
-            next(f)
-            for line in f:
-                cols = line.split()
-                if cols[1] == theirs and cols[2] == ours:
-                    return int(cols[7])
-    except (OSError, ValueError, StopIteration):
-        pass
+        theirs, ours = _ip_port(*conn.getpeername()[:2]), _ip_port(*conn.getsockname()[:2])
+    except (OSError, ValueError, TypeError):
+        return None
+    for row in tcp_rows():
+        if row.local == theirs and row.remote == ours:
+            return row.uid
     return None
+
+
+def strangers(inodes: set[int]) -> set[int]:
+    """Of these sockets (by inode: ``os.fstat(fd).st_ino``), the connections whose other end is a
+    socket of this machine that another user owns (one read of the kernel's tables for them all)."""
+    rows = tcp_rows()
+    owners = {(r.local, r.remote): r.uid for r in rows}
+    me = os.getuid()
+    out = set()
+    for r in rows:
+        if r.inode in inodes:
+            uid = owners.get((r.remote, r.local))
+            if uid is not None and uid != me:
+                out.add(r.inode)
+    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import time
 
 import pytest
 
@@ -123,6 +124,58 @@ def test_2000_idle_tcp_connections_from_another_user_do_not_silence_a_tcp_agent(
         line = flood.stdout.readline()
         assert line.startswith("2000 open"), line
         # From a process that reaches it over TCP, as a client on another machine does.
+        box = Box(client.keys, "far-client")
+        box.mb._local_ipc = False
+        try:
+            box.mb.send(agent.addr, m.Ping(m.PortRef(box.addr, 1)))
+            got = box.received.get(timeout=120)
+            assert isinstance(got, m.Reply) and got.ok and got.payload.pid == agent.pid
+        finally:
+            box.close()
+    finally:
+        if flood is not None:
+            flood.kill()
+            flood.wait()
+        agent.stop()
+    assert wait_gone([agent.pid]) == []
+
+
+#: Run as another user: open N connections to HOST PORT, then report once the agent has closed them all.
+HOLD = """
+import socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+socks = [socket.create_connection((host, port), timeout=60) for _ in range(n)]
+print(len(socks), "open", flush=True)
+closed = 0
+for s in socks:
+    try:
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+    closed += 1
+print(closed, "closed", flush=True)
+"""
+
+
+def test_another_users_connections_to_a_tcp_agent_are_shut_before_any_handshake(attacker, client, tmp_path):  # noqa: F811
+    """ZeroMQ would hold each for its handshake's deadline (3 s): time enough for another user to make
+    the agent hold as many descriptors as they open connections meanwhile.  The agent tells another
+    local user's connection by the kernel's tables as it is accepted and shuts it at once; its own
+    job's peers are served."""
+    agent = start_host_agent(client.keys, tmp_path, hostname="strangers")
+    flood = None
+    try:
+        host, port = agent.addr.split("://", 1)[1].split("#")[0].rsplit(":", 1)
+        flood = attacker.popen(["/usr/bin/python3", "-c", HOLD, host, port, "300"],
+                               stdout=__import__("subprocess").PIPE, text=True)
+        assert flood.stdout.readline() == "300 open\n"
+        assert flood.stdout.readline() == "300 closed\n"
+        # The agent shut them itself (ZeroMQ's deadline would close them too, later, and say nothing).
+        with open(agent.log_path) as f:
+            while "connection(s) from another user's process, before any handshake" not in f.read():
+                time.sleep(0.1)
+                f.seek(0)
         box = Box(client.keys, "far-client")
         box.mb._local_ipc = False
         try:
