@@ -23,6 +23,14 @@ from monarch.actor import Actor, Future, context, endpoint
 from monarch._workbench.exit_status import exit_status
 
 
+def _private(path: str, flags: int) -> int:
+    """``open``'s opener for a new file only its user may read (an existing one is made so too), never
+    through a link."""
+    fd = os.open(path, flags | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 class _Command(Actor):
     """Runs one command in its proc's host and reports its exit code and output."""
 
@@ -46,9 +54,13 @@ class _Command(Actor):
         full_env = {**os.environ, **self._rank_env(), **(env or {})}
         if output_dir is not None:
             out_dir = self._subdir(output_dir)
-            os.makedirs(out_dir, exist_ok=True)
-            with open(os.path.join(out_dir, "stdout.txt"), "w") as out, \
-                    open(os.path.join(out_dir, "stderr.txt"), "w") as err:
+            # What a command prints is its owner's: the folders made for it are 0700 and its
+            # files 0600 (a default such as /tmp/monarch_exec_ID is in a folder everyone reads).
+            from monarch_rdmafs.private import make_dirs
+
+            make_dirs(out_dir)
+            with open(os.path.join(out_dir, "stdout.txt"), "w", opener=_private) as out, \
+                    open(os.path.join(out_dir, "stderr.txt"), "w", opener=_private) as err:
                 code = _run(argv, cwd, full_env, out, err)
             return {"returncode": code, "stdout": "", "stderr": ""}
         r = _run(argv, cwd, full_env, subprocess.PIPE, subprocess.PIPE, capture=True)

@@ -265,11 +265,20 @@ class ProfileCmd:
         trace = collect(record, start_us, time.time_ns() // 1000)
         out = args.output
         if out is None:
-            folder = Path("/tmp") / os.environ.get("USER", str(os.getuid())) / "monarch_profiles"
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            out = folder / f"trace_{time.strftime('%Y%m%d_%H%M%S')}.json"
+            out = _profiles_folder() / f"trace_{time.strftime('%Y%m%d_%H%M%S')}.json"
         write_atomic(str(Path(out).absolute()), json.dumps(trace.to_json()).encode())
         sys.stdout.write(f"{out}\n")
+
+
+def _profiles_folder() -> Path:
+    """``/tmp/$USER/monarch_profiles`` (as Monarch's), made private: both folders are the user's and
+    0700, or :class:`UnsafeFolder` says which is not (another user may have made ``/tmp/$USER``
+    first, to read or swap what is written in it)."""
+    from monarch_agents.files import private_dir
+
+    folder = Path("/tmp") / os.environ.get("USER", str(os.getuid())) / "monarch_profiles"
+    private_dir(str(folder), top=str(folder.parent))
+    return folder
 
 
 class TuiCmd:

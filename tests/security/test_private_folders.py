@@ -142,3 +142,58 @@ def test_a_context_name_with_a_trailing_newline_is_refused(tmp_path):
 
     with pytest.raises(StateError, match="bad context name"):
         StatePaths(str(tmp_path)).state_file("default\n")
+
+
+def test_monarch_profiles_default_folder_made_first_by_another_user_is_refused(attacker):
+    """``monarch.tools``' ``profile`` writes a job's traces to ``/tmp/$USER/monarch_profiles`` (as
+    Monarch's): another user who made ``/tmp/$USER`` first gets nothing written in it."""
+    import subprocess
+    import uuid
+
+    user = f"mnvictim{uuid.uuid4().hex[:8]}"
+    top = f"/tmp/{user}"
+    attacker.run(f"mkdir -m 777 {top}")
+    code = "from monarch.tools.cli import _profiles_folder; print(_profiles_folder())"
+    env = {**os.environ, "USER": user, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))}
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and f"{top} belongs to another user (uid {attacker.uid})" in r.stderr, \
+            r.stdout + r.stderr
+        assert attacker.run(f"ls -A {top}").stdout == ""
+        attacker.run(f"rm -rf {top}")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == f"{top}/monarch_profiles", r.stderr
+        for d in (top, f"{top}/monarch_profiles"):
+            st = os.lstat(d)
+            assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700, (d, oct(st.st_mode))
+    finally:
+        subprocess.run(["rm", "-rf", top], capture_output=True)
+
+
+EXEC_OUTPUT = """
+import sys
+from monarch.job import ProcessJob, exec_command
+hosts = ProcessJob({"hosts": 1}).state(cached_path=None).hosts
+print("rc=%d" % exec_command(hosts, ["echo", "the victim's secret"], output_dir=sys.argv[1] + "/$SUBDIR").get())
+"""
+
+
+def test_exec_command_output_folders_and_files_are_the_owners_only(attacker, shared, tmp_path):
+    """``exec_command(..., output_dir=...)`` (``monarch exec --all`` writes to ``/tmp/monarch_exec_ID``): what
+    the command printed is not readable by another user."""
+    import subprocess
+
+    out = os.path.join(shared, "out")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
+    env.pop("MONARCH_JOB", None)
+    r = subprocess.run([sys.executable, "-c", EXEC_OUTPUT, out], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.stdout.strip() == "rc=0", r.stdout + r.stderr
+    with open(os.path.join(out, "hosts_0", "stdout.txt")) as f:
+        assert f.read() == "the victim's secret\n"
+    r = attacker.run(f"cat {out}/hosts_0/stdout.txt", check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stdout + r.stderr
+    for d in (out, f"{out}/hosts_0"):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
+    assert stat.S_IMODE(os.lstat(f"{out}/hosts_0/stdout.txt").st_mode) == 0o600
