@@ -440,10 +440,10 @@ class HostAgent:
             events.join(timeout=max(0.0, deadline - time.monotonic()))
         # What it answered last (a Shutdown's answer, its subtree's in a fan-out) must leave before the
         # sockets close: a message on a new link waits for the peer to accept it, which a loaded peer
-        # did only after the close's own linger (0.5 s) had dropped it (a tree's leaf read as 'stopped
-        # answering').  Bounded: a peer that takes nothing (stopped) does not keep the agent.
+        # did only after the close's own linger (then 0.5 s) had dropped it (a tree's leaf read as
+        # 'stopped answering').  Bounded: a peer that takes nothing (stopped) does not keep the agent.
         self.rt.mailbox.linger(max(deadline - time.monotonic(), _ANSWERS_LINGER_S))
-        self.rt.close()  # lingers until what was sent to same-host peers has left
+        self.rt.close()  # lingers (bounded) until what was sent has left, to peers on other hosts too
         self.stopped.set()
 
 
