@@ -98,9 +98,14 @@ def hosts_of(meshes: dict[str, Any], record: Any = None) -> _Hosts:
 
 
 def run_query(hosts: _Hosts, sql: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Any:
+    """``sql`` over the job's hosts, within ``timeout_s``; the hosts' scans are waited for as long as
+    Monarch waits for its worker collectors' (``monarch._src.job.telemetry_actor._SCAN_WORKER_TIMEOUT_SECS``,
+    read at each query), a host slower than that left out of the answer."""
+    from monarch._src.job import telemetry_actor
     from monarch._workbench.telemetry import query
 
-    return query(hosts, sql, timeout_s=timeout_s).table  # type: ignore[arg-type]
+    scan_s = float(telemetry_actor._SCAN_WORKER_TIMEOUT_SECS)
+    return query(hosts, sql, timeout_s=timeout_s, host_timeout_s=scan_s).table  # type: ignore[arg-type]
 
 
 class QueryEngine:

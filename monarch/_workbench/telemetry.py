@@ -58,8 +58,9 @@ def _fan_out(record: JobRecord, make: Callable[[Any], Any], timeout_s: float,
 
 
 def query(record: JobRecord, sql: str, *, row_limit: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-          strict: bool = False) -> QueryResult:
-    """Run ``sql`` over the telemetry of every host of ``record``."""
+          strict: bool = False, host_timeout_s: float | None = None) -> QueryResult:
+    """Run ``sql`` over the telemetry of every host of ``record``; ``host_timeout_s`` (at most
+    ``timeout_s``) bounds the wait for the hosts' scans alone, a host slower than it left out."""
     from monarch_agents.messages import TelemetryScan
     from monarch_telemetry.table import from_ipc
 
@@ -67,8 +68,9 @@ def query(record: JobRecord, sql: str, *, row_limit: int | None = None, timeout_
     parts: dict[str, list] = {t: [] for t in p.scans}
     errors: dict[str, str] = {}
     if p.needs_hosts:
-        host_timeout = max(0.05, timeout_s * _HOST_MARGIN)
-        answers, errors = _fan_out(record, lambda port: TelemetryScan(p.scans, host_timeout, port), timeout_s)
+        wait = timeout_s if host_timeout_s is None else max(0.0, min(timeout_s, host_timeout_s))
+        host_timeout = max(0.05, wait * _HOST_MARGIN)
+        answers, errors = _fan_out(record, lambda port: TelemetryScan(p.scans, host_timeout, port), wait)
         for host, answer in answers.items():
             bad = {t: v for t, v in answer.items() if isinstance(v, str)}
             if bad:

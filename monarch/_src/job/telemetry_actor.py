@@ -15,6 +15,11 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank  # noqa: F401  (Monarch's module exports current_rank)
 
+#: How long a job's telemetry query waits for each host's scan (Monarch's: for each worker collector's);
+#: a host that has not answered by then is left out of the answer, as Monarch leaves out a worker that
+#: timed out.  Read at each query of the job's telemetry service (``monarch._workbench.job_services``).
+_SCAN_WORKER_TIMEOUT_SECS = 10.0
+
 _WHERE = ("monarch has no telemetry actor: its host agents keep the job's tables; query them with "
           "state.query_engine_client (README 'Telemetry')")
 
