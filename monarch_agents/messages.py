@@ -405,6 +405,14 @@ class TelemetryRows(Message):
 
 
 @message
+class TelemetryRetain(Message):
+    """Keep rows of the host's message, span and metric tables only this long (Monarch's
+    ``TelemetryConfig.retention_secs``; 0: as long as their bounds allow)."""
+
+    max_age_s: float
+
+
+@message
 class TelemetryScan(Message):
     """Run pushed-down scans over the host's tables; answers {table: Arrow IPC bytes or an error}."""
 

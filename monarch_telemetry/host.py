@@ -170,6 +170,11 @@ class HostTelemetry:
         if taken:
             self.store.absorb(taken)
 
+    def retain(self, max_age_s: float) -> None:
+        """Keep the rows of :data:`~monarch_telemetry.table.RETAINED` tables only ``max_age_s`` seconds
+        (0: no age bound), as Monarch's ``retention_secs``."""
+        self.store.retain(max_age_s)
+
     def batches(self, table: str) -> list:
         return self.store.batches(table)
 

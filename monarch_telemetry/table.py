@@ -34,6 +34,11 @@ DEFAULT_MAX_ROWS = 2_000_000
 DEFAULT_MAX_BYTES = 256 << 20
 DEFAULT_BATCH_ROWS = 8192
 
+#: The tables a retention (Monarch's ``TelemetryConfig.retention_secs``) bounds by age, as Monarch's
+#: collector does (messages, their events, sends, spans, metrics); the others (meshes, actors, their
+#: statuses, logs...) keep their rows until the ring's bounds drop them.
+RETAINED = ("messages_ext", "message_status_events_ext", "sent_messages_ext", "spans", "metrics")
+
 ROWS_ENV = "MONARCH_TELEMETRY_ROWS"
 BYTES_ENV = "MONARCH_TELEMETRY_BYTES"
 def _env_int(name: str, default: int) -> int:
@@ -64,6 +69,10 @@ class Table:
         self._rows = 0  # in sealed batches
         self._bytes = 0
         self.dropped_rows = 0
+        #: Rows older than this (microseconds, by the table's first time column) are dropped when read;
+        #: 0: no age bound.
+        self.max_age_us = 0
+        self._age_col = next((i for i, c in enumerate(spec.columns) if c.name in ("timestamp_us", "time")), None)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -118,18 +127,51 @@ class Table:
                 self._bytes += kept.nbytes
             break
 
+    def _expire(self) -> None:
+        """Drop the rows older than ``max_age_us`` (under the lock).  Batches are sealed in time order,
+        so this stops at the first batch with no row to drop."""
+        if not self.max_age_us or self._age_col is None:
+            return
+        import pyarrow.compute as pc
+
+        from monarch_telemetry.recorder import now_us
+
+        cutoff = now_us() - self.max_age_us
+        kept: list[pa.RecordBatch] = []
+        while self._batches:
+            b = self._batches[0]
+            ts = b.column(self._age_col)
+            if pa.types.is_timestamp(ts.type):
+                ts = ts.cast(pa.int64())
+            oldest = pc.min(ts).as_py()
+            if oldest is None or oldest >= cutoff:
+                break
+            self._batches.popleft()
+            self._rows -= b.num_rows
+            self._bytes -= b.nbytes
+            young = _compact(b.filter(pc.greater_equal(ts, cutoff)))
+            self.dropped_rows += b.num_rows - young.num_rows
+            if young.num_rows:
+                kept.append(young)
+        for b in reversed(kept):
+            self._batches.appendleft(b)
+            self._rows += b.num_rows
+            self._bytes += b.nbytes
+
     # -- reading ---------------------------------------------------------------------
 
     def batches(self) -> list[pa.RecordBatch]:
         """Every row held, oldest first (pending rows are sealed first)."""
         self._seal()
         with self._lock:
+            self._expire()
             return list(self._batches)
 
     def drain(self) -> list[pa.RecordBatch]:
         """Take every row held, leaving the table empty."""
         self._seal()
         with self._lock:
+            self._expire()
             out = list(self._batches)
             self._batches.clear()
             self._rows = self._bytes = 0
@@ -196,6 +238,13 @@ class Store:
 
     def __getitem__(self, name: str) -> Table:
         return self.tables[name]
+
+    def retain(self, max_age_s: float) -> None:
+        """Keep the rows of the :data:`RETAINED` tables only ``max_age_s`` seconds (0: no age bound)."""
+        for name in RETAINED:
+            t = self.tables.get(name)
+            if t is not None:
+                t.max_age_us = int(max_age_s * 1e6) if max_age_s > 0 else 0
 
     def provide(self, name: str, rows: Snapshot) -> None:
         """Build snapshot table ``name`` from ``rows()`` (dicts keyed by column) each time it is read."""

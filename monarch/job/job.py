@@ -61,7 +61,9 @@ if not logger.handlers:
 class TelemetryConfig:
     """What :meth:`JobTrait.enable_telemetry` starts at the next ``state()`` (Monarch's fields).
 
-    ``retention_secs``: accepted; the hosts keep rows in bounded rings until ``monarch stop``.
+    ``retention_secs``: how long the job's hosts keep rows of its messages (``messages``,
+    ``message_status_events``, ``sent_messages``), spans and metrics (0: as long as the rings' bounds
+    allow); the other tables keep rows in bounded rings until ``monarch stop``.
     ``include_dashboard``/``dashboard_port``: monarch's dashboard is ``monarch dashboard --web
     --port N`` (not started by the job); ``snapshot_interval_secs``: accepted (our snapshot tables
     are built when read, so they are always current).
@@ -71,6 +73,19 @@ class TelemetryConfig:
     include_dashboard: bool = False
     dashboard_port: int = 8265
     snapshot_interval_secs: float = 30.0
+
+
+def _retain(hosts: Any, retention_secs: float) -> None:
+    """Monarch's retention: the job's hosts keep its message, span and metric rows only
+    ``retention_secs`` (0: as long as their bounds allow).  The hosts of a shared reservation hold
+    every job's rows: the last job to say sets it for them all."""
+    from monarch_agents.messages import TelemetryRetain
+
+    for h in hosts.hosts:
+        try:
+            hosts.rt.send(h.addr, TelemetryRetain(float(retention_secs or 0)))
+        except Exception as e:  # a host gone already: it holds nothing more to bound
+            logger.debug("retention not sent to %s: %s", h.host, e)
 
 
 @dataclass
@@ -240,6 +255,7 @@ class JobTrait(abc.ABC):
 
                 _telemetry.root_actor(hosts.rt)
                 _telemetry.push_to(hosts.rt, hosts.hosts[0].addr)
+                _retain(hosts, telemetry.retention_secs)
         if admin is not None:
             if "admin" not in services:
                 from monarch import config

@@ -71,7 +71,7 @@ class TelemetryService(Service):
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {m.TelemetryRows: self.on_rows, m.TelemetryScan: self.on_scan, m.TakeStacks: self.on_stacks,
-                m.ProfileProc: self.on_profile, m.TelemetryQuery: self.on_query}
+                m.ProfileProc: self.on_profile, m.TelemetryQuery: self.on_query, m.TelemetryRetain: self.on_retain}
 
     def info(self) -> dict:
         store = self.tel._store
@@ -93,6 +93,10 @@ class TelemetryService(Service):
     def on_rows(self, msg: m.TelemetryRows) -> None:
         if isinstance(msg.rows, dict):
             self._rows.submit(self.tel.absorb, msg.rows)
+
+    def on_retain(self, msg: m.TelemetryRetain) -> None:
+        # After the rows pushed before it (the same worker), so none of them escapes the bound.
+        self._rows.submit(self.tel.retain, float(msg.max_age_s))
 
     def on_scan(self, msg: m.TelemetryScan) -> None:
         self.tel.addr = self.agent.rt.addr
