@@ -51,7 +51,10 @@ class Tasks:
         self.timed_out = False
 
     def start(self) -> None:
-        os.makedirs(self.folder, exist_ok=True)
+        # The folder its client made private (0700): a task unpickles its function from it.
+        from monarch_agents.files import private_dir
+
+        private_dir(self.folder)
         for local in range(self.per_node):
             rank = self.node * self.per_node + local
             out_path, err_path = _paths(self.folder, self.job_id, rank)

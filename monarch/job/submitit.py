@@ -296,8 +296,12 @@ class MonarchExecutor(core.PicklingExecutor):
         for delayed in delayed_submissions:
             job_id = new_run_id()
             job: MonarchJob = MonarchJob(folder=self.folder, job_id=job_id, tasks=list(range(nodes * per_node)))
-            # The pickle is in place before the tasks start: they never wait for it.
-            job.paths.folder.mkdir(parents=True, exist_ok=True)
+            # The pickle is in place before the tasks start: they never wait for it.  Its folder is
+            # the user's alone (made 0700, or refused in one line): what is unpickled from it, here
+            # (results) and on the hosts (the function), must be what this user wrote there.
+            from monarch_agents.files import private_dir
+
+            private_dir(str(job.paths.folder))
             delayed.set_timeout(timeout_min, self.max_num_timeout)  # type: ignore[arg-type]  # submitit types minutes as int; it takes a float
             delayed.dump(job.paths.submitted_pickle)
             size = job.paths.submitted_pickle.stat().st_size / 1024**3

@@ -197,3 +197,41 @@ def test_exec_command_output_folders_and_files_are_the_owners_only(attacker, sha
     for d in (out, f"{out}/hosts_0"):
         assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
     assert stat.S_IMODE(os.lstat(f"{out}/hosts_0/stdout.txt").st_mode) == 0o600
+
+
+SUBMIT = """
+import sys, submitit
+ex = submitit.AutoExecutor(folder=sys.argv[1], cluster="monarch")
+try:
+    print("RESULT", ex.submit(pow, 2, 5).result())
+except Exception as e:
+    print("ERR", type(e).__name__, e)
+"""
+
+
+def test_a_submitit_folder_another_user_can_write_gets_no_pickle(attacker, shared, tmp_path):
+    """submitit's folder holds the pickles both ends unpickle (the function on the hosts, the result
+    here): one another user made, open to all, is refused in one line and gets nothing."""
+    import subprocess
+
+    pytest.importorskip("submitit")
+    folder = os.path.join(shared, "logs")
+    attacker.run(f"mkdir -m 777 {folder}")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
+    env.pop("MONARCH_JOB", None)
+    r = monarch("serve", "--hosts", "1", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = subprocess.run([sys.executable, "-c", SUBMIT, folder], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=180)
+        assert f"ERR UnsafeFolder {folder} belongs to another user (uid {attacker.uid})" in r.stdout, \
+            r.stdout + r.stderr
+        assert attacker.run(f"ls -A {folder}").stdout == ""
+        # A folder of the user's own is made private, and used.
+        mine = str(tmp_path / "mine")
+        r = subprocess.run([sys.executable, "-c", SUBMIT, mine], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=180)
+        assert "RESULT 32" in r.stdout, r.stdout + r.stderr
+        assert stat.S_IMODE(os.lstat(mine).st_mode) == 0o700
+    finally:
+        monarch("stop", "--force", cwd=tmp_path, env=env, timeout=60)
