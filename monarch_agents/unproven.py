@@ -17,7 +17,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 
 class UnprovenConnections:
@@ -59,36 +58,30 @@ class UnprovenConnections:
             return len(self._since)
 
 
-def _ip_port(host: str, port: int) -> tuple[str, int]:
-    """An address as compared with the kernel's tables: an IPv4-mapped IPv6 address as its IPv4 one
-    (a dual-stack listener's peer is ``::ffff:a.b.c.d`` there, ``a.b.c.d`` in the peer's own row)."""
+#: How ``/proc/net/tcp6`` writes the first 12 bytes of an IPv4-mapped address (``::ffff:a.b.c.d``).
+_MAPPED = "0000000000000000FFFF0000" if sys.byteorder == "little" else "00000000000000000000FFFF"
+
+
+def _norm(text: str) -> str:
+    """A table's ``ADDR:PORT`` with an IPv4-mapped address written as its IPv4 one (a dual-stack
+    listener's peer is ``::ffff:a.b.c.d`` in its row, ``a.b.c.d`` in the peer's own)."""
+    return text[24:] if len(text) == 37 and text.startswith(_MAPPED) else text
+
+
+def _proc_net_addr(host: str, port: int) -> str:
+    """A socket's address as the tables write it (each 32-bit word in host order), IPv4 if mapped."""
     ip = ipaddress.ip_address(host.split("%")[0])
     if ip.version == 6 and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return str(ip), port
+    raw = ip.packed
+    words = [raw[i:i + 4] for i in range(0, len(raw), 4)]
+    return "".join((w[::-1] if sys.byteorder == "little" else w).hex().upper() for w in words) + f":{port:04X}"
 
 
-def _proc_net_addr(text: str) -> tuple[str, int]:
-    """``ADDR:PORT`` as ``/proc/net/tcp[6]`` writes it (each 32-bit word of the address in host order)."""
-    addr, _, port = text.partition(":")
-    raw = bytes.fromhex(addr)
-    if sys.byteorder == "little":
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return _ip_port(str(ipaddress.ip_address(raw)), int(port, 16))
-
-
-@dataclass(frozen=True)
-class TcpRow:
-    """One TCP socket of this network namespace, as the kernel lists it."""
-
-    local: tuple[str, int]
-    remote: tuple[str, int]
-    uid: int
-    inode: int
-
-
-def tcp_rows() -> list[TcpRow]:
-    """Every TCP socket of this network namespace (``/proc/net/tcp`` and ``tcp6``), read once."""
+def tcp_rows() -> list[tuple[str, str, str, str]]:
+    """Every TCP socket of this network namespace, read once from ``/proc/net/tcp`` and ``tcp6``:
+    (local, remote, uid, inode) as the kernel writes them, mapped addresses as IPv4.  Kept as text:
+    a flood makes thousands of rows, read for every batch of accepted connections."""
     rows = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -96,8 +89,9 @@ def tcp_rows() -> list[TcpRow]:
                 next(f)
                 for line in f:
                     cols = line.split()
-                    rows.append(TcpRow(_proc_net_addr(cols[1]), _proc_net_addr(cols[2]), int(cols[7]), int(cols[9])))
-        except (OSError, ValueError, IndexError, StopIteration):
+                    if len(cols) > 9:
+                        rows.append((_norm(cols[1]), _norm(cols[2]), cols[7], cols[9]))
+        except (OSError, StopIteration):
             continue
     return rows
 
@@ -106,12 +100,12 @@ def local_peer_uid(conn: socket.socket) -> int | None:
     """The uid that owns the other end of ``conn`` when that end is a socket of this machine (the
     kernel's own table, ``/proc/net/tcp[6]``); None for a peer elsewhere, or where it cannot be told."""
     try:
-        theirs, ours = _ip_port(*conn.getpeername()[:2]), _ip_port(*conn.getsockname()[:2])
+        theirs, ours = _proc_net_addr(*conn.getpeername()[:2]), _proc_net_addr(*conn.getsockname()[:2])
     except (OSError, ValueError, TypeError):
         return None
-    for row in tcp_rows():
-        if row.local == theirs and row.remote == ours:
-            return row.uid
+    for local, remote, uid, _ in tcp_rows():
+        if local == theirs and remote == ours:
+            return int(uid)
     return None
 
 
@@ -119,12 +113,15 @@ def strangers(inodes: set[int]) -> set[int]:
     """Of these sockets (by inode: ``os.fstat(fd).st_ino``), the connections whose other end is a
     socket of this machine that another user owns (one read of the kernel's tables for them all)."""
     rows = tcp_rows()
-    owners = {(r.local, r.remote): r.uid for r in rows}
-    me = os.getuid()
+    wanted = {str(i) for i in inodes}
+    mine = [(local, remote, inode) for local, remote, _, inode in rows if inode in wanted]
+    if not mine:
+        return set()
+    owners = {(local, remote): uid for local, remote, uid, _ in rows}
+    me = str(os.getuid())
     out = set()
-    for r in rows:
-        if r.inode in inodes:
-            uid = owners.get((r.remote, r.local))
-            if uid is not None and uid != me:
-                out.add(r.inode)
+    for local, remote, inode in mine:
+        uid = owners.get((remote, local))
+        if uid is not None and uid != me:
+            out.add(int(inode))
     return out
