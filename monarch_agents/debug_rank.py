@@ -482,9 +482,18 @@ def _pause(frame: Any, header: str | None, called_as: str) -> None:
     p.set_trace(frame)
 
 
+#: In a proc agent, set by monarch (``monarch._src.actor.debugger.breakpoint``): offers a breakpoint in an
+#: actor to the program's own debugger actor (Monarch's ``DebugController``, where the program made one)
+#: and says whether that took it; else ``monarch debug`` does.
+actor_debugger: Any = None
+
+
 def set_trace(*args: Any, header: str | None = None, **kwargs: Any) -> None:
     """``breakpoint()``: pause here until ``monarch debug`` continues this rank."""
-    _pause(sys._getframe(1), header, "breakpoint()")
+    frame = sys._getframe(1)
+    if actor_debugger is not None and actor_debugger(frame, header):
+        return
+    _pause(frame, header, "breakpoint()")
 
 
 def post_mortem(tb: Any = None) -> None:

@@ -344,7 +344,11 @@ class ActorSlot:
                     raise TypeError(f"{self.msg.name}.{item.method} is an async def method, but its actor's "
                                     "endpoints are all def, so it has no event loop to run on")
                 result = fn(*args, **kwargs)
+                if debug_exit is not None:
+                    debug_exit(None)
             except Exception as e:
+                if debug_exit is not None:
+                    debug_exit(e)
                 self._failed_call(item, e, desc)
             except BaseException as e:
                 self._died_in_call(item, e)
@@ -381,8 +385,12 @@ class ActorSlot:
                 result = fn(*args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
+                if debug_exit is not None:
+                    debug_exit(None)
                 ok = True
             except Exception as e:
+                if debug_exit is not None:
+                    debug_exit(e)
                 self._failed_call(item, e, desc)
             except asyncio.CancelledError:
                 if not self.stopping:
@@ -654,6 +662,13 @@ class _Undelivered:
     """A mailbox item: a message the actor sent came back (``monarch.actor._mailbox``)."""
 
     envelope: Any
+
+
+#: Set by monarch once an actor of this process stopped in the program's own debugger actor (Monarch's
+#: ``DebugController``, ``monarch._src.actor.debugger.breakpoint``): called as each endpoint ends, with
+#: what it raised (None: it returned), to end that message's debug session, after a post-mortem if it
+#: raised.  None until then, so an endpoint pays one global read.
+debug_exit: Callable[[BaseException | None], None] | None = None
 
 
 def _is_async(desc: Any) -> bool:

@@ -17,6 +17,8 @@
     counters.slice(gpus=1).incr.call_one().get()   # 13
 """
 
+from typing import Any
+
 from monarch_agents.errors import ActorError, MeshFailure, SupervisionError
 from monarch_agents.future import Future
 from monarch_agents.ports import Port, PortReceiver, RankedPortReceiver
@@ -55,11 +57,13 @@ from monarch.actor._tracing import get_meter, span, traced
 from monarch.actor import config
 
 
-def debug_controller() -> None:
-    """Monarch's debugger is an actor this returns; monarch's is ``monarch debug`` (each host agent's
-    debug service, which ``breakpoint()`` in any actor or rank reaches), so there is no actor to return."""
-    raise NotImplementedError("debug_controller(): monarch's debugger is the `monarch debug` command "
-                              "(breakpoint() in an actor registers with its host agent); see README 'Debugging'")
+def debug_controller() -> Any:
+    """Monarch's debugger actor (``monarch._src.actor.debugger.debug_controller``), spawned in the root
+    client on first use: from then on ``breakpoint()`` in the job's actors stops in it, driven by its
+    command loop, instead of in ``monarch debug`` (README 'Debugging')."""
+    from monarch._src.actor.debugger.debug_controller import debug_controller as _debug_controller
+
+    return _debug_controller()
 
 __all__ = [
     "Accumulator",

@@ -32,6 +32,7 @@ from monarch_agents.future import Future
 from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endpoint_spec, host_actors_in_client
 from monarch_agents.proc_agent import _qualname
 from monarch_agents import proc_agent as _proc_agent
+from monarch_agents import debug_rank as _debug_rank
 from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
@@ -1138,6 +1139,11 @@ class _Controllers(Actor):
             mesh = self.meshes[name] = this_proc().spawn(name, cls, *args, **kwargs)
         return mesh
 
+    @endpoint
+    def find(self, name: str) -> "ActorMesh | None":
+        """The controller called ``name`` if one was spawned, else None (nothing is spawned)."""
+        return self.meshes.get(name)
+
 
 def _controllers_mesh() -> ActorMesh:
     rt = ensure_runtime()
@@ -1163,3 +1169,14 @@ def get_or_spawn_controller(name: str, cls: type[T], *args: Any, **kwargs: Any) 
 
 # The job API's additions to HostMesh/ProcMesh (its module imports this one's classes).
 from monarch.actor import _hostmesh_extras  # noqa: E402
+
+
+def _offer_breakpoint(frame: Any, header: str | None) -> bool:
+    """``breakpoint()`` in an actor goes to the program's own debugger actor where it made one (Monarch's
+    ``DebugController``; the module is imported only then: it imports pdb)."""
+    from monarch._src.actor.debugger.breakpoint import actor_breakpoint
+
+    return actor_breakpoint(frame, header)
+
+
+_debug_rank.actor_debugger = _offer_breakpoint

@@ -1,7 +1,7 @@
-"""References that travel (issue #26): ports, and meshes pickled into messages or with plain
-``pickle``, each a program of ours in Monarch's API with its expected output.  Each also runs on
-torchmonarch 0.7.0 when one is at hand (``TORCHMONARCH_PYTHON`` or a ``.tm-venv`` at the root), and
-both must print the same."""
+"""References that travel (issue #26): ports, ids, and meshes pickled into messages or with plain
+``pickle``, and Monarch's debugger actor, each a program of ours in Monarch's API with its expected
+output.  Each also runs on torchmonarch 0.7.0 when one is at hand (``TORCHMONARCH_PYTHON`` or a
+``.tm-venv`` at the root), and both must print the same."""
 
 from __future__ import annotations
 
@@ -60,6 +60,16 @@ names: ('worker', 'worker') uid name<v>: True pid is uid: True root: False proc 
 ranks differ: True
 same again: True
 client: client client client
+done
+"""
+
+OUT["debugger_actor.py"] = """\
+stopped: [(True, 0, True, 0), (True, 1, True, 0), (True, 2, True, 0)]
+printed by ranks 0 and 1: ['1', '11']
+after stepping: [(0, 1), (1, 1), (2, 0)]
+post-mortem: [(2, True, 3)]
+post-mortem printed: ['23']
+caller sees: ActorError True
 done
 """
 

@@ -1,4 +1,5 @@
-"""Compatibility only: Monarch's ``monarch._src.actor.debugger`` names (its debugger's command language,
-session table and IO).  Monarch's debugger is an actor on the client; monarch's is ``monarch debug``,
-which reaches ``breakpoint()`` in any actor through each host agent's debug service (README 'Debugging').
-These modules give Monarch's programs the same command parser and session bookkeeping."""
+"""Compatibility only: Monarch's ``monarch._src.actor.debugger``: its debugger actor (``DebugController``),
+the pdb session an actor's ``breakpoint()`` opens in it, its command language, session table and IO.
+monarch's own debugger is ``monarch debug``, which reaches ``breakpoint()`` in any actor or rank
+through each host agent's debug service (README 'Debugging'); Monarch's is used where a program makes
+that actor itself (``debug_controller()``)."""

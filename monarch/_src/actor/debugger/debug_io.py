@@ -37,5 +37,5 @@ class DebugStdIO(DebugIO):
 class DebugIOError(RuntimeError):
     """The debugger's reader or writer went away (a closed terminal or client connection)."""
 
-    def __init__(self) -> None:
-        super().__init__("debugger IO closed")
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("debugger IO closed",)))  # args: so that it pickles back

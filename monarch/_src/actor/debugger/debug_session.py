@@ -1,12 +1,15 @@
-"""Compatibility only: Monarch's debugger session table: one session per (actor name, rank) stopped at
-a breakpoint, selectable the way the ``cast`` command selects ranks (see ``debug_command``)."""
+"""Compatibility only: Monarch's debugger sessions: one per (actor name, rank) stopped at a breakpoint
+in the debugger actor (``debug_controller``), relaying pdb's output and input, and their table,
+selectable the way the ``cast`` command selects ranks (see ``debug_command``)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from monarch._src.actor.debugger.debug_command import RanksType
+from monarch._src.actor.debugger.debug_io import DebugIO
 
 
 @dataclass
@@ -25,7 +28,13 @@ class DebugSessionInfo:
 
 
 class DebugSession:
-    """One rank of one actor stopped in the debugger; ``function``/``lineno`` say where, once known."""
+    """One rank of one actor stopped in the debugger actor (``DebugController``).
+
+    The actor's pdb writes output and asks for input (``debugger_write``/``debugger_read``); whoever
+    attaches (``attach``) sees that output and answers those reads, until it types ``detach`` or the
+    actor's session ends.  What pdb wrote since the last input is kept, and shown again to whoever
+    attaches next.  ``function``/``lineno`` say where pdb last stood.
+    """
 
     def __init__(self, rank: int, coords: Dict[str, int], hostname: str, actor_name: str) -> None:
         self.rank = rank
@@ -34,10 +43,95 @@ class DebugSession:
         self.actor_name = actor_name
         self.function: Optional[str] = None
         self.lineno: Optional[int] = None
+        self._events: Optional[asyncio.Queue] = None  # "read", "detach" or ("write", DebuggerWrite)
+        self._input: Optional[asyncio.Queue] = None  # lines for the actor's pdb
+        self._since_input: List[Any] = []
+        # A read the actor is waiting on that a "detach" took before it was answered: the next attach
+        # answers it first.
+        self._read_owed = False
+        self._attached = False
+
+    def _queues(self) -> Tuple[asyncio.Queue, asyncio.Queue]:
+        # Made on first use, on the debugger actor's loop.
+        if self._events is None or self._input is None:
+            self._events, self._input = asyncio.Queue(), asyncio.Queue()
+        return self._events, self._input
 
     def get_info(self) -> DebugSessionInfo:
         return DebugSessionInfo(self.actor_name, self.rank, dict(self.coords), self.hostname,
                                 self.function, self.lineno)
+
+    def _label(self) -> str:
+        return f"{self.actor_name} {self.rank} ({self.hostname})"
+
+    async def attach(self, debug_io: DebugIO, line: Optional[str] = None, suppress_output: bool = False) -> None:
+        """Relay between ``debug_io`` and the actor's pdb until ``detach`` (typed, or the session ended);
+        with ``line``, send that one line and return once pdb took it (``cast``)."""
+        self._attached = True
+        try:
+            if not suppress_output:
+                await debug_io.output(f"Attached to debug session for {self._label()}\n")
+            await self._relay(debug_io, line, suppress_output)
+            if not suppress_output:
+                await debug_io.output(f"Detached from debug session for {self._label()}\n")
+        finally:
+            self._attached = False
+
+    async def _relay(self, debug_io: DebugIO, line: Optional[str], quiet: bool) -> None:
+        events, to_actor = self._queues()
+        if not quiet and self._since_input:
+            await debug_io.output(f"<last pdb output for {self.actor_name} {self.rank} follows>\n")
+            for w in self._since_input:
+                await debug_io.output(w.payload.decode())
+        while True:
+            if self._read_owed:
+                self._read_owed, event = False, "read"
+            else:
+                event = await events.get()
+            if event == "detach":
+                break
+            if event == "read":
+                once = line is not None
+                try:
+                    text = line if once else await debug_io.input()
+                except BaseException:
+                    self._read_owed = True  # still unanswered: the next attach answers it
+                    raise
+                if text == "detach":
+                    self._read_owed = True
+                    break
+                await to_actor.put((text + "\n").encode())
+                self._since_input = []
+                line = None
+                if once:
+                    break
+                continue
+            _, write = event
+            self._since_input.append(write)
+            if not quiet:
+                await debug_io.output(write.payload.decode())
+        if not quiet:
+            await debug_io.output(f"Detaching from debug session for {self._label()}\n")
+
+    async def detach(self) -> None:
+        """The actor's session ended: whoever is attached returns."""
+        if self._attached:
+            await self._queues()[0].put("detach")
+
+    async def debugger_read(self, size: int) -> Any:
+        """The actor's pdb waits for input: the next line typed (at most ``size`` bytes of it)."""
+        from monarch._src.actor.debugger.pdb_wrapper import DebuggerWrite
+
+        events, to_actor = self._queues()
+        await events.put("read")
+        data = await to_actor.get()
+        return DebuggerWrite(data[:size], None, None)
+
+    async def debugger_write(self, write: Any) -> None:
+        """The actor's pdb wrote ``write``."""
+        if write.function is not None and write.lineno is not None:
+            self.function, self.lineno = write.function, write.lineno
+        await self._queues()[0].put(("write", write))
 
 
 def _selects(value: Union[int, List[int], range], n: int) -> bool:
