@@ -75,7 +75,7 @@ class _Gather:
     def deliver(self, reply: Reply) -> None:
         if not reply.ok:
             self.rt.close_port(self.port_id)
-            self.future.set_exception(_load_error(reply.payload))
+            self.future.set_exception(_load_error(reply.payload, self.rt))
             return
         if self.values[reply.rank] is None:
             self.left -= 1
@@ -85,6 +85,7 @@ class _Gather:
             self.future.set_result(self.values)
 
     def lost(self, addr: str, error: SupervisionError) -> None:
+        _telemetry.bounced(self.rt)
         self.rt.close_port(self.port_id)
         self.future.set_exception(_call_failed(self.label, self.ranks_by_addr.get(addr), error, addr))
 
@@ -108,9 +109,10 @@ class _One:
         if reply.ok:
             self.future.set_result(reply.payload)
         else:
-            self.future.set_exception(_load_error(reply.payload))
+            self.future.set_exception(_load_error(reply.payload, self.rt))
 
     def lost(self, addr: str, error: SupervisionError) -> None:
+        _telemetry.bounced(self.rt)
         self.rt.close_port(self.port_id)
         self.future.set_exception(_call_failed(self.label, self.rank, error, addr))
 
@@ -143,9 +145,10 @@ class _Stream:
         if reply.ok:
             f.set_result(reply.payload)
         else:
-            f.set_exception(_load_error(reply.payload))
+            f.set_exception(_load_error(reply.payload, self.rt))
 
     def lost(self, addr: str, error: SupervisionError) -> None:
+        _telemetry.bounced(self.rt)
         f = self._take()
         if f is not None:
             f.set_exception(_call_failed(self.label, None, error, addr))
@@ -159,11 +162,15 @@ def _load_values(payloads: list) -> list:
     return [_load_value(p) for p in payloads]
 
 
-def _load_error(payload: Any) -> BaseException:
+def _load_error(payload: Any, rt: Any = None) -> BaseException:
+    """A failure reply's error; a supervision error (the message reached no live actor: Monarch's
+    undeliverable message) is also the client ``<root>``'s to handle (``_telemetry.bounced``)."""
     try:
         e = _load_value(payload)
     except Exception as err:
         return RuntimeError(f"the remote error could not be decoded here: {err}")
+    if rt is not None and isinstance(e, SupervisionError):
+        _telemetry.bounced(rt)
     return e if isinstance(e, BaseException) else RuntimeError(str(e))
 
 
@@ -304,6 +311,7 @@ class Endpoint(Generic[R]):
             self._send(args, kwargs, port, shape, rt)
         except SupervisionError as e:
             self._mesh._rt().close_port(port.port_id)
+            _telemetry.bounced(self._mesh._rt())
             fut.set_exception(_call_failed(self._label, None, e))
             if isinstance(e, OversizedMessage):
                 self._undeliverable(e, adverb, shape)
@@ -323,6 +331,7 @@ class Endpoint(Generic[R]):
         try:
             self._send(args, kwargs, port, shape)
         except SupervisionError as e:
+            _telemetry.bounced(rt)
             for f in handler.futures:
                 f.set_exception(_call_failed(self._label, None, e))
             if isinstance(e, OversizedMessage):

@@ -79,6 +79,17 @@ def root_actor(rt: Any) -> int:
     return rid
 
 
+def bounced(rt: Any) -> None:
+    """A message this client sent came back undelivered (its actor stopped, its proc died): the
+    client's ``<root>`` actor handles that, as Monarch's root handles an undeliverable message, so
+    its status is ``Processing`` (Monarch's status of an actor handling a message)."""
+    if _in_proc() or current().actor is not None:
+        return  # an actor's own statuses are its proc agent's
+    rec = job_recorder(rt)
+    if rec.on:
+        rec.actor_status(root_actor(rt), "Processing")
+
+
 def push_to(rt: Any, host_addr: str) -> None:
     """Push the rows of ``rt``'s job to ``host_addr`` from now on (a host of that job), and this
     process's own rows there too; a job's first call decides."""
