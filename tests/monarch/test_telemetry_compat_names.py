@@ -14,12 +14,60 @@ def test_query_engine_is_ours():
     assert QueryEngine is OurEngine
 
 
-def test_telemetry_actor_is_an_actor_that_says_where_telemetry_is():
-    actor = ta.TelemetryActor("apply-1", retention_secs=0)
+def _frame(table: str, t) -> bytes:
+    import struct
+
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    payload = sink.getvalue().to_pybytes()
+    return struct.pack(">H", len(table)) + table.encode() + struct.pack(">I", len(payload)) + payload
+
+
+def test_an_activated_telemetry_actor_keeps_the_rows_written_to_its_socket():
+    import socket
+    import time
+    import uuid
+
+    import pyarrow as pa
+
+    apply_id = f"test-{uuid.uuid4().hex}"
+    actor = ta.TelemetryActor(apply_id, retention_secs=0)
     assert isinstance(actor, ta.Actor)
-    assert actor._activate_impl() is False and actor._worker_collectors == []
-    with pytest.raises(RuntimeError, match="not an active telemetry collector.*query_engine_client"):
+    with pytest.raises(RuntimeError, match="not an active telemetry collector"):
         actor._scanner_or_raise()
+    try:
+        assert actor._activate_impl() and actor._activate_impl()  # the second: already serving
+        path = ta.telemetry_socket_path(apply_id)
+        assert os.stat(ta.telemetry_socket_dir(apply_id)).st_mode & 0o777 == 0o700
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        # Monarch's frames of its actors table (its columns, u64 ids) and of a table not kept here.
+        actors = pa.table({"id": pa.array([7], pa.uint64()), "timestamp_us": [1], "mesh_id": pa.array([3], pa.uint64()),
+                           "rank": pa.array([0], pa.uint64()), "full_name": ["w-1[0]"], "display_name": ["w[0]"]})
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(path)
+            c.sendall(_frame("span_events", pa.table({"id": [1]})) + _frame("actors", actors))
+        rows: list = []
+        for _ in range(500):
+            rows = [r for b in actor._scanner_or_raise().batches("actors") for r in b.to_pylist()]
+            if rows:
+                break
+            time.sleep(0.01)
+        assert rows == [{"id": 7, "timestamp_us": 1, "mesh_id": 3, "rank": 0, "full_name": "w-1[0]",
+                         "display_name": "w[0]"}]
+        # A second collector of the same job finds this one live and does not take its socket.
+        other = ta.TelemetryActor(apply_id, retention_secs=0)
+        assert other._activate_impl() is False and other._scanner is None
+        with pytest.raises(RuntimeError, match="not an active telemetry collector"):
+            other._scanner_or_raise()
+    finally:
+        actor.close()
+        import shutil
+
+        shutil.rmtree(ta.telemetry_socket_dir(apply_id), ignore_errors=True)
+    assert not os.path.exists(ta.telemetry_socket_path(apply_id))
 
 
 def test_socket_paths_are_the_users_own():
