@@ -11,9 +11,29 @@ Each host is a long-lived monarch host agent, so the reservation is the one ``mo
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import time
 from typing import Any
 
 from monarch.job.job import Job
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a child of ours that exited is reaped here)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def check_meshes(meshes: Any, kind: str) -> dict[str, int]:
@@ -65,11 +85,17 @@ class ProcessJob(Job):
     def _host_to_pid(self) -> dict[str, Any]:
         """Each host of the running job -> ``ProcessState(pid, channel)`` of its host agent (a process
         of this machine), keyed ``<mesh>_<index>``; empty when not running.  Monarch's ProcessJob has
-        this table of its worker processes, and its tests read the pids from it."""
+        this table of its worker processes, and its tests read the pids from it.
+
+        A subclass whose ``_create`` starts worker loops itself, as Monarch's ProcessJob subclasses
+        do, fills it (``self._host_to_pid[key] = ProcessState(pid, "ipc://...")``): the job's hosts
+        are then those workers, attached to (see :meth:`_state`)."""
         from monarch.job.job import ProcessState
 
         record = self.record
-        if record is None or record.spec.scheduler != "local":
+        if record is None:
+            return self.__dict__.setdefault("_workers", {})
+        if record.spec.scheduler != "local":
             return {}
         hosts = sorted(record.hosts, key=lambda h: h.host_rank)
         out, i = {}, 0
@@ -79,6 +105,67 @@ class ProcessJob(Job):
                     out[f"{mesh}_{k}"] = ProcessState(hosts[i].pid, hosts[i].addr)
                 i += 1
         return out
+
+    def _own_workers(self) -> dict[str, Any]:
+        """The worker loops a subclass's ``_create`` started (empty for a reservation)."""
+        return self.__dict__.get("_workers") or {} if self.record is None else {}
+
+    def _state(self) -> Any:
+        workers = self._own_workers()
+        if not workers:
+            return super()._state()
+        from monarch.actor import attach_to_workers
+        from monarch.job.job import JobState
+
+        if not self._workers_alive():
+            raise RuntimeError("lost connection to worker processes")  # Monarch's
+        meshes = {name: attach_to_workers(name=name, ca="trust_all_connections",
+                                          workers=[workers[f"{name}_{i}"].channel for i in range(n)])
+                  for name, n in self._meshes.items()}
+        self.__dict__.setdefault("_attached", []).extend(meshes.values())
+        return JobState(meshes)
+
+    def _workers_alive(self) -> bool:
+        for p in self._own_workers().values():
+            try:
+                os.kill(p.pid, 0)
+            except OSError:
+                return False
+        return bool(self._own_workers())
+
+    def can_run(self, spec: Any) -> bool:
+        if self._own_workers():
+            return isinstance(spec, ProcessJob) and spec._meshes == self._meshes and self._workers_alive()
+        return super().can_run(spec)
+
+    def _kill(self) -> None:
+        workers = self._own_workers()
+        if not workers:
+            return super()._kill()
+        from monarch.actor._bootstrap import release_workers
+        from monarch.actor._hostmesh_extras import stop_procs_on
+
+        # Procs this process started there end as stopped, not as failures of their owner; then each
+        # worker stops its host agent when told the mesh is done, and returns from its loop; one that
+        # does not within a few seconds is killed.
+        attached = self.__dict__.pop("_attached", [])
+        addrs = {h.addr for mesh in attached for h in mesh.hosts}
+        with contextlib.suppress(Exception):
+            stop_procs_on(addrs)
+        with contextlib.suppress(Exception):
+            release_workers(sorted(addrs))
+        deadline = time.monotonic() + 5.0
+        for p in workers.values():
+            while time.monotonic() < deadline and _alive(p.pid):
+                time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)  # the worker's session (start_new_session), if it leads one
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
+        workers.clear()
+        tmpdir = self.__dict__.pop("_tmpdir", None)  # Monarch's subclasses keep their sockets' folder there
+        if isinstance(tmpdir, str):
+            shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _same_spec(self, spec: Any) -> bool:
         # Monarch: a ProcessJob with the same meshes (the environment is part of what we reserved).
