@@ -22,7 +22,9 @@ import hashlib
 import hmac
 import json
 import socket
+import struct
 import threading
+from typing import Callable
 
 from monarch_agents.keys import JobKeys
 
@@ -101,3 +103,71 @@ def pipe(a: socket.socket, b: socket.socket, name: str = "tunnel") -> threading.
     t = threading.Thread(target=closer, name=f"{name}-fwd", daemon=True)
     t.start()
     return t
+
+
+def same_token(given: str, token_: str) -> bool:
+    """Whether ``given`` is ``token_`` (in constant time)."""
+    return hmac.compare_digest(given.encode(), token_.encode())
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed mid-request")
+        buf += chunk
+    return buf
+
+
+def socks5_accept(conn: socket.socket, password_ok: "Callable[[str], bool]",
+                  timeout: float = 10.0) -> tuple[str, int] | None:
+    """A SOCKS5 CONNECT request (RFC 1928) with username/password (RFC 1929), on a proxy that loopback
+    shares with every user of the machine: ``(host, port)`` once the password is one ``password_ok``
+    takes, else None (the connection refused and closed).  Answer it with :func:`socks5_granted` or
+    :func:`socks5_refuse`."""
+    import ipaddress
+
+    conn.settimeout(timeout)
+    ver, n = _recv_exact(conn, 2)
+    methods = _recv_exact(conn, n)
+    if ver != 5 or 2 not in methods:
+        conn.sendall(b"\x05\xff")  # username/password or nothing
+        conn.close()
+        return None
+    conn.sendall(b"\x05\x02")
+    _, ulen = _recv_exact(conn, 2)
+    _recv_exact(conn, ulen)
+    password = _recv_exact(conn, _recv_exact(conn, 1)[0]).decode(errors="replace")
+    if not password_ok(password):
+        conn.sendall(b"\x01\x01")
+        conn.close()
+        return None
+    conn.sendall(b"\x01\x00")
+    _, cmd, _, atyp = _recv_exact(conn, 4)
+    if atyp == 1:
+        host = str(ipaddress.IPv4Address(_recv_exact(conn, 4)))
+    elif atyp == 4:
+        host = str(ipaddress.IPv6Address(_recv_exact(conn, 16)))
+    elif atyp == 3:
+        host = _recv_exact(conn, _recv_exact(conn, 1)[0]).decode()
+    else:
+        socks5_refuse(conn, 8)
+        return None
+    port = struct.unpack("!H", _recv_exact(conn, 2))[0]
+    if cmd != 1:
+        socks5_refuse(conn, 7)
+        return None
+    conn.settimeout(None)
+    return host, port
+
+
+def socks5_granted(conn: socket.socket) -> None:
+    conn.sendall(b"\x05\x00\x00\x01" + b"\x00" * 6)
+
+
+def socks5_refuse(conn: socket.socket, code: int) -> None:
+    try:
+        conn.sendall(bytes([5, code, 0, 1]) + b"\x00" * 6)
+    finally:
+        conn.close()

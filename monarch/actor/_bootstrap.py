@@ -128,9 +128,13 @@ class _Worker:
     worker's descriptors nor keeps a client out for longer than it takes that client to prove.
     """
 
-    def __init__(self, listener: socket.socket, secret: bytes):
+    def __init__(self, listener: socket.socket, secret: bytes, bind_host: str = "127.0.0.1"):
+        from monarch.actor._gateway import WorkerGateway
+
         self.listener = listener
         self.secret = secret
+        #: Streams for clients attached through this worker (``attach(addr)``), served beside the queue.
+        self.gateway = WorkerGateway(bind_host)
         self.proven: "queue.Queue[_worker_auth.Session]" = queue.Queue()
         self.lock = threading.Lock()
         self.unproven = UnprovenConnections(_UNPROVEN_MAX)
@@ -163,6 +167,9 @@ class _Worker:
             return
         finally:
             self.unproven.proven(conn)
+        if "gateway" in session.request:
+            self.gateway.serve(session)  # on this connection's thread: not one client at a time
+            return
         self.proven.put(session)
 
     def next(self, timeout: float | None = None) -> "_worker_auth.Session":
@@ -175,6 +182,7 @@ class _Worker:
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         self.listener.close()
         self.unproven.shut_all()
+        self.gateway.close()
         while True:
             try:
                 self.proven.get_nowait().conn.close()
@@ -275,7 +283,7 @@ def _loop(address: str, until_shutdown: bool, ready: Callable[[], None] = lambda
           secret: bytes | None = None) -> None:
     secret = secret if secret is not None else _worker_auth.load_secret()  # before listening: a bad file fails first
     listener, host = _listen(address)
-    worker = _Worker(listener, secret)
+    worker = _Worker(listener, secret, host)
     worker.start()
     ready()
     try:
@@ -394,8 +402,10 @@ def _attach(workers: Sequence[Any], name: Optional[str], secret: bytes, secret_n
         return remaining
 
     # The workers are a job of their own, with keys made for them: what crosses the enrollment
-    # connections opens these workers only, not this client's other jobs.
-    rt = ensure_runtime(JobKeys.generate())
+    # connections opens these workers only, not this client's other jobs.  A client attached through a
+    # gateway (attach(addr)) is one job with its workers, as in Monarch: this_host()'s procs and theirs
+    # call each other.
+    rt = ensure_runtime() if _gateway_of_client is not None else ensure_runtime(JobKeys.generate())
     refs: list = []
     try:
         _enroll(rt, workers, refs, left, secret, secret_name)
@@ -579,17 +589,48 @@ def shutdown_context(host_timeout: float | None = None) -> Future:
     return fut
 
 
-def attach(addr: str) -> None:
-    """Monarch reaches a client outside a cluster through a gateway at ``addr``; monarch does this
-    with the reservation's port-forward (``monarch serve --reach port-forward``), chosen per job."""
-    from monarch_agents import runtime as rt_mod
+#: The gateway this client was attached through (:func:`attach`), if any.
+_gateway_of_client: Any = None
+_attach_lock = threading.Lock()
 
-    if rt_mod.current() is not None:
-        raise RuntimeError("client was initialized without a remote attachment; call attach(addr) before "
-                           "the first context()/this_host()/this_proc()")
-    raise NotImplementedError("attach(addr): monarch reaches a cluster from outside through the reservation's "
-                              "port-forward (`monarch serve --scheduler kubernetes --reach port-forward`), "
-                              "not through a gateway address")
+
+def attach(addr: str) -> None:
+    """Bootstrap this process's client through the worker loop serving at ``addr`` (``tcp://HOST:PORT``
+    or ``ipc://PATH``): its connections go through that worker, and its peers reach it there, so the
+    client need not be reachable from the workers' network (see ``monarch/actor/_gateway.py``).
+
+    Call it before the client's first ``context()``/``this_host()``/``this_proc()``; again with the
+    same address it does nothing.  The worker and this client prove this user's worker secret to each
+    other first (as ``attach_to_workers`` does), on every connection."""
+    global _gateway_of_client
+    from monarch.actor import _gateway
+    from monarch.actor._client import ensure_runtime
+    from monarch_agents import runtime as rt_mod
+    from monarch_agents.keys import JobKeys
+
+    with _attach_lock:
+        if _gateway_of_client is not None:
+            if _gateway_of_client.address == addr:
+                return
+            raise RuntimeError(f"client is already attached through {_gateway_of_client.address}, not {addr}; "
+                               "detaching is not supported, so use a new process to attach through a different "
+                               "address")
+        if rt_mod.current() is not None:
+            raise RuntimeError("client was initialized without a remote attachment; call attach(addr) before "
+                               "the first context()/this_host()/this_proc()")
+        if not isinstance(addr, str) or not (addr.startswith("ipc://") or addr.startswith("tcp://")):
+            raise ValueError(f"attach takes a worker's address (tcp://HOST:PORT or ipc://PATH), got {addr!r}")
+        if _ipc_path(addr) is None:
+            _parse(addr)  # a malformed address fails here, with its reason
+        gw = _gateway.Gateway(addr, _worker_auth.load_secret(), _worker_auth.secret_path())
+        keys = JobKeys.generate()
+        gw.admit(keys)
+        try:
+            ensure_runtime(keys, route=gw.route())
+        except BaseException:
+            gw.close()
+            raise
+        _gateway_of_client = gw
 
 
 # --- hosts_from_config ----------------------------------------------------------------------------
@@ -603,7 +644,7 @@ def _serve_once(info_fd: int) -> None:
     if len(secret) < 32:
         raise SystemExit("monarch worker: no secret on stdin")
     listener, host = _listen("tcp://127.0.0.1:0")
-    worker = _Worker(listener, secret)
+    worker = _Worker(listener, secret, host)
     worker.start()
     with os.fdopen(info_fd, "w") as f:
         f.write(f"tcp://127.0.0.1:{listener.getsockname()[1]}\n")

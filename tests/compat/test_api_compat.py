@@ -771,6 +771,35 @@ def test_workers_at_ipc_addresses(which, tmp_path, no_leaked_processes):
     assert r.stdout == "['hello from host 0', 'hello from host 1']\nshut down\n"
 
 
+ATTACH_GATEWAY_OUT = """\
+another address: True
+remote: ['hello', 'hello']
+local: from the client
+remote to local: through the worker
+done
+"""
+
+
+@pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
+def test_a_client_attached_through_a_workers_address(which, tmp_path, no_leaked_processes):
+    py, e = _shell_python(which)
+    r = subprocess.run([py, os.path.join(HERE, "attach_gateway.py"), str(tmp_path)], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == ATTACH_GATEWAY_OUT
+
+
+@pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
+def test_a_process_job_whose_subclass_starts_its_workers(which, tmp_path, no_leaked_processes):
+    py, e = _shell_python(which)
+    r = subprocess.run([py, os.path.join(HERE, "own_workers_job.py"), str(tmp_path)], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == ("workers: ['trainers_0', 'trainers_1']\nranks: [(0, True), (1, True)]\n"
+                        "worker ended: True\nworker ended: True\n")
+    assert "unhandled failure" not in r.stderr  # its procs were stopped, not lost
+
+
 @pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
 def test_workers_on_inherited_sockets(which, tmp_path, no_leaked_processes):
     py, e = _shell_python(which)
