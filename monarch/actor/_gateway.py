@@ -86,8 +86,12 @@ class Mux:
         with self._wlock:
             self.conn.sendall(_HEAD.pack(sid, kind, len(payload)) + payload)
 
-    def add(self, sid: int, sock: socket.socket) -> bool:
-        """Carry ``sock`` as stream ``sid`` from now on (False, and closed, if the duplex is full or gone)."""
+    def add(self, sid: int, sock: socket.socket, then: Callable[[], None] | None = None) -> bool:
+        """Carry ``sock`` as stream ``sid`` from now on (False, and closed, if the duplex is full or gone).
+
+        ``then`` runs once frames for ``sid`` reach ``sock`` and before any of ``sock``'s bytes are sent:
+        where the peer learns of the stream from a frame (``OK``, ``INCOMING``), that frame is sent
+        there, so that neither side's first bytes can overtake it or come before the stream exists."""
         with self._lock:
             if self.closed.is_set() or len(self._streams) >= _STREAMS_MAX:
                 _close(sock)
@@ -95,8 +99,21 @@ class Mux:
             self._streams[sid] = sock
             self._halves[sid] = 0
         sock.settimeout(None)
+        if then is not None:
+            try:
+                then()
+            except OSError:
+                self._drop(sid)
+                return False
         threading.Thread(target=self._pump, args=(sid, sock), name="gateway-stream", daemon=True).start()
         return True
+
+    def _drop(self, sid: int) -> None:
+        with self._lock:
+            self._halves.pop(sid, None)
+            sock = self._streams.pop(sid, None)
+        if sock is not None:
+            _close(sock)
 
     def _pump(self, sid: int, sock: socket.socket) -> None:
         try:
@@ -256,11 +273,7 @@ class WorkerGateway:
                 mux.send(sid, FAIL, json.dumps({"error": f"cannot connect to {host}:{port}: {e.strerror or e}"})
                          .encode())
             return
-        try:
-            mux.send(sid, OK)
-        except OSError:
-            return _close(out)
-        mux.add(sid, out)
+        mux.add(sid, out, then=lambda: mux.send(sid, OK))
 
     @staticmethod
     def _announce(mux: Mux, lid: int, ls: socket.socket) -> None:
@@ -271,12 +284,11 @@ class WorkerGateway:
             except OSError:
                 return
             sid = mux.new_id()
-            try:
-                # Announced before any of its bytes: the client connects its end as it reads this.
-                mux.send(sid, INCOMING, json.dumps({"listen": lid}).encode())
-            except OSError:
-                return _close(peer)
-            mux.add(sid, peer)
+            # Announced before any of its bytes (the client connects its end as it reads this), and once
+            # the client's bytes for it have somewhere to go.
+            if not mux.add(sid, peer, then=lambda sid=sid: mux.send(sid, INCOMING, json.dumps({"listen": lid}).encode())):
+                if mux.closed.is_set():
+                    return
 
     def close(self) -> None:
         with self._lock:
@@ -300,8 +312,8 @@ class Gateway:
         self._listens: dict[int, tuple[str, int]] = {}  # listen id -> the runtime's endpoint
         conn = self._dial(address)
         try:
-            line = _worker_auth.connect(conn, secret, {"gateway": "duplex"}, time.monotonic() + _OPEN_S, address,
-                                        secret_name)
+            line, _ = _worker_auth.connect(conn, secret, {"gateway": "duplex"}, time.monotonic() + _OPEN_S, address,
+                                           secret_name)
         except BaseException:
             conn.close()
             raise

@@ -77,8 +77,11 @@ ATTACK = textwrap.dedent('''
     guess = os.urandom(32).hex().encode()
     s.sendall(b"\\x01\\x07monarch" + bytes([len(guess)]) + guess)
     print("socks with a guessed token ->", s.recv(2).hex())
-    s.sendall(b"\\x05\\x01\\x00\\x01\\x7f\\x00\\x00\\x01" + struct.pack("!H", worker_port))
-    print("then:", s.recv(10) == b"")
+    try:  # a CONNECT after the refusal: the proxy has closed the connection
+        s.sendall(b"\\x05\\x01\\x00\\x01\\x7f\\x00\\x00\\x01" + struct.pack("!H", worker_port))
+        print("then:", s.recv(10) == b"")
+    except OSError:
+        print("then: True")
 ''')
 
 
