@@ -36,6 +36,21 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tasks:
+        try:  # a thread may end between the listing and the read
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return out
+
+
 def test_a_client_attached_through_a_worker_loses_its_procs_with_the_worker_loop(tmp_path, no_leaked_processes):
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("MONARCH_JOB", None)
@@ -49,9 +64,7 @@ def test_a_client_attached_through_a_worker_loses_its_procs_with_the_worker_loop
                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = client.stdout.readline()
         # The worker loop's host agent (a child of it, in a session of its own) outlives its kill.
-        agents = [int(c) for t in os.listdir(f"/proc/{worker.pid}/task")
-                  for c in open(f"/proc/{worker.pid}/task/{t}/children").read().split()] \
-            if os.path.exists(f"/proc/{worker.pid}/task") else []
+        agents = _children(worker.pid)
         out, err = client.communicate(timeout=240)
         assert first == "before: hello\n", first + out + err
         assert out == "after: failed SupervisionError\n", out + err
