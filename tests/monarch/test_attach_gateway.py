@@ -15,6 +15,7 @@ from tests.helpers import ROOT, wait_gone
 
 PROGRAM = textwrap.dedent('''
     import os, signal, sys, time
+    import monarch.actor
     from monarch._src.actor.actor_mesh import attach
     from monarch.actor import Actor, attach_to_workers, endpoint
 
@@ -23,6 +24,8 @@ PROGRAM = textwrap.dedent('''
         def echo(self, msg: str) -> str:
             return msg
 
+    # The lost proc is a failure no one else handles: heard here, so that the call can say how it ended.
+    monarch.actor.unhandled_fault_hook = lambda failure: None
     worker_pid, address = int(sys.argv[1]), sys.argv[2]
     attach(address)
     hosts = attach_to_workers(ca="trust_all_connections", workers=[address])
