@@ -223,17 +223,19 @@ def other_machine():
     if os.getuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
         pytest.skip("needs root with ip and nsenter (as in CI) to make a network namespace")
     tag = uuid.uuid4().hex[:6]
-    ns, here, there = f"secfix{tag}", f"sfh{tag}", f"sft{tag}"
-    net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+    ns, here, there = f"mnsec{tag}", f"mnh{tag}", f"mnt{tag}"
+    # Off the ranges monarch's own namespaces use (10.213/16, 10.231/16), which other runs may hold now.
+    base, last = f"10.252.{int(tag[:2], 16)}", int(tag[2:4], 16) & 0xFC
+    mine, theirs = f"{base}.{last + 1}", f"{base}.{last + 2}"
     cmds = [["ip", "netns", "add", ns], ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
-            ["ip", "link", "set", there, "netns", ns], ["ip", "addr", "add", f"{net}.1/30", "dev", here],
+            ["ip", "link", "set", there, "netns", ns], ["ip", "addr", "add", f"{mine}/30", "dev", here],
             ["ip", "link", "set", here, "up"],
-            ["ip", "-n", ns, "addr", "add", f"{net}.2/30", "dev", there], ["ip", "-n", ns, "link", "set", there, "up"],
+            ["ip", "-n", ns, "addr", "add", f"{theirs}/30", "dev", there], ["ip", "-n", ns, "link", "set", there, "up"],
             ["ip", "-n", ns, "link", "set", "lo", "up"]]
     try:
         for c in cmds:
             subprocess.run(c, check=True, capture_output=True)
-        yield ns, f"{net}.1"
+        yield ns, mine
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes its veth end, and so the pair
         subprocess.run(["ip", "link", "del", here], capture_output=True)
