@@ -141,15 +141,15 @@ def stop(timeout: float = 2.0) -> None:
 def flush() -> None:
     """Push what was recorded since the last push: each job's rows to it, this process's to every job."""
     with _lock:
-        jobs = [j for j in _jobs.values() if j.send is not None]
+        jobs = [(j, j.send) for j in _jobs.values() if j.send is not None]
     shared = recorder().take() if jobs else {}
-    for job in jobs:
+    for job, send in jobs:
         if job.rt.closed:
             continue  # its runtime was closed: nothing reaches its hosts any more
         for rows in (job.rec.take(), shared):
             if rows:
                 try:
-                    job.send(rows)
+                    send(rows)
                 except Exception as e:  # that job's host agent is gone: these rows have nowhere to go
                     log.debug("telemetry rows dropped: %s", e)
 
