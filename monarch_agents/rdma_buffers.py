@@ -35,6 +35,7 @@ import logging
 import os
 import pickle
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,24 @@ class BufferHandle:
 
     def describe(self) -> str:
         return f"RDMABuffer of {self.size} bytes owned by pid {self.pid} on {self.host_name or '?'}"
+
+    def __reduce__(self) -> tuple:
+        # Sent to a peer of another of this client's runtimes (a job of its own keys): that runtime
+        # answers for the buffer, as the one its peers can reach.
+        return (BufferHandle, (_owner_for_peer(self.owner), self.host, self.host_name, self.pid, self.started,
+                               self.buf_id, self.addr, self.size, self.state, self.generation))
+
+
+def _owner_for_peer(owner: str) -> str:
+    """The owner address to hand the peer being pickled for: ``owner``, or, when ``owner`` is another
+    runtime of this client than the sending one, the sending one (made to serve the registrations)."""
+    from monarch_agents import runtime
+
+    dest = runtime.pickling_dest()
+    if dest is None or dest.addr == owner or not runtime.own_address(owner):
+        return owner
+    _serve(dest)
+    return dest.addr
 
 
 # --- messages to the owner -------------------------------------------------------------
@@ -125,7 +144,8 @@ class _Registry:
         self.ids = itertools.count(1)
         self.generations = itertools.count(1)
         self.pid = os.getpid()
-        self.runtime: Any = None
+        #: The runtimes that answer for these registrations (a client of several jobs: each it sent one to).
+        self.served: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
     def add(self, keep: Any, addr: int, size: int) -> tuple[int, _Entry]:
         with self.lock:
@@ -181,10 +201,10 @@ def _runtime() -> Any:
 def _serve(rt: Any) -> None:
     """Answer reads, writes and drops of this process's registrations (once per runtime)."""
     reg = _reg()
-    if reg.runtime is rt:
+    if rt in reg.served:
         return
     with _registry_lock:
-        if reg.runtime is rt:
+        if rt in reg.served:
             return
 
         def answer(port: PortRef, ok: bool, value: Any) -> None:
@@ -226,7 +246,7 @@ def _serve(rt: Any) -> None:
         rt.register(RdmaRead, on_read)
         rt.register(RdmaWrite, on_write)
         rt.register(RdmaDrop, on_drop)
-        reg.runtime = rt
+        reg.served.add(rt)
 
 
 def register(obj: Any) -> BufferHandle:

@@ -526,6 +526,16 @@ class pickling_for:
         _pickling.rt = self.prev
 
 
+def pickling_dest() -> Runtime | None:
+    """The runtime that sends what is being pickled now (see :class:`pickling_for`), if any."""
+    return getattr(_pickling, "rt", None)
+
+
+def own_address(addr: str) -> bool:
+    """Whether ``addr`` is one of this client's runtimes (it talks to several jobs)."""
+    return bool(_client_runtimes) and any(r.addr == addr for r in client_runtimes())
+
+
 def port_for_peer(ref: PortRef) -> PortRef:
     """The port to hand a peer for ``ref`` while pickling for it: ``ref`` itself, or, when ``ref`` is a
     port of another of this client's runtimes than the one that sends, a relay on the sender."""
