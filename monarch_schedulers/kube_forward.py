@@ -23,8 +23,6 @@ reservation (``JobRecord.route``).  Its log is ``forward.log`` beside it.
 from __future__ import annotations
 
 import argparse
-import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -189,58 +187,33 @@ class Forwarder:
         self._unproven.proven(conn)
 
     def _socks(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(10)
-            ver, n = _recv_exact(conn, 2)
-            methods = _recv_exact(conn, n)
-            if ver != 5 or 2 not in methods:
-                conn.sendall(b"\x05\xff")  # username/password (RFC 1929) or nothing
-                return conn.close()
-            conn.sendall(b"\x05\x02")
+        def password_ok(password: str) -> bool:
             # Loopback is shared with every user of this machine: only holders of the job's keys
             # (the password is the relay token) may open streams into the cluster.
-            _, ulen = _recv_exact(conn, 2)
-            _recv_exact(conn, ulen)
-            password = _recv_exact(conn, _recv_exact(conn, 1)[0]).decode(errors="replace")
-            if not hmac.compare_digest(password, self.token):
+            if not tunnel.same_token(password, self.token):
                 log.warning("refused a SOCKS connection without the job's token")
-                conn.sendall(b"\x01\x01")
-                return conn.close()
+                return False
             self._proven(conn)  # its slot is free for the next one
-            conn.sendall(b"\x01\x00")
-            ver, cmd, _, atyp = _recv_exact(conn, 4)
-            if atyp == 1:
-                host = str(ipaddress.IPv4Address(_recv_exact(conn, 4)))
-            elif atyp == 4:
-                host = str(ipaddress.IPv6Address(_recv_exact(conn, 16)))
-            elif atyp == 3:
-                host = _recv_exact(conn, _recv_exact(conn, 1)[0]).decode()
-            else:
-                return self._refuse(conn, 8)
-            port = struct.unpack("!H", _recv_exact(conn, 2))[0]
-            if cmd != 1:
-                return self._refuse(conn, 7)
+            return True
+
+        try:
+            target = tunnel.socks5_accept(conn, password_ok)
+            if target is None:
+                return
+            host, port = target
             pod = self.pod_at(host)
             if pod is None:
                 log.warning("no pod of %s has the address %s", self.mesh, host)
-                return self._refuse(conn, 4)
+                return tunnel.socks5_refuse(conn, 4)
             try:
                 stream = self.open_stream(pod, port)
             except Exception as e:  # the API refused (the pod is gone, not running)
                 log.warning("cannot port-forward to %s:%d: %s", pod, port, e)
-                return self._refuse(conn, 5)
+                return tunnel.socks5_refuse(conn, 5)
             self._track(stream)
-            conn.sendall(b"\x05\x00\x00\x01" + b"\x00" * 6)
-            conn.settimeout(None)
+            tunnel.socks5_granted(conn)
             self._adopt(tunnel.pipe(conn, stream, name="socks"))
         except (OSError, ValueError, struct.error):
-            conn.close()
-
-    @staticmethod
-    def _refuse(conn: socket.socket, code: int) -> None:
-        try:
-            conn.sendall(bytes([5, code, 0, 1]) + b"\x00" * 6)
-        finally:
             conn.close()
 
     # -- the relay control (one stream per client process) -------------------------------
@@ -334,16 +307,6 @@ def control_socket_path(job_dir: str) -> str:
 
     short = runtime_dir()
     return os.path.join(short, f"forward-{hashlib.sha256(os.fsencode(job_dir)).hexdigest()[:16]}.sock")
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        b = s.recv(n - len(buf))
-        if not b:
-            raise OSError("closed")
-        buf += b
-    return buf
 
 
 def main(argv: list[str] | None = None) -> None:
