@@ -182,12 +182,30 @@ def _rebuild_tensor(buf: Any, dtype_name: str, shape: tuple, requires_grad: bool
     return t
 
 
+#: Set by monarch (``monarch._src.actor.source_loader``): ``source_loader(filename)`` is a picklable object
+#: whose ``get_source(module_name)`` gives ``filename``'s text as the client has it.  It goes in the
+#: globals of each function pickled by value as ``__loader__``, so that where that file is missing
+#: (a notebook cell, code made with ``exec``) pdb and tracebacks there still show its lines: linecache
+#: asks a module's ``__loader__`` for what it cannot read.
+source_loader: Callable[[str], Any] | None = None
+
+
 class _Pickler(cloudpickle.Pickler):
     """Pickle 5 with out-of-band buffers for big bytes and CPU tensors.
 
     cloudpickle pickles by value only what cannot be imported (classes and
     functions from ``__main__``); everything importable goes by reference.
     """
+
+    def _dynamic_function_reduce(self, func: Any) -> Any:
+        reduced = super()._dynamic_function_reduce(func)
+        make = source_loader
+        if make is not None:
+            slotstate = reduced[2][1]
+            names = slotstate.get("__globals__")
+            if isinstance(names, dict) and "__loader__" not in names:
+                slotstate["__globals__"] = {**names, "__loader__": make(func.__code__.co_filename)}
+        return reduced
 
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)

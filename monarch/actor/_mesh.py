@@ -33,6 +33,7 @@ from monarch_agents.proc_agent import ENV_UNSET, actor_kind, current_agent, endp
 from monarch_agents.proc_agent import _qualname
 from monarch_agents import proc_agent as _proc_agent
 from monarch_agents import debug_rank as _debug_rank
+from monarch_agents import wire as _wire
 from monarch_agents.runtime import Runtime
 from monarch_agents.runtime import claim as rt_claim
 from monarch_agents.runtime import for_peer as rt_for_peer
@@ -1180,3 +1181,13 @@ def _offer_breakpoint(frame: Any, header: str | None) -> bool:
 
 
 _debug_rank.actor_debugger = _offer_breakpoint
+
+
+def _remote_loader(filename: str) -> Any:
+    """What functions pickled by value carry as ``__loader__`` (``monarch_agents.wire.source_loader``)."""
+    from monarch._src.actor.source_loader import RemoteImportLoader
+
+    return RemoteImportLoader(filename)
+
+
+_wire.source_loader = _remote_loader
