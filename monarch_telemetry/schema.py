@@ -324,10 +324,78 @@ METRICS = TableSpec("metrics", EVENT, "Values a program recorded through the act
     _c("attributes", STR, "the attributes given, as JSON", True),
 ), "client, proc agent")
 
+# --- Monarch's mesh-introspection snapshots ----------------------------------------------------
+#
+# A job with telemetry captures the mesh admin tree (root, hosts, procs, actors) every
+# ``TelemetryConfig.snapshot_interval_secs`` (0: never) into these tables, by Monarch's names and
+# columns; node ids are the admin API's references (opaque: not to be parsed in SQL).
+
+_SID = _c("snapshot_id", STR, "the capture (snapshots.snapshot_id)")
+_NID = _c("node_id", STR, "the node: the mesh admin API's reference (root, host:NAME, proc:HOST/PID, actor:HOST/PID/NAME)")
+_SNAP = "client (periodic captures)"
+
+
+def _snapshot_table(name: str, doc: str, *columns: Column) -> TableSpec:
+    return TableSpec(name, EVENT, doc, columns, _SNAP)
+
+
+SNAPSHOTS = _snapshot_table("snapshots", "One row per capture of the mesh admin tree.",
+    _SID, _c("snapshot_ts", I64, "when it was taken, microseconds since the epoch"))
+NODES = _snapshot_table("nodes", "One row per node of a capture (its kind's table has the rest).",
+    _SID, _NID, _c("node_kind", STR, "root, host, proc, actor or error"),
+    _c("as_of", I64, "when the node was read, microseconds since the epoch"))
+CHILDREN = _snapshot_table("children", "One row per parent-to-child link of a capture.",
+    _SID, _c("parent_id", STR, "the parent's node_id"), _c("child_id", STR, "the child's node_id"),
+    _c("child_sort_key", I64, "its place among its parent's children"),
+    _c("is_system", BOOL, "a system child of its parent (monarch's tree has none)"),
+    _c("is_stopped", BOOL, "a stopped actor its proc still lists"))
+ROOT_NODES = _snapshot_table("root_nodes", "The root node of a capture.",
+    _SID, _NID, _c("num_hosts", I64, "its hosts"), _c("started_at", I64, "when the job's services started (us)"),
+    _c("started_by", STR, "user@machine that started it"))
+HOST_NODES = _snapshot_table("host_nodes", "One row per host node of a capture.",
+    _SID, _NID, _c("addr", STR, "the host agent's address"), _c("host_num_procs", I64, "its procs"))
+PROC_NODES = _snapshot_table("proc_nodes", "One row per proc node of a capture.",
+    _SID, _NID, _c("proc_name", STR, "<proc mesh>/<pid>"), _c("num_actors", I64, "live actors on it"),
+    _c("stopped_retention_cap", I64, "stopped actors kept listed at most (0: all of them)"),
+    _c("is_poisoned", BOOL, "a failed actor or a failed process"), _c("failed_actor_count", I64, "failed actors on it"))
+ACTOR_NODES = _snapshot_table("actor_nodes", "One row per actor node of a capture.",
+    _SID, _NID, _c("actor_status", STR, "its status, lower case ('failed: why' for a failed one)"),
+    _c("actor_type", STR, "its class"), _c("instance_id", STR, "actors.id"),
+    _c("messages_processed", I64, "calls it handled"), _c("created_at", I64, "when it was created (us)", True),
+    _c("last_message_handler", STR, "the endpoint it handled last", True),
+    _c("total_processing_time_us", I64, "time its calls took, in all"),
+    _c("queue_depth", I64, "calls waiting for it (not measured: 0)"),
+    _c("is_system", BOOL, "a system actor (false: monarch's system work is its agents')"))
+ACTOR_FAILURES = _snapshot_table("actor_failures", "One row per failed actor of a capture.",
+    _SID, _NID, _c("failure_error_message", STR, "why it failed"),
+    _c("failure_root_cause_actor", STR, "node_id of the actor whose failure this is"),
+    _c("failure_root_cause_name", STR, "its display name", True),
+    _c("failure_occurred_at", I64, "when it failed (us)"), _c("failure_is_propagated", BOOL, "propagated from another actor"))
+ACTOR_INBOUND_ORDERINGS = _snapshot_table(
+    "actor_inbound_orderings", "Monarch's per-actor reorder buffers; monarch delivers a sender's calls in order "
+    "without one, so it has no rows.",
+    _SID, _NID, _c("enabled", BOOL, "buffering on"), _c("snapshot_complete", BOOL, "session state read"),
+    _c("skipped_session_count", I64, "sessions not read"), _c("known_session_count", I64, "sessions"),
+    _c("returned_buffered_session_count", I64, "sessions buffering"),
+    _c("returned_buffered_message_count", I64, "messages buffered"),
+    _c("returned_max_buffered_count", I64, "most buffered in one session"))
+ORDERING_SESSIONS = _snapshot_table(
+    "ordering_sessions", "Monarch's reorder-buffer sessions (no rows: see actor_inbound_orderings).",
+    _SID, _NID, _c("session_id", STR, "the session"), _c("sender", STR, "its sender", True),
+    _c("last_released_seq", I64, "last sequence number delivered"), _c("expected_next_seq", I64, "next expected"),
+    _c("buffered_count", I64, "messages held"), _c("oldest_buffered_seq", I64, "oldest held", True),
+    _c("newest_buffered_seq", I64, "newest held", True))
+RESOLUTION_ERRORS = _snapshot_table("resolution_errors", "One row per node a capture could not read.",
+    _SID, _NID, _c("error_code", STR, "not_found, gateway_timeout, ..."), _c("error_message", STR, "why"))
+
+SNAPSHOT_TABLES = (SNAPSHOTS, NODES, CHILDREN, ROOT_NODES, HOST_NODES, PROC_NODES, ACTOR_NODES, ACTOR_FAILURES,
+                   ACTOR_INBOUND_ORDERINGS, ORDERING_SESSIONS, RESOLUTION_ERRORS)
+
 TABLES: dict[str, TableSpec] = {t.name: t for t in (
     MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
     MESHES_EXT, ACTORS_EXT, ACTOR_STATUS_EVENTS_EXT, MESSAGES_EXT, MESSAGE_STATUS_EVENTS_EXT, SENT_MESSAGES_EXT,
     HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, SPANS, METRICS, PYSPY_LOCAL_VARIABLES,
+    *SNAPSHOT_TABLES,
 )}
 
 # --- views (run after merging every host's rows) ---------------------------------------------

@@ -39,6 +39,7 @@ import getpass
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import socket
@@ -56,6 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from monarch_agents.unproven import UnprovenConnections, local_peer_uid
+
+log = logging.getLogger("monarch.telemetry")
 
 DEFAULT_QUERY_TIMEOUT_S = 10.0
 #: Connections to a job's HTTP server that have not sent a whole request yet, at most: one more
@@ -815,6 +818,114 @@ def store_pyspy_dump(hosts: _Hosts, body: Any) -> dict:
             raise TimeoutError(f"the dump was sent to host {first.host!r} and is not in its tables yet")
         time.sleep(0.05)
     return {"status": "ok"}
+
+
+def capture_snapshot(hosts: _Hosts, started_at_us: int) -> dict[str, tuple[int, list]]:
+    """One capture of the job's mesh admin tree (root, hosts, procs, actors) as rows of Monarch's
+    snapshot tables ({table: (rows, columns)}, as hosts take them), read with four queries."""
+    from monarch_telemetry.recorder import now_us
+    from monarch_telemetry.schema import TABLES
+
+    sid, ts = str(uuid.uuid4()), now_us()
+    out: dict[str, list[dict]] = {n: [] for n in ("snapshots", "nodes", "children", "root_nodes", "host_nodes",
+                                                  "proc_nodes", "actor_nodes", "actor_failures")}
+
+    def node(ref: str, kind: str) -> None:
+        out["nodes"].append({"snapshot_id": sid, "node_id": ref, "node_kind": kind, "as_of": ts})
+
+    def child(parent: str, ref: str, key: int, stopped: bool = False) -> None:
+        out["children"].append({"snapshot_id": sid, "parent_id": parent, "child_id": ref, "child_sort_key": key,
+                                "is_system": False, "is_stopped": stopped})
+
+    names = [h.host for h in hosts.hosts]
+    info = {r["host"]: r for r in run_query(hosts, "SELECT host, addr FROM hosts").to_pylist()}
+    procs = run_query(hosts, "SELECT host, pid, mesh, status FROM procs WHERE kind = 'proc' AND ended IS NULL "
+                             "ORDER BY started").to_pylist()
+    actors = run_query(hosts,
+        "SELECT a.id, a.host, a.pid, a.full_name, a.display_name, a.timestamp_us, m.class AS class, "
+        "s.new_status AS status, s.reason AS reason, s.timestamp_us AS status_us, "
+        "coalesce(c.n, 0) AS n, coalesce(c.t, 0) AS t, c.last AS last "
+        "FROM actors_ext a LEFT JOIN meshes m ON a.mesh_id = m.id "
+        "LEFT JOIN (SELECT actor_id, new_status, reason, timestamp_us, row_number() OVER "
+        "(PARTITION BY actor_id ORDER BY timestamp_us DESC) AS k FROM actor_status_events) s "
+        "ON s.actor_id = a.id AND s.k = 1 "
+        "LEFT JOIN (SELECT to_actor_id, count(*) AS n, sum(latency_us) AS t, "
+        "last_value(endpoint ORDER BY timestamp_us) AS last FROM messages_ext GROUP BY to_actor_id) c "
+        "ON c.to_actor_id = a.id WHERE a.display_name IS DISTINCT FROM '<root>' ORDER BY a.timestamp_us").to_pylist()
+    out["snapshots"].append({"snapshot_id": sid, "snapshot_ts": ts})
+    node("root", "root")
+    out["root_nodes"].append({"snapshot_id": sid, "node_id": "root", "num_hosts": len(names),
+                              "started_at": started_at_us, "started_by": f"{getpass.getuser()}@{socket.gethostname()}"})
+    by_proc: dict[tuple, list[dict]] = {}
+    for a in actors:
+        by_proc.setdefault((a["host"], a["pid"]), []).append(a)
+    for hi, name in enumerate(names):
+        href = f"host:{name}"
+        node(href, "host")
+        child("root", href, hi)
+        mine = [p for p in procs if p["host"] == name]
+        addr = info.get(name, {}).get("addr") or next(h.addr for h in hosts.hosts if h.host == name)
+        out["host_nodes"].append({"snapshot_id": sid, "node_id": href, "addr": addr, "host_num_procs": len(mine)})
+        for pi, p in enumerate(mine):
+            pref = f"proc:{name}/{p['pid']}"
+            node(pref, "proc")
+            child(href, pref, pi)
+            on = by_proc.get((name, p["pid"]), [])
+            failed = 0
+            for ai, a in enumerate(on):
+                aref = f"actor:{name}/{p['pid']}/{a['full_name']}"
+                status = (a["status"] or "created").lower()
+                stopped = status in ("stopped", "failed")
+                failed += status == "failed"
+                node(aref, "actor")
+                child(pref, aref, ai, stopped)
+                cls = a["class"] or ""
+                out["actor_nodes"].append({
+                    "snapshot_id": sid, "node_id": aref,
+                    "actor_status": f"{status}: {a['reason']}" if a["reason"] and stopped else status,
+                    "actor_type": cls[len("Python<"):-1] if cls.startswith("Python<") else cls,
+                    "instance_id": str(a["id"]), "messages_processed": int(a["n"]), "created_at": a["timestamp_us"],
+                    "last_message_handler": a["last"], "total_processing_time_us": int(a["t"] or 0),
+                    "queue_depth": 0, "is_system": False})
+                if status == "failed":
+                    out["actor_failures"].append({
+                        "snapshot_id": sid, "node_id": aref, "failure_error_message": a["reason"] or "",
+                        "failure_root_cause_actor": aref, "failure_root_cause_name": a["display_name"],
+                        "failure_occurred_at": a["status_us"] or ts, "failure_is_propagated": False})
+            out["proc_nodes"].append({
+                "snapshot_id": sid, "node_id": pref, "proc_name": f"{p['mesh']}/{p['pid']}",
+                "num_actors": sum(1 for a in on if (a["status"] or "").lower() not in ("stopped", "failed")),
+                "stopped_retention_cap": 0, "is_poisoned": failed > 0 or p["status"] in ("failed", "killed"),
+                "failed_actor_count": failed})
+    return {n: (len(rows), [[r.get(c) for r in rows] for c in TABLES[n].column_names]) for n, rows in out.items() if rows}
+
+
+class SnapshotTimer:
+    """Monarch's periodic topology snapshots: every ``interval_s`` a capture of the job's tree
+    (:func:`capture_snapshot`) goes to the job's first host agent, until :meth:`close`."""
+
+    def __init__(self, hosts: _Hosts, interval_s: float):
+        self.hosts, self.interval_s = hosts, interval_s
+        self._started_us = int(time.time() * 1e6)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="monarch-snapshots", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from monarch_agents.messages import TelemetryRows
+
+        while not self._stop.wait(self.interval_s):
+            try:
+                rows = capture_snapshot(self.hosts, self._started_us)
+                first = min(self.hosts.hosts, key=lambda h: h.host_rank)
+                self.hosts.runtime().send(first.addr, TelemetryRows(rows))
+            except Exception as e:  # a query that failed (a host gone, the job closing): the next one may not
+                log.debug("snapshot not taken: %s", e)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=DEFAULT_QUERY_TIMEOUT_S * 2)
 
 
 def parse_bind(addr: str | None) -> tuple[str, int]:

@@ -65,8 +65,8 @@ class TelemetryConfig:
     ``message_status_events``, ``sent_messages``), spans and metrics (0: as long as the rings' bounds
     allow); the other tables keep rows in bounded rings until ``monarch stop``.
     ``include_dashboard``/``dashboard_port``: monarch's dashboard is ``monarch dashboard --web
-    --port N`` (not started by the job); ``snapshot_interval_secs``: accepted (our snapshot tables
-    are built when read, so they are always current).
+    --port N`` (not started by the job); ``snapshot_interval_secs``: how often the mesh admin tree is
+    captured into Monarch's snapshot tables (``snapshots``, ``nodes``, ``actor_nodes``, ...; 0: never).
     """
 
     retention_secs: int = 3600
@@ -256,6 +256,9 @@ class JobTrait(abc.ABC):
                 _telemetry.root_actor(hosts.rt)
                 _telemetry.push_to(hosts.rt, hosts.hosts[0].addr)
                 _retain(hosts, telemetry.retention_secs)
+                if telemetry.snapshot_interval_secs and telemetry.snapshot_interval_secs > 0 \
+                        and "snapshots" not in services:
+                    services["snapshots"] = js.SnapshotTimer(hosts, float(telemetry.snapshot_interval_secs))
         if admin is not None:
             if "admin" not in services:
                 from monarch import config
