@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
@@ -707,9 +708,12 @@ class ProcMesh(_MeshBase):
         host_timeout = _config.seconds("proc_stop_max_idle")
         grace = _config.seconds("mesh_terminate_timeout")
         acks = [rt.request(p.addr, lambda port: m.StopProc(port)) for p in procs]
+        # One deadline for all: every proc was asked at once above, so N silent procs hold the stop
+        # for stop_actor_timeout, not N times it (waiting each in turn with its own timeout).
+        deadline = time.monotonic() + stop_timeout
         for a in acks:
             try:
-                a.get(timeout=stop_timeout)
+                a.get(timeout=max(0.0, deadline - time.monotonic()))
             except Exception as e:
                 # A proc that is already gone (or does not answer in time) is retired below all the same.
                 log.debug("proc mesh %r: stop of a proc: %s", self._name, e)

@@ -221,6 +221,29 @@ def test_stop_actor_timeout_bounds_the_wait_for_each_proc():
             stop.get(timeout=120)
 
 
+
+def test_stop_actor_timeout_is_one_deadline_for_all_procs():
+    """Four procs that take no message hold a mesh's stop for stop_actor_timeout once, not once each:
+    the stop has ended before three times the timeout, when waiting for each proc in turn (each with
+    its own timeout) could not end before four times it."""
+    import contextlib
+
+    from tests.monarch.actors import Worker
+
+    limit_s, n = 10.0, 4
+    with config.configured(stop_actor_timeout=f"{int(limit_s)}s"):
+        pm = this_host().spawn_procs(per_host={"gpus": n})
+        pids = pm.spawn("w", Worker).pid.call().get()
+        pids = [pid for _, pid in pids.items()]
+        assert len(set(pids)) == n
+        with contextlib.ExitStack() as stack:
+            for pid in pids:
+                stack.enter_context(_stopped(pid))
+            stop = pm.stop()
+            stop.get(timeout=(n - 1) * limit_s)  # no proc answers: one shared wait of limit_s, then its host ends them
+        stop.get(timeout=120)
+
+
 _SCRIPT = r"""
 import os, signal, sys
 from monarch import config
