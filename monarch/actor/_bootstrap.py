@@ -558,7 +558,7 @@ _shutdown: Future | None = None
 
 def shutdown_context(host_timeout: float | None = None) -> Future:
     """Shut this process's monarch client down: the procs of ``this_host()`` stop, then its runtimes
-    close (and the enrollment connections of :func:`attach_to_workers`).  Later calls return a done
+    close (and the enrollment connections of :func:`attach_to_workers`, and the gateway of :func:`attach`).  Later calls return a done
     future; the program itself goes on.  A process without a client gets a done future."""
     global _shutdown
     if host_timeout is not None and not (0 <= host_timeout < 2**64):
@@ -583,6 +583,8 @@ def shutdown_context(host_timeout: float | None = None) -> Future:
             session.conn.close()
         _links.clear()
         close_runtime()
+        if _gateway_of_client is not None:
+            _gateway_of_client.close()  # its duplex, proxy and control socket (the client stays attached)
         fut.set_result(None)
     except BaseException as e:  # noqa: BLE001
         fut.set_exception(e)

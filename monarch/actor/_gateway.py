@@ -240,7 +240,7 @@ class WorkerGateway:
         finally:
             mux.close()
             for ls in list(listeners.values()):
-                _close(ls)
+                _close_listener(ls)
             with self._lock:
                 self._muxes.discard(mux)
 
@@ -260,7 +260,7 @@ class WorkerGateway:
         elif kind == UNLISTEN:
             ls = listeners.pop(sid, None)
             if ls is not None:
-                _close(ls)
+                _close_listener(ls)
 
     @staticmethod
     def _connect(mux: Mux, sid: int, host: Any, port: Any) -> None:
@@ -368,7 +368,7 @@ class Gateway:
 
     def close(self) -> None:
         for s in (self._socks, self._control):
-            _close(s)
+            _close_listener(s)
         self.mux.close()
         with contextlib.suppress(OSError):
             os.unlink(self.control_path)
@@ -482,6 +482,12 @@ class Gateway:
 
 def _family(host: str) -> int:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _close_listener(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)  # wakes its accepting thread (a close alone does not)
+    _close(s)
 
 
 def _close(s: socket.socket) -> None:

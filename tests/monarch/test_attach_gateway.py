@@ -81,3 +81,43 @@ def test_a_client_attached_through_a_worker_loses_its_procs_with_the_worker_loop
             worker.kill()
         worker.wait()
         assert wait_gone(agents) == []
+
+
+SHUTDOWN = textwrap.dedent('''
+    import sys, threading, time
+    from monarch._src.actor.actor_mesh import attach
+    from monarch.actor import Actor, attach_to_workers, endpoint, shutdown_context
+
+    class Echo(Actor):
+        @endpoint
+        def echo(self, msg: str) -> str:
+            return msg
+
+    attach(sys.argv[1])
+    hosts = attach_to_workers(ca="trust_all_connections", workers=[sys.argv[1]])
+    print(hosts.spawn_procs(per_host={"procs": 1}).spawn("echo", Echo).echo.call_one("hello").get(), flush=True)
+    gateway = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("gateway"))
+    print("while attached:", bool(gateway()))
+    shutdown_context().get()
+    for _ in range(600):
+        if not gateway():
+            break
+        time.sleep(0.1)
+    print("after shutdown_context:", gateway())
+''')
+
+
+def test_shutdown_context_ends_the_gateway(tmp_path, no_leaked_processes):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("MONARCH_JOB", None)
+    path = str(tmp_path / "worker")
+    worker = subprocess.Popen([sys.executable, "-c", "from monarch.actor import run_worker_loop_forever; "
+                               f"run_worker_loop_forever(address='ipc://{path}', ca='trust_all_connections')"],
+                              env=env, start_new_session=True)
+    try:
+        r = subprocess.run([sys.executable, "-c", SHUTDOWN, f"ipc://{path}"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=240)
+        assert r.stdout == "hello\nwhile attached: True\nafter shutdown_context: []\n", r.stdout + r.stderr
+    finally:
+        worker.kill()
+        worker.wait()
