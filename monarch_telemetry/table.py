@@ -72,6 +72,7 @@ class Table:
         #: Rows older than this (microseconds, by the table's first time column) are dropped when read;
         #: 0: no age bound.
         self.max_age_us = 0
+        self._swept_us = 0  # when rows were last dropped for their age
         self._age_col = next((i for i, c in enumerate(spec.columns) if c.name in ("timestamp_us", "time")), None)
 
     # -- writing ---------------------------------------------------------------------
@@ -128,35 +129,39 @@ class Table:
             break
 
     def _expire(self) -> None:
-        """Drop the rows older than ``max_age_us`` (under the lock).  Batches are sealed in time order,
-        so this stops at the first batch with no row to drop."""
+        """Drop the rows older than ``max_age_us`` (under the lock), as Monarch's retention sweeps do: at
+        most once per tenth of the window, between 30 s and 5 min and never more than the window apart,
+        so a row stays readable up to that long past its age."""
         if not self.max_age_us or self._age_col is None:
             return
         import pyarrow.compute as pc
 
         from monarch_telemetry.recorder import now_us
 
-        cutoff = now_us() - self.max_age_us
-        kept: list[pa.RecordBatch] = []
-        while self._batches:
-            b = self._batches[0]
+        now = now_us()
+        every = min(self.max_age_us, max(30_000_000, min(self.max_age_us // 10, 300_000_000)))
+        if now - self._swept_us < every:
+            return
+        self._swept_us = now
+        cutoff = now - self.max_age_us
+        # Every batch is looked at (rows pushed by several procs arrive a little out of time order);
+        # a sweep is rare, and costs one min() per batch.
+        kept: deque[pa.RecordBatch] = deque()
+        for b in self._batches:
             ts = b.column(self._age_col)
             if pa.types.is_timestamp(ts.type):
                 ts = ts.cast(pa.int64())
             oldest = pc.min(ts).as_py()
             if oldest is None or oldest >= cutoff:
-                break
-            self._batches.popleft()
-            self._rows -= b.num_rows
-            self._bytes -= b.nbytes
+                kept.append(b)
+                continue
             young = _compact(b.filter(pc.greater_equal(ts, cutoff)))
             self.dropped_rows += b.num_rows - young.num_rows
             if young.num_rows:
                 kept.append(young)
-        for b in reversed(kept):
-            self._batches.appendleft(b)
-            self._rows += b.num_rows
-            self._bytes += b.nbytes
+        self._batches = kept
+        self._rows = sum(b.num_rows for b in kept)
+        self._bytes = sum(b.nbytes for b in kept)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -240,7 +245,8 @@ class Store:
         return self.tables[name]
 
     def retain(self, max_age_s: float) -> None:
-        """Keep the rows of the :data:`RETAINED` tables only ``max_age_s`` seconds (0: no age bound)."""
+        """Keep the rows of the :data:`RETAINED` tables only ``max_age_s`` seconds (0: no age bound),
+        swept as Monarch's are (see :meth:`Table._expire`)."""
         for name in RETAINED:
             t = self.tables.get(name)
             if t is not None:

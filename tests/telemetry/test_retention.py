@@ -26,6 +26,12 @@ def test_rows_older_than_the_retention_go_when_read_and_younger_ones_stay():
     t.max_age_us = 10_000_000
     assert _rows(t) == [5, 6, 7, 8]
     assert t.num_rows == 4 and t.dropped_rows == 5
+    # As Monarch's sweeps: at most once per window (10 s here), so an old row stays until the next one.
+    for i in range(9, 13):
+        t.append(i, now - 60_000_000, 7, "queued", "h")
+    assert _rows(t) == [5, 6, 7, 8, 9, 10, 11, 12]
+    t._swept_us -= 10_000_000  # the window has passed
+    assert _rows(t) == [5, 6, 7, 8]
     t.max_age_us = 0  # no age bound: what is left stays
     assert _rows(t) == [5, 6, 7, 8]
 
