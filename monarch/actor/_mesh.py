@@ -97,9 +97,13 @@ def _add_child(mesh: Any) -> None:
 
 
 def _client_proc(rt: Runtime) -> None:
-    """Let the client host actors too (``this_proc().spawn``, controllers), once."""
+    """Let the client host actors too (``this_proc().spawn``, controllers), once; the root client's
+    controllers actor answers its procs' first ``get_or_spawn_controller`` (and a ``breakpoint()``
+    asking for Monarch's debugger actor) even if the client never asked for one itself."""
     if current_agent() is None:
         host_actors_in_client(rt)
+        if not os.environ.get(ROOT_ENV):
+            _controllers_mesh()  # registers it, to start on its first message
 
 
 class _MeshBase:

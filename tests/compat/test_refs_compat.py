@@ -1,5 +1,5 @@
 """References that travel (issue #26): ports, ids, and meshes pickled into messages or with plain
-``pickle``, and Monarch's debugger actor, each a program of ours in Monarch's API with its expected
+``pickle``, the job's controllers, and Monarch's debugger actor, each a program of ours in Monarch's API with its expected
 output.  Each also runs on torchmonarch 0.7.0 when one is at hand (``TORCHMONARCH_PYTHON`` or a
 ``.tm-venv`` at the root), and both must print the same."""
 
@@ -70,6 +70,11 @@ after stepping: [(0, 1), (1, 1), (2, 0)]
 post-mortem: [(2, True, 3)]
 post-mortem printed: ['23']
 caller sees: ActorError True
+done
+"""
+OUT["controller_first_from_actor.py"] = """\
+counts as each worker reported: [1, 2, 3]
+the client's tally saw: [10, 11, 12]
 done
 """
 
