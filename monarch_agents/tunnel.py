@@ -30,6 +30,8 @@ from monarch_agents.keys import JobKeys
 
 #: The longest request line either side reads (a request is a few dozen bytes).
 MAX_LINE = 4096
+#: How often a client sends a byte on its relay control stream (see ``services.relay``).
+HEARTBEAT_S = 15.0
 
 
 def token(keys: JobKeys) -> str:

@@ -221,6 +221,7 @@ class Forwarder:
     def client(self, conn: socket.socket) -> None:
         """One client process: a relay address for its local endpoint, for as long as it stays connected."""
         control = None
+        done = threading.Event()
         try:
             req = tunnel.read_line(conn)
             if req is None or not isinstance(req.get("local"), str):
@@ -234,7 +235,9 @@ class Forwarder:
             try:
                 control = self.open_stream(pod, self.relay_port)
                 self._track(control)
-                tunnel.send_line(control, {"token": self.token, "listen": True})
+                # The heartbeat: the relay ends this client's address once the stream is silent for a
+                # few beats (a port-forward whose client vanished keeps the pod's end of it open).
+                tunnel.send_line(control, {"token": self.token, "listen": True, "heartbeat": tunnel.HEARTBEAT_S})
                 answer = tunnel.read_line(control)
             except Exception as e:
                 answer = None
@@ -243,6 +246,7 @@ class Forwarder:
                 return tunnel.send_line(conn, {"error": f"the relay on pod {pod or '(none)'} does not answer"})
             tunnel.send_line(conn, {"advertise": f"tcp://{ip}:{answer['port']}"})
             self._spawn(self._client_gone, (conn, control), "relay-client-gone")
+            self._spawn(self._heartbeat, (control, done), "relay-heartbeat")
             while True:
                 ev = tunnel.read_line(control)
                 if ev is None:
@@ -252,6 +256,7 @@ class Forwarder:
         except OSError:
             pass
         finally:
+            done.set()
             for s in (conn, control):
                 if s is not None:
                     try:
@@ -271,6 +276,15 @@ class Forwarder:
             control.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def _heartbeat(self, control: socket.socket, done: threading.Event) -> None:
+        """A byte on the relay's control stream every ``tunnel.HEARTBEAT_S`` until the client's relay
+        address ends (``done``) or the stream fails; the relay reads silence as a vanished client."""
+        while not done.wait(tunnel.HEARTBEAT_S) and not self.stopped.is_set():
+            try:
+                control.sendall(b"\n")
+            except OSError:
+                return
 
     def _back(self, pod: str, n: int, local: tuple[str, int]) -> None:
         """Connection ``n`` a pod made to the relay: carried to the client's own endpoint."""

@@ -7,12 +7,17 @@ Runs in the agent started with ``--relay-port`` (the Kubernetes scheduler gives 
 * ``{"token": T, "listen": true}``: the connection becomes a control stream for one client
   process.  The relay listens on a new port of this host and answers ``{"port": P}``; that
   ``host:P`` is the address the client gives its peers.  Each connection a peer makes to it is
-  announced as ``{"conn": N}``; when the control stream ends, the port is closed.
+  announced as ``{"conn": N}``; when the control stream ends, the port is closed.  With
+  ``"heartbeat": H`` (seconds) the client promises a byte at least every H s on that stream: one
+  silent for ``_MISSED_BEATS`` times that is a client gone without closing (a port-forward whose
+  far end vanished keeps the pod's end of the stream open), and its port is closed as if it had
+  ended.  Every control stream has TCP keepalive too, for a peer that is gone with its host.
 * ``{"token": T, "accept": N}``: the client's stream for announced connection ``N``; bytes flow
   between the two until either end closes.
 
 A request without the right token is dropped without an answer.  Connections announced but not
-accepted within ``_ACCEPT_WAIT_S`` are closed.
+accepted within ``_ACCEPT_WAIT_S`` are closed.  ``stop()`` closes every socket the relay holds
+(listeners, control streams, tunnels) and joins its threads by the deadline it is given.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ _ACCEPT_WAIT_S = 10.0
 _UNPROVEN_MAX = 16
 #: A connection has this long, in all, to send its request line with the token.
 _REQUEST_DEADLINE_S = 5.0
+#: A control stream with a heartbeat is a vanished client after this many beats without a byte.
+_MISSED_BEATS = 4
+#: The longest heartbeat taken (a larger one would keep a vanished client's port for hours).
+_MAX_HEARTBEAT_S = 300.0
+#: TCP keepalive of a control stream: first probe after this much silence, then every
+#: _KEEPALIVE_INTERVAL_S, the peer gone after _KEEPALIVE_COUNT unanswered.
+_KEEPALIVE_IDLE_S, _KEEPALIVE_INTERVAL_S, _KEEPALIVE_COUNT = 30, 10, 3
 
 
 class RelayService(Service):
@@ -50,6 +62,10 @@ class RelayService(Service):
         self._pending: dict[int, tuple[socket.socket, float]] = {}
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
+        #: Control streams and tunnel ends in use: stop() shuts them (a thread blocked in recv()
+        #: on one wakes only by shutdown(), not by close()).
+        self._live: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
         self._closed = False
         #: Connections yet to show the token (one more closes the oldest: a stranger's idle
         #: connections neither exhaust the agent nor keep the client out).
@@ -67,13 +83,37 @@ class RelayService(Service):
                 self.error = f"cannot listen on port {self.port}: {e.strerror or e}"
                 log.warning("relay: %s", self.error)
                 return
-            threading.Thread(target=self._serve, args=(ls,), name="relay", daemon=True).start()
+            self._spawn(self._serve, (ls,), "relay")
 
     def _listen(self, port: int) -> socket.socket:
         ls = socket.create_server((self.agent.rt.mailbox.bind_host, port), backlog=64)
         with self._lock:
+            if self._closed:  # stop() came first: nothing new listens
+                ls.close()
+                raise OSError("the relay is stopped")
             self._listeners.append(ls)
         return ls
+
+    def _spawn(self, target, args: tuple, name: str) -> bool:
+        """Run ``target`` on a thread stop() joins; none (False) once stop() has run: it would join no more."""
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            if self._closed:
+                return False
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+            t.start()  # under the lock: stop() sees every thread started before it
+        return True
+
+    def _hold(self, *socks: socket.socket) -> bool:
+        """Sockets stop() shuts; False (and they are closed) once stop() has run."""
+        with self._lock:
+            if not self._closed:
+                self._live = {x for x in self._live if x.fileno() != -1}
+                self._live.update(socks)
+                return True
+        for x in socks:
+            _close(x)
+        return False
 
     def info(self) -> dict:
         if self.error:
@@ -85,9 +125,15 @@ class RelayService(Service):
             self._closed = True
             listeners, self._listeners = self._listeners, []
             pending, self._pending = self._pending, {}
-        for s in [*listeners, *(c for c, _ in pending.values())]:
-            _close(s)
+            live, self._live = list(self._live), set()
+            threads = list(self._threads)
+        for s in [*listeners, *(c for c, _ in pending.values()), *live]:
+            _shut(s)
         self._unproven.shut_all()
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me:
+                t.join(max(0.0, deadline - time.monotonic()))
 
     # -- the relay port --------------------------------------------------------
 
@@ -98,7 +144,9 @@ class RelayService(Service):
             except OSError:
                 return  # closed by stop()
             self._unproven.admit(conn)
-            threading.Thread(target=self._request, args=(conn,), name="relay-request", daemon=True).start()
+            if not self._spawn(self._request, (conn,), "relay-request"):
+                self._unproven.proven(conn)
+                return _close(conn)  # came as the relay stopped
 
     def _request(self, conn: socket.socket) -> None:
         try:
@@ -113,19 +161,27 @@ class RelayService(Service):
             self._unproven.proven(conn)  # proven (or gone): its slot is free for the next one
         conn.settimeout(None)
         if req.get("listen"):
-            self._control(conn)
+            self._control(conn, req.get("heartbeat"))
         elif isinstance(req.get("accept"), int):
             with self._lock:
                 peer = self._pending.pop(req["accept"], (None, 0))[0]
             if peer is None:
                 return _close(conn)
+            if not self._hold(peer, conn):
+                return
             self.tunnels += 1
             tunnel.pipe(peer, conn, name="relay")
         else:
             _close(conn)
 
-    def _control(self, control: socket.socket) -> None:
-        """One client process: a port standing for it, until its control stream ends."""
+    def _control(self, control: socket.socket, heartbeat: object = None) -> None:
+        """One client process: a port standing for it, until its control stream ends, stays silent
+        past its heartbeat, or the relay stops."""
+        if not self._hold(control):
+            return
+        _keepalive(control)
+        if isinstance(heartbeat, (int, float)) and not isinstance(heartbeat, bool) and heartbeat > 0:
+            control.settimeout(_MISSED_BEATS * min(float(heartbeat), _MAX_HEARTBEAT_S))
         try:
             ls = self._listen(0)
         except OSError as e:
@@ -141,6 +197,8 @@ class RelayService(Service):
                     return
                 n = next(self._ids)
                 with self._lock:
+                    if self._closed:  # stop() has taken the pending ones already
+                        return _close(conn)
                     self._expire()
                     self._pending[n] = (conn, time.monotonic())
                 try:
@@ -151,17 +209,21 @@ class RelayService(Service):
 
         try:
             tunnel.send_line(control, {"port": ls.getsockname()[1]})
-            threading.Thread(target=announce, name="relay-announce", daemon=True).start()
-            while control.recv(4096):  # the client sends nothing more; its end is the end
+            self._spawn(announce, (), "relay-announce")
+            # The client sends only heartbeats (if it said so); its end, or its silence, is the end.
+            while control.recv(4096):
                 pass
+        except socket.timeout:
+            log.info("relay: a client sent no heartbeat for %.0f s: gone without closing; its port is closed",
+                     control.gettimeout() or 0)
         except OSError:
             pass
         finally:
             with self._lock:
                 if ls in self._listeners:
                     self._listeners.remove(ls)
-            _close(ls)
-            _close(control)
+            _shut(ls)  # wakes announce() in accept()
+            _shut(control)
             self.clients -= 1
 
     def _expire(self) -> None:
@@ -177,3 +239,24 @@ def _close(s: socket.socket) -> None:
         s.close()
     except OSError:
         pass
+
+
+def _shut(s: socket.socket) -> None:
+    """Close ``s``, waking a thread blocked on it in accept() or recv() (close() alone does not)."""
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed already, or never connected
+    _close(s)
+
+
+def _keepalive(s: socket.socket) -> None:
+    """TCP keepalive on ``s``: a peer whose host is gone is noticed in about a minute, not never."""
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in (("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+                           ("TCP_KEEPCNT", _KEEPALIVE_COUNT)):
+            if hasattr(socket, opt):
+                s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    except OSError:
+        pass  # not TCP (a test's socketpair): nothing to probe

@@ -118,3 +118,44 @@ def test_idle_connections_neither_fill_the_relay_nor_keep_the_client_out(relay):
     finally:
         for s in idle:
             s.close()
+
+
+def test_stop_closes_the_client_control_streams_and_joins_its_threads():
+    """A client still connected when the relay stops: its control stream is closed (the client sees
+    the end), its stand-in port with it, and no thread of the relay's is left reading it."""
+    keys = JobKeys.generate()
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    agent = SimpleNamespace(keys=keys, relay_port=port, rt=SimpleNamespace(mailbox=SimpleNamespace(bind_host="127.0.0.1")))
+    service = RelayService(agent)
+    control = _request(port, {"token": tunnel.token(keys), "listen": True})
+    try:
+        stand_in = tunnel.read_line(control)["port"]
+        service.stop(time.monotonic() + 60)
+        assert [t.name for t in service._threads if t.is_alive()] == []  # joined by the deadline
+        control.settimeout(60)
+        assert control.recv(1) == b""
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", stand_in), timeout=5).close()
+    finally:
+        control.close()
+
+
+def test_a_client_silent_past_its_heartbeat_is_gone_and_its_port_closed(relay):
+    """A client that promised a heartbeat and then went silent without closing (a port-forward whose
+    far end vanished keeps this end open) loses its control stream and stand-in port: neither is
+    held for the agent's lifetime."""
+    service, keys, port = relay
+    control = _request(port, {"token": tunnel.token(keys), "listen": True, "heartbeat": 0.1})
+    try:
+        stand_in = tunnel.read_line(control)["port"]
+        control.settimeout(120)  # a hang bound only: the relay closes it after 4 missed beats
+        assert control.recv(1) == b""
+        while service.info()["clients"]:  # the relay's thread for it is ending
+            time.sleep(0.02)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", stand_in), timeout=5).close()
+    finally:
+        control.close()
+
