@@ -31,6 +31,7 @@ the gateway too, so the worker must reach this machine's loopback (a worker on t
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -286,7 +287,8 @@ class WorkerGateway:
             sid = mux.new_id()
             # Announced before any of its bytes (the client connects its end as it reads this), and once
             # the client's bytes for it have somewhere to go.
-            if not mux.add(sid, peer, then=lambda sid=sid: mux.send(sid, INCOMING, json.dumps({"listen": lid}).encode())):
+            announce = json.dumps({"listen": lid}).encode()
+            if not mux.add(sid, peer, then=functools.partial(mux.send, sid, INCOMING, announce)):
                 if mux.closed.is_set():
                     return
 
@@ -393,7 +395,8 @@ class Gateway:
             waiter[0] = (kind, _json(payload))
             waiter[1].set()
         elif kind == INCOMING:
-            local = self._listens.get(_json(payload).get("listen"))
+            lid = _json(payload).get("listen")
+            local = self._listens.get(lid) if isinstance(lid, int) else None
             try:
                 if local is None:
                     raise OSError("no such listener")
