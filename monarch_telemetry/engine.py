@@ -532,7 +532,7 @@ def _scan_raw(table: str, sql: str, tables: list, deadline: float | None) -> lis
 
 
 #: Tables views are made from: when a query names a view, their columns it did not fetch are nulls.
-_VIEW_BASES = {"run_ranks", "stacks", "metrics"}
+_VIEW_BASES = {"run_ranks", "stacks", "metrics", "user_spans"}
 
 
 def _pad(t: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -19,6 +19,9 @@ import pyarrow.parquet as pq
 from monarch_telemetry.schema import TABLES
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: Our tables that older saves hold under Monarch's names (before those became Monarch's columns).
+_FORMERLY = {**{f"{n}_ext": n for n in ("meshes", "actors", "actor_status_events", "messages",
+                                         "message_status_events", "sent_messages")}, "user_spans": "spans"}
 
 
 def save_host(store, directory: str, host: str) -> list[str]:
@@ -59,9 +62,9 @@ def load(directory: str) -> dict[str, list[pa.Table]]:
         if spec.source:
             continue
         folder = os.path.join(directory, name)
-        if not os.path.isdir(folder) and name.endswith("_ext"):
+        if not os.path.isdir(folder) and name in _FORMERLY:
             # Saved before Monarch's tables were split from ours: ours were stored under Monarch's name.
-            folder = os.path.join(directory, name.removesuffix("_ext"))
+            folder = os.path.join(directory, _FORMERLY[name])
         if not os.path.isdir(folder):
             continue
         for f in sorted(os.listdir(folder)):

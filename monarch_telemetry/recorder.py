@@ -38,7 +38,8 @@ MESSAGE_LOG = TableSpec("_message_log", "internal", "handled messages, as record
     Column("port_index", I64, "", True), Column("host", STR, ""), Column("status", STR, ""),
 ))
 
-_RECORDED = ("meshes_ext", "actors_ext", "actor_status_events_ext", "sent_messages_ext", "logs", "spans", "metrics")
+_RECORDED = ("meshes_ext", "actors_ext", "actor_status_events_ext", "sent_messages_ext", "logs", "user_spans",
+             "metrics")
 FLUSH_INTERVAL_S = 0.2
 
 
@@ -120,7 +121,8 @@ class Recorder:
 
     def span(self, start_us: int, actor: str, name: str, duration_us: int, error: str | None = None) -> None:
         if self.on:
-            self.buffers["spans"].append(start_us, self.host, self.pid, actor, name, duration_us, error)
+            self.buffers["user_spans"].append(start_us, self.host, self.pid, actor, name, duration_us, error,
+                                              self.new_id())
 
     def metric(self, actor: str, name: str, kind: str, value: float, attributes: str | None = None) -> None:
         if self.on:

@@ -303,7 +303,7 @@ DEBUG_SESSIONS = TableSpec("debug_sessions", SNAPSHOT,
     _c("started", TIME, "when the session opened"),
 ), "host agent")
 
-SPANS = TableSpec("spans", EVENT, "Spans a program timed with the actor API's `span(name)` or `@traced`, one row per span that ended.", (
+USER_SPANS = TableSpec("user_spans", EVENT, "Spans a program timed with the actor API's `span(name)` or `@traced`, one row per span that ended (Monarch's `spans` view shows them as Monarch's rows).", (
     _c("time", TIME, "when the span started"),
     _HOST,
     _c("pid", I64, "the process"),
@@ -311,6 +311,7 @@ SPANS = TableSpec("spans", EVENT, "Spans a program timed with the actor API's `s
     _c("name", STR, "the span's name"),
     _c("duration_us", I64, "how long it lasted, microseconds"),
     _c("error", STR, "the exception that left the span, if one did", True),
+    _c("id", I64, "the span's id (spans.id)"),
 ), "client, proc agent")
 
 METRICS = TableSpec("metrics", EVENT, "Values a program recorded through the actor API's `get_meter()`: counters, up-down counters, histograms.", (
@@ -394,7 +395,7 @@ SNAPSHOT_TABLES = (SNAPSHOTS, NODES, CHILDREN, ROOT_NODES, HOST_NODES, PROC_NODE
 TABLES: dict[str, TableSpec] = {t.name: t for t in (
     MESHES, ACTORS, ACTOR_STATUS_EVENTS, MESSAGES, MESSAGE_STATUS_EVENTS, SENT_MESSAGES,
     MESHES_EXT, ACTORS_EXT, ACTOR_STATUS_EVENTS_EXT, MESSAGES_EXT, MESSAGE_STATUS_EVENTS_EXT, SENT_MESSAGES_EXT,
-    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, SPANS, METRICS, PYSPY_LOCAL_VARIABLES,
+    HOSTS, PROCS, RUN_RANKS, LOGS, STACKS, DEBUG_SESSIONS, USER_SPANS, METRICS, PYSPY_LOCAL_VARIABLES,
     *SNAPSHOT_TABLES,
 )}
 
@@ -498,8 +499,38 @@ FROM metrics WHERE kind IN ('counter', 'up_down_counter')""", (
     _c("sum_u64", I64, "the amount added, when a whole number not below 0", True),
 ))
 
+def _json_text(column: str) -> str:
+    """SQL: ``column`` as a JSON string literal (quotes and backslashes escaped)."""
+    escaped = f"""replace(replace({column}, '\\', '\\\\'), '"', '\\"')"""
+    for code, esc in ((10, "n"), (13, "r"), (9, "t")):
+        escaped = f"replace({escaped}, chr({code}), '\\{esc}')"
+    return f"""'"' || {escaped} || '"'"""
+
+
+# Monarch's spans table (its Rust tracing's span rows): a user's ``span(name)`` is a span named
+# 'python_user_span' whose fields hold the name.  Over ``user_spans``.
+SPANS = ViewSpec("spans", "Spans as Monarch's table has them: one row per span a program timed (`span(name)`, `@traced`), named 'python_user_span', its name in `fields_json`.", f"""
+SELECT id, 'python_user_span' AS name, 'monarch.actor' AS target, CASE WHEN error IS NULL THEN 'INFO' ELSE 'ERROR' END AS level,
+       '{{"name": ' || {_json_text("name")} || ', "actor": ' || {_json_text("actor")} ||
+       ', "duration_us": ' || CAST(duration_us AS VARCHAR) ||
+       CASE WHEN error IS NULL THEN '' ELSE ', "error": ' || {_json_text("error")} END || '}}' AS fields_json,
+       CAST(to_unixtime(time) * 1000000 AS BIGINT) AS timestamp_us, CAST(NULL AS BIGINT) AS parent_id,
+       '' AS thread_name, arrow_cast(NULL, 'Utf8') AS file, CAST(NULL AS BIGINT) AS line
+FROM user_spans""", (
+    _c("id", I64, "the span's id"),
+    _c("name", STR, "'python_user_span'"),
+    _c("target", STR, "'monarch.actor'"),
+    _c("level", STR, "INFO, or ERROR for a span an exception left"),
+    _c("fields_json", STR, 'its fields as JSON: {"name": ..., "actor": ..., "duration_us": ..., "error": ...}'),
+    _c("timestamp_us", I64, "when it started, microseconds since the epoch"),
+    _c("parent_id", I64, "the enclosing span (not recorded: empty)", True),
+    _c("thread_name", STR, "the thread (not recorded: '')"),
+    _c("file", STR, "source file (not recorded)", True),
+    _c("line", I64, "source line (not recorded)", True),
+))
+
 VIEWS: dict[str, ViewSpec] = {v.name: v for v in (RUNS, RANK_EXITS, PYSPY_DUMPS, PYSPY_STACK_TRACES, PYSPY_FRAMES,
-                                                  METRIC_SUMS)}
+                                                  METRIC_SUMS, SPANS)}
 
 
 def all_specs() -> list[TableSpec | ViewSpec]:

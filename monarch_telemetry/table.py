@@ -37,7 +37,7 @@ DEFAULT_BATCH_ROWS = 8192
 #: The tables a retention (Monarch's ``TelemetryConfig.retention_secs``) bounds by age, as Monarch's
 #: collector does (messages, their events, sends, spans, metrics); the others (meshes, actors, their
 #: statuses, logs...) keep their rows until the ring's bounds drop them.
-RETAINED = ("messages_ext", "message_status_events_ext", "sent_messages_ext", "spans", "metrics")
+RETAINED = ("messages_ext", "message_status_events_ext", "sent_messages_ext", "user_spans", "metrics")
 
 ROWS_ENV = "MONARCH_TELEMETRY_ROWS"
 BYTES_ENV = "MONARCH_TELEMETRY_BYTES"

@@ -1,8 +1,9 @@
 """Monarch's tracing helpers: ``span``, ``traced``, ``get_meter``, ``TracingForwarder``.
 
 Where Monarch hands spans and metrics to its Rust tracing (and on to its distributed telemetry
-tables), ours go into this process's telemetry recorder, so they become rows of the ``spans``
-and ``metrics`` tables that ``monarch query`` reads (``SELECT name, duration_us FROM spans``),
+tables), ours go into this process's telemetry recorder, so they become rows of the ``user_spans``
+and ``metrics`` tables that ``monarch query`` reads (``SELECT name, duration_us FROM user_spans``;
+Monarch's ``spans`` shows them as its rows),
 tagged with the actor they ran in.  ``TracingForwarder`` is a ``logging.Handler`` that adds the
 current actor to each record (``record.actor_id``) and records the line in the ``logs`` table.
 
@@ -35,7 +36,7 @@ def _actor_name() -> str:
 
 
 class Span:
-    """A timed section: ``with span("load"): ...`` records one ``spans`` row when it ends."""
+    """A timed section: ``with span("load"): ...`` records one ``user_spans`` row when it ends."""
 
     __slots__ = ("name", "_start_us", "_t0", "_actor")
 

@@ -41,7 +41,7 @@ def until(sql: str, want: list) -> list:
 
 
 print("actors:", until("SELECT count(*) AS n FROM actors WHERE display_name LIKE 'worker%'", [{"n": 4}]))
-print("spans:", until("SELECT name, count(*) AS n FROM spans GROUP BY name", [{"name": "inner", "n": 4}]))
+print("spans:", until("SELECT name, count(*) AS n FROM user_spans GROUP BY name", [{"name": "inner", "n": 4}]))
 print("metrics:", until("SELECT name, sum(value) AS v, min(attributes) AS a FROM metrics GROUP BY name",
                         [{"name": "units", "v": 12.0, "a": '{"kind": "test"}'}]))
 print("query_engine:", state.query_engine, state.query_engine_client.query("SELECT count(*) AS n FROM hosts"))

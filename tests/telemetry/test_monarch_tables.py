@@ -90,3 +90,23 @@ def test_a_save_made_before_the_split_loads_as_ours(tmp_path):
     loaded = parquet.load(str(tmp_path))
     assert loaded["actors_ext"][0].column("host").to_pylist() == ["h7"]
     assert loaded["actors"][0].column_names == MONARCH_COLUMNS["actors"]
+
+
+def test_spans_shows_a_users_span_as_monarchs_python_user_span_row():
+    import json
+
+    rec = Recorder("h7", enabled=True)
+    rec.span(1_700_000_000_000_000, "w[0]", 'load "shard"\n7', 250)
+    rec.span(1_700_000_000_000_100, "<root>", "save", 10, error="OSError: disk full")
+    store = Store()
+    store.absorb(rec.take())
+    hosts = {"user_spans": [pa.Table.from_batches(store.batches("user_spans"), schema=TABLES["user_spans"].schema)]}
+    got, _ = query_tables("SELECT * FROM spans ORDER BY timestamp_us", hosts, row_limit=None)
+    assert got.column_names == ["id", "name", "target", "level", "fields_json", "timestamp_us", "parent_id",
+                                "thread_name", "file", "line"]  # Monarch's spans columns
+    rows = got.to_pylist()
+    assert [r["name"] for r in rows] == ["python_user_span"] * 2
+    assert [r["level"] for r in rows] == ["INFO", "ERROR"]
+    assert json.loads(rows[0]["fields_json"]) == {"name": 'load "shard"\n7', "actor": "w[0]", "duration_us": 250}
+    assert json.loads(rows[1]["fields_json"])["error"] == "OSError: disk full"
+    assert rows[0]["timestamp_us"] == 1_700_000_000_000_000 and len({r["id"] for r in rows}) == 2
