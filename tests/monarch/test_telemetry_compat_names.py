@@ -43,8 +43,9 @@ def test_an_activated_telemetry_actor_keeps_the_rows_written_to_its_socket():
         path = ta.telemetry_socket_path(apply_id)
         assert os.stat(ta.telemetry_socket_dir(apply_id)).st_mode & 0o777 == 0o700
         assert os.stat(path).st_mode & 0o777 == 0o600
-        # Monarch's frames of its actors table (its columns, u64 ids) and of a table not kept here.
-        actors = pa.table({"id": pa.array([7], pa.uint64()), "timestamp_us": [1], "mesh_id": pa.array([3], pa.uint64()),
+        # Monarch's frames of its actors table (its columns, u64 ids: one past 2**63, kept bit for bit as
+        # our signed ids) and of a table not kept here.
+        actors = pa.table({"id": pa.array([2**64 - 7], pa.uint64()), "timestamp_us": [1], "mesh_id": pa.array([3], pa.uint64()),
                            "rank": pa.array([0], pa.uint64()), "full_name": ["w-1[0]"], "display_name": ["w[0]"]})
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
             c.connect(path)
@@ -55,7 +56,7 @@ def test_an_activated_telemetry_actor_keeps_the_rows_written_to_its_socket():
             if rows:
                 break
             time.sleep(0.01)
-        assert rows == [{"id": 7, "timestamp_us": 1, "mesh_id": 3, "rank": 0, "full_name": "w-1[0]",
+        assert rows == [{"id": -7, "timestamp_us": 1, "mesh_id": 3, "rank": 0, "full_name": "w-1[0]",
                          "display_name": "w[0]"}]
         # A second collector of the same job finds this one live and does not take its socket.
         other = ta.TelemetryActor(apply_id, retention_secs=0)

@@ -94,6 +94,17 @@ def _read(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def _signed(t: Any) -> Any:
+    """Monarch's unsigned 64-bit ids as our signed ones, bit for bit (an id past 2**63 is negative
+    here, the same in every table, so joins still match)."""
+    import pyarrow as pa
+
+    for i, f in enumerate(t.schema):
+        if pa.types.is_unsigned_integer(f.type):
+            t = t.set_column(i, f.name, t.column(i).cast(pa.int64(), safe=False))
+    return t
+
+
 def _ingest(conn: socket.socket, scanner: Any) -> None:
     from monarch_telemetry.schema import TABLES
     from monarch_telemetry.table import from_ipc
@@ -120,7 +131,7 @@ def _ingest(conn: socket.socket, scanner: Any) -> None:
             if table is None:
                 continue  # a table this collector does not keep (Monarch's traces, snapshots)
             try:
-                table.append_batch(from_ipc(payload))
+                table.append_batch(_signed(from_ipc(payload)))
             except Exception as e:  # a frame that is no Arrow stream of that table: dropped, the rest kept
                 log.warning("telemetry collector: a frame of %s dropped: %s", name, e)
 
