@@ -14,11 +14,20 @@ R = TypeVar("R")
 
 _PENDING, _OK, _ERR = 0, 1, 2
 
+#: The mailbox whose IO loop a thread waiting in :meth:`Future.get` may run itself (a proc's: see
+#: ``Mailbox.run_until``), or None: the waiting thread sleeps until the IO thread wakes it.
+process_loop: Any = None
+
+
+def _main_ident() -> int | None:
+    return threading.main_thread().ident
+
 
 class Future(Generic[R]):
     """A value that will be available later."""
 
-    __slots__ = ("_state", "_value", "_done", "_callbacks", "_lock", "_transform", "_resolved", "__weakref__")
+    __slots__ = ("_state", "_value", "_done", "_callbacks", "_lock", "_transform", "_resolved", "_polled_by",
+                 "_sleeping", "__weakref__")
 
     def __init__(self, transform: Callable[[Any], R] | None = None):
         self._state = _PENDING
@@ -31,6 +40,9 @@ class Future(Generic[R]):
         self._lock = threading.Lock()
         self._transform = transform
         self._resolved = False
+        #: The mailbox whose loop the waiting thread runs, or in whose count of sleepers it is.
+        self._polled_by: Any = None
+        self._sleeping: Any = None
 
     @classmethod
     def completed(cls, value: Any) -> "Future":
@@ -66,6 +78,10 @@ class Future(Generic[R]):
         callbacks, self._callbacks = self._callbacks, None
         lock.release()
         self._done.release()
+        if self._sleeping is not None:
+            self._sleeping.sleep_end(self)
+        elif self._polled_by is not None:
+            self._polled_by.wake_borrower()  # finished off the loop: its waiter polls, and must look
         if callbacks is not None:
             for cb in callbacks:
                 cb(self)
@@ -100,10 +116,41 @@ class Future(Generic[R]):
     def get(self, timeout: float | None = None) -> R:
         """Wait for the value; raise what the remote side raised."""
         if self._state == _PENDING:
-            if not self._done.acquire(True, -1 if timeout is None else max(timeout, 0)):  # positional: no keyword parsing
-                raise TimeoutError(f"no answer within {timeout} s")
-            self._done.release()  # for the next waiter
+            mb = process_loop
+            if mb is None:
+                self._block(timeout)
+            else:
+                self._wait_on(mb, timeout)
         return self._outcome()
+
+    def _block(self, timeout: float | None) -> None:
+        if not self._done.acquire(True, -1 if timeout is None else max(timeout, 0)):  # positional: no keyword parsing
+            raise TimeoutError(f"no answer within {timeout} s")
+        self._done.release()  # for the next waiter
+
+    def _wait_on(self, mb: Any, timeout: float | None) -> None:
+        """Wait in a process whose loop may be lent (``Mailbox.run_until``): run it here when free,
+        else sleep counted among its sleepers (a borrower that stops polling hands it back then).
+        The main thread never runs it: a signal's handler (Ctrl-C's KeyboardInterrupt) could stop
+        it in the middle of a message."""
+        if threading.get_ident() != _main_ident():
+            self._polled_by = mb
+            try:
+                got = mb.run_until(self.done, timeout)
+            finally:
+                self._polled_by = None
+            if got:
+                return
+            if got is False and timeout is not None:
+                raise TimeoutError(f"no answer within {timeout} s")
+        mb.sleep_begin(self)
+        if self._state != _PENDING:  # finished meanwhile (its finisher saw no sleeper to count off)
+            mb.sleep_end(self)
+            return
+        try:
+            self._block(timeout)
+        finally:
+            mb.sleep_end(self)
 
     def result(self, timeout: float | None = None) -> R:
         return self.get(timeout)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_agents.zygote import ENV_UNSET  # noqa: F401  (re-exported: monarch.actor names it here; the zygote applies it)
-from monarch_agents import actor_logging, actor_telemetry, supervision
+from monarch_agents import actor_logging, actor_telemetry, future, supervision
 from monarch_agents import messages as m
 from monarch_agents.context import CURRENT, ActorSlotInfo, MessageContext
 from monarch_agents.endpoints import EndpointProperty, PlainMethod
@@ -123,6 +123,10 @@ class ActorSlot:
         self.instance: Any = None
         self.kind = "sync"
         self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        #: The IO loop's mailbox while this actor's thread runs it waiting for an item, or while it
+        #: sleeps counted among its sleepers (see ``_take``).
+        self._polling: Any = None
+        self._sleeping: Any = None
         # Supervision events jump the queue: they run before messages already waiting.
         self.events: collections.deque[MeshFailure] = collections.deque()
         self.failed: SupervisionError | None = None
@@ -184,13 +188,41 @@ class ActorSlot:
 
     def _serve_sync(self) -> None:
         while True:
-            item = self.mailbox.get()
+            item = self._take()
             while self.events and not self.stopping:
                 self._supervise_sync(self.events.popleft())
             if item is _WAKE:
                 continue
             if item is _STOP or self._handle_sync(item):
                 return
+
+    def _take(self, borrow: bool = True) -> Any:
+        """The next mailbox item.  With none yet, a proc's actor thread runs the IO loop itself until
+        one comes (``Mailbox.run_until``: no hand-over from the IO thread to this one per call);
+        otherwise, or when the loop is not free, it sleeps counted among the loop's sleepers."""
+        q = self.mailbox
+        if q.empty():
+            mb = self.agent.rt.mailbox
+            if borrow and future.process_loop is mb:
+                self._polling = mb
+                try:
+                    mb.run_until(self._has_mail)
+                finally:
+                    self._polling = None
+                if not q.empty():
+                    return q.get()
+            mb.sleep_begin(self)
+            if not q.empty():
+                mb.sleep_end(self)
+            else:
+                try:
+                    return q.get()
+                finally:
+                    mb.sleep_end(self)
+        return q.get()
+
+    def _has_mail(self) -> bool:
+        return not self.mailbox.empty()
 
     def _construct(self, loaded: Any) -> bool:
         """``loaded``: the spawn's (class, args, kwargs), or what loading it (or its kind) raised."""
@@ -269,7 +301,7 @@ class ActorSlot:
         def pump() -> None:
             # Bridge the thread-safe mailbox into the loop without polling.
             while True:
-                item = self.mailbox.get()
+                item = self._take(borrow=False)
                 if item is _STOP:  # posted below once the loop is done
                     return
                 try:
@@ -655,6 +687,10 @@ class ActorSlot:
             self.events.append(item)
             item = _WAKE
         self.mailbox.put(item)
+        if self._sleeping is not None:
+            self._sleeping.sleep_end(self)
+        elif self._polling is not None:
+            self._polling.wake_borrower()  # posted off the loop: the thread that polls must look
 
 
 @dataclass
@@ -1050,6 +1086,10 @@ def main(config: dict) -> None:
     rt.mailbox.patient = agent.is_owner
     supervision.install(rt)
     rt.start()
+    if os.environ.get("MONARCH_LEND_LOOP", "1") != "0":
+        # Threads that wait for what the loop brings (actors' threads, their Future.get) may run
+        # it themselves (monarch_agents.transport.Mailbox.run_until); MONARCH_LEND_LOOP=0: never.
+        future.process_loop = rt.mailbox
     actor_telemetry.start(rt, config)
     rt.send(config["host_agent"], m.ProcReady(config["token"], rt.addr, os.getpid()))
     agent.stopped.wait()

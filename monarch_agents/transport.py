@@ -90,6 +90,11 @@ _LINGER_S = 5.0
 #: A peer that has not completed the CURVE handshake by then is treated as gone (sooner under a
 #: shorter ``message_delivery_timeout``: see :func:`_liveness_s`).
 _CONNECT_DEADLINE_S = 5.0
+#: While the IO loop is lent out (``Mailbox.run_until``), the IO thread looks this often whether
+#: anyone still runs it, and takes it back when nobody did since the last look; it looks less often
+#: (up to the second figure) while one borrower polls all along (an idle proc).
+_LEND_CHECK_S = 0.01
+_LEND_CHECK_MAX_S = 0.5
 #: Monarch's default ``message_delivery_timeout``: a same-host peer that reads none of what we sent
 #: for that long is lost (see :meth:`Mailbox._check_delivery`).
 _DELIVERY_TIMEOUT_S = 30.0
@@ -350,6 +355,20 @@ class Mailbox:
         self._redrain = False
         self._drained = threading.Condition()
         self._lingering = 0
+        # Lending the loop (see run_until): who runs it (a thread ident; 0: nobody, lent out and
+        # free), the IO thread's ident, whether it is lent out, asked for, or to be given back, how
+        # many times it was taken, how many threads wait the usual way, and the IO thread's bed.
+        self._owner = 0
+        self._io_ident = 0
+        self._own_lock = threading.Lock()
+        self._lent = False
+        self._lend_asked = False
+        self._give_back = False
+        self._io_long = False
+        self._lent_gen = 0
+        self._sleepers = 0
+        self._park = threading.Lock()
+        self._park.acquire()
         self.dead: set[str] = set()
         # Big buffers to peers on other hosts (monarch_agents/bulk.py): the sending side, made on
         # first use; the peers whose receiver never reached our bulk port (CURVE carries all then);
@@ -473,6 +492,9 @@ class Mailbox:
         self.linger()
         self._running = False
         self.wake()
+        with self._own_lock:
+            if self._park.locked():
+                self._park.release()  # a parked IO thread (the loop lent out) ends too
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._peers_lock:
@@ -642,8 +664,8 @@ class Mailbox:
 
     def _send_zmq(self, addr: str, frames: list[Any], p: _Peer) -> None:
         big = any(_nbytes(f) >= _COPY_THRESHOLD for f in frames[2:])
-        if big and threading.current_thread() is not self._thread and addr not in self._no_bulk:
-            # Not from the IO thread: it starts the fetches of what peers send us, and two IO
+        if big and self._owner != threading.get_ident() and addr not in self._no_bulk:
+            # Not from the loop's thread: it starts the fetches of what peers send us, and two IO
             # threads each waiting for the other to fetch would wait for CONNECT_S.
             frames = self._send_bulk(addr, frames, p)
             if not frames:
@@ -726,7 +748,7 @@ class Mailbox:
         """Wait, at most ``timeout``, until what was sent has left this process: read by same-host
         peers, and to peers on other hosts, their connections made (a ZeroMQ socket closed while its
         peer's handshake was under way dropped what it held for it)."""
-        if not self._running or threading.current_thread() is self._thread:
+        if not self._running or threading.current_thread() is self._thread or self._owner == threading.get_ident():
             return
 
         def drained() -> bool:
@@ -817,10 +839,10 @@ class Mailbox:
 
         epoll rather than ``zmq.Poller``: most traffic is on plain sockets, and
         zmq_poll plus its enum results cost more per message than the rest of
-        the loop.
+        the loop.  A thread that waits for what the loop brings may run the loop
+        itself instead (:meth:`run_until`): the IO thread then parks.
         """
         router = self._router
-        ep = self._epoll
         accepted = None
         if router is not None:
             self._watch_zmq(router, lambda ev: self._drain(router))
@@ -835,59 +857,197 @@ class Mailbox:
         listener = self._listener
         if listener is not None:
             self._watch(listener.fd, select.EPOLLIN, lambda ev: self._accept(listener))
-        handlers = self._handlers
+        self._owner = self._io_ident = threading.get_ident()
         try:
             while self._running:
-                timeout = -1.0
-                if self._redrain:
-                    timeout = 0.0
-                elif self._timers:
-                    timeout = max(0.0, self._timers[0][0] - time.monotonic())
-                for fd, ev in ep.poll(timeout):
-                    h = handlers.get(fd)
-                    if h is not None:
-                        h(ev)
-                if self._redrain and router is not None:
-                    self._redrain = False
-                    self._drain(router)
-                if self._new_monitors:
-                    with self._peers_lock:
-                        new, self._new_monitors = self._new_monitors, []
-                    for addr, mon in new:
-                        self._watch_zmq(mon, lambda ev, mon=mon, addr=addr: self._monitor_event(mon, addr))
-                        self._monitor_event(mon, addr)  # what came before it was watched
-                if self._new_links:
-                    with self._peers_lock:
-                        links, self._new_links = self._new_links, []
-                    for link in links:
-                        self._add_link(link)
-                if self._calls:
-                    with self._calls_lock:
-                        calls, self._calls = self._calls, []
-                    for fn in calls:
-                        self._guard(fn)
-                timers = self._timers
-                if timers and timers[0][0] <= time.monotonic():
-                    now = time.monotonic()
-                    due = []
-                    while timers and timers[0][0] <= now:
-                        due.append(heapq.heappop(timers)[2])
-                    for fn in due:  # after taking them all: what they add waits for the next turn
-                        self._guard(fn)
-                if self._lingering:  # someone waits for queued messages to leave: tell them
-                    with self._drained:
-                        self._drained.notify_all()
+                self._turn(-1.0)
+                if self._lend_asked and not self._sleepers:
+                    self._lend_out()
         finally:
+            self._end_lending()
             if accepted is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     router.disable_monitor()
                 accepted.close(0)
             if router is not None:
                 router.close(0)
-            ep.close()
+            self._epoll.close()
             with self._wake_lock:
                 fd, self._wake_fd = self._wake_fd, -1
             os.close(fd)
+
+    def _turn(self, limit: float) -> None:
+        """One turn of the loop: wait for what is ready (at most ``limit`` seconds; -1: until
+        something is), handle it, then what was asked of the loop and the timers that are due.
+        Run by one thread at a time: the IO thread, or the thread it lent the loop to."""
+        router = self._router
+        timeout = limit
+        if self._redrain:
+            timeout = 0.0
+        elif self._timers:
+            t = max(0.0, self._timers[0][0] - time.monotonic())
+            timeout = t if timeout < 0 else min(t, timeout)
+        handlers = self._handlers
+        for fd, ev in self._epoll.poll(timeout):
+            h = handlers.get(fd)
+            if h is not None:
+                h(ev)
+        if self._redrain and router is not None:
+            self._redrain = False
+            self._drain(router)
+        if self._new_monitors:
+            with self._peers_lock:
+                new, self._new_monitors = self._new_monitors, []
+            for addr, mon in new:
+                self._watch_zmq(mon, lambda ev, mon=mon, addr=addr: self._monitor_event(mon, addr))
+                self._monitor_event(mon, addr)  # what came before it was watched
+        if self._new_links:
+            with self._peers_lock:
+                links, self._new_links = self._new_links, []
+            for link in links:
+                self._add_link(link)
+        if self._calls:
+            with self._calls_lock:
+                calls, self._calls = self._calls, []
+            for fn in calls:
+                self._guard(fn)
+        timers = self._timers
+        if timers and timers[0][0] <= time.monotonic():
+            now = time.monotonic()
+            due = []
+            while timers and timers[0][0] <= now:
+                due.append(heapq.heappop(timers)[2])
+            for fn in due:  # after taking them all: what they add waits for the next turn
+                self._guard(fn)
+        if self._lingering:  # someone waits for queued messages to leave: tell them
+            with self._drained:
+                self._drained.notify_all()
+
+    # -- lending the loop --------------------------------------------------
+    #
+    # A call's round trip used to hand the message between threads at both ends: the proc's IO
+    # thread read the call and woke the actor's thread, and the client's IO thread read the answer
+    # and woke the caller.  On 2 cores each such hand-over (a futex wake, a context switch, the GIL
+    # passed on) cost about as much as all the Python work of the message.  So a thread about to
+    # sleep until the loop brings it something (an actor's thread with an empty mailbox, see
+    # ``proc_agent``) may run the loop itself: the IO thread lends it out and parks, and looks
+    # every ``_LEND_CHECK_S`` whether anyone still runs it; when nobody has for that long (the
+    # borrower went on to run an endpoint), it takes the loop back, so what nobody waits for
+    # (another actor's call, a stop, a death) waits at most about twice that.  While a borrower
+    # keeps polling, the IO thread looks less and less often (an idle proc costs no wake-ups), and
+    # the borrower wakes it when it stops polling after such a long while.
+
+    def run_until(self, ready: Callable[[], bool], timeout: float | None = None) -> bool | None:
+        """Run the loop on this thread until ``ready()`` (or ``timeout`` seconds); returns
+        ``ready()``.  None when the loop cannot be borrowed now (the IO thread runs it, or another
+        thread does): wait the usual way then (the IO thread lends it out after its current turn,
+        for the next time).  ``ready`` must become true only through the loop, or its setter must
+        call :meth:`wake_borrower`."""
+        me = threading.get_ident()
+        lock = self._own_lock
+        lock.acquire()
+        if not self._lent or self._owner:
+            if not self._lent and self._running and self._owner != me:
+                self._lend_asked = True  # seen at the end of the IO thread's turn: no wake-up
+            lock.release()
+            return None
+        self._owner = me
+        self._lent_gen += 1
+        lock.release()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not ready():
+                if not self._running:
+                    break
+                if deadline is None:
+                    self._turn(-1.0)
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._turn(left)
+        except (OSError, ValueError):
+            if self._running:
+                raise
+            # closed under us (its epoll with it): the caller waits the usual way
+        finally:
+            lock.acquire()
+            self._owner = 0
+            if (self._io_long or self._sleepers or not self._running) and self._park.locked():
+                # The IO thread sleeps long, or others wait the usual way for what the loop
+                # brings: it looks now (and takes the loop back if nobody else polls).
+                self._give_back = bool(self._sleepers) or not self._running
+                self._park.release()
+            lock.release()
+        return ready()
+
+    def wake_borrower(self) -> None:
+        """Wake the thread that runs the loop in :meth:`run_until`, if another thread does (called by
+        a thread that made its ``ready()`` true without the loop)."""
+        o = self._owner
+        if o and self._lent and o != threading.get_ident():
+            self.wake()
+
+    def sleep_begin(self, waiter: Any) -> None:
+        """``waiter`` (an object with a ``_sleeping`` attribute: a future, an actor's mailbox) is
+        about to sleep the usual way until the loop brings it something: while any does, the loop
+        is not lent out, and a borrower that stops polling hands it back at once."""
+        with self._own_lock:
+            if waiter._sleeping is None:
+                waiter._sleeping = self
+                self._sleepers += 1
+
+    def sleep_end(self, waiter: Any) -> None:
+        """``waiter`` got what it waited for (called by whoever gave it, or by the waiter)."""
+        with self._own_lock:
+            if waiter._sleeping is self:
+                waiter._sleeping = None
+                self._sleepers -= 1
+
+    def _lend_out(self) -> None:
+        """The IO thread parks while the loop is lent; it takes it back once nobody has run it for
+        ``_LEND_CHECK_S``, or when asked (IO thread)."""
+        lock = self._own_lock
+        with lock:
+            if self._sleepers:
+                return  # someone waits the usual way: keep the loop (and the ask, for a later turn)
+            self._lend_asked = False
+            self._owner = 0
+            self._lent = True
+        seen, wait = self._lent_gen, _LEND_CHECK_S
+        park = self._park
+        while True:
+            park.acquire(True, wait)
+            lock.acquire()
+            if not self._running:
+                self._lent = False  # closing: nobody takes it now; a borrower still in it is waited for
+                lock.release()
+                return
+            if self._owner == 0 and (self._give_back or self._lent_gen == seen):
+                # Nobody ran the loop since the last look (or asked to hand it back): take it back.
+                self._lent = False
+                self._give_back = False
+                self._io_long = False
+                self._owner = self._io_ident
+                lock.release()
+                return
+            self._give_back = False
+            if self._owner and self._lent_gen == seen:
+                wait = min(wait * 2, _LEND_CHECK_MAX_S)  # one borrower keeps polling: look less often
+            else:
+                wait = _LEND_CHECK_S
+            self._io_long = wait > _LEND_CHECK_S
+            seen = self._lent_gen
+            lock.release()
+
+    def _end_lending(self) -> None:
+        """Closing: no more lending, and no borrower left in the loop before its epoll closes."""
+        with self._own_lock:
+            self._lent = False
+        end = time.monotonic() + 1.0
+        while self._owner not in (0, self._io_ident) and time.monotonic() < end:
+            self.wake()  # its turn ends, and it sees the mailbox closing
+            time.sleep(0.001)
 
     def _on_wake(self, ev: int) -> None:
         try:
