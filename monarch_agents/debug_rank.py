@@ -12,9 +12,9 @@ user's command runs (``PYTHONBREAKPOINT`` names it, through the shim in ``_debug
 which may not have monarch installed.
 
 The link: an abstract Unix socket named in ``MONARCH_DEBUG_SOCK``.  Each side checks that
-the kernel reports the same user at the other end (``SO_PEERCRED``), and the rank opens
-with ``MONARCH_DEBUG_TOKEN``, a secret the host agent made at start and gave only to its
-own children.  Frames are ``(type: u8, length: u32)`` and a payload (JSON or raw bytes).
+the kernel reports the same user at the other end (``SO_PEERCRED``), and the host agent
+also that the rank is a process it started (its descendant).  No secret: none is in the
+rank's environment, where every process the user's program starts would inherit it.  Frames are ``(type: u8, length: u32)`` and a payload (JSON or raw bytes).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import threading
 from typing import Any
 
 SOCK_ENV = "MONARCH_DEBUG_SOCK"
-TOKEN_ENV = "MONARCH_DEBUG_TOKEN"
 POST_MORTEM_ENV = "MONARCH_DEBUG_POST_MORTEM"
 
 HEAD = struct.Struct("!BI")
@@ -96,9 +95,15 @@ def recv_frame(sock: socket.socket) -> tuple[int, bytes] | None:
     return kind, body
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end, as the kernel noted them when it connected (or listened)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    return peer_cred(sock)[1]
 
 
 # -- who this rank is -----------------------------------------------------------------
@@ -165,8 +170,8 @@ class _Link:
 
     @classmethod
     def open(cls, kind: str, frame: Any) -> "_Link":
-        name, token = os.environ.get(SOCK_ENV, ""), os.environ.get(TOKEN_ENV, "")
-        if not name or not token:
+        name = os.environ.get(SOCK_ENV, "")
+        if not name:
             raise LinkClosed("not started by a monarch host agent (no MONARCH_DEBUG_SOCK)")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(_CONNECT_TIMEOUT_S)
@@ -174,10 +179,12 @@ class _Link:
             sock.connect("\0" + name)
             if peer_uid(sock) != os.getuid():
                 raise LinkClosed("the debug socket belongs to another user")
-            hello = _describe(kind, frame)
-            hello["token"] = token
-            send_frame(sock, HELLO, hello)
+            send_frame(sock, HELLO, _describe(kind, frame))
             got = recv_frame(sock)
+        except (ConnectionResetError, BrokenPipeError):
+            # The agent closes at once, unread, on a process it did not start (not one of its ranks).
+            sock.close()
+            raise LinkClosed("the host agent refused the debug session") from None
         except (OSError, ValueError) as e:
             sock.close()
             raise LinkClosed(f"host agent's debug socket: {e}") from None

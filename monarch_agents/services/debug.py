@@ -1,13 +1,16 @@
 """The host agent's debug service: ranks paused in pdb, relayed to ``monarch debug``.
 
 Every rank the host agent starts (a command, a torchrun worker, a proc agent's actor)
-gets, through its environment, the name of this service's abstract Unix socket and a
-secret made when the agent started (``debug_rank.py`` is the other end).  A rank that
-hits ``breakpoint()`` connects, registers a session, and its pdb reads and writes
-through it.  ``monarch debug`` lists sessions (:class:`DebugList`), holds one
+gets, through its environment, the name of this service's abstract Unix socket
+(``debug_rank.py`` is the other end).  A rank that hits ``breakpoint()`` connects,
+registers a session, and its pdb reads and writes through it.  Who may connect is
+what the kernel says of the connecting process (``SO_PEERCRED``): this user, and a
+descendant of this agent (a torchrun worker is a grandchild).  No secret is handed
+out: one in the ranks' environment was readable by every process they started, and
+by any process of the user in ``/proc/PID/environ``.  ``monarch debug`` lists sessions (:class:`DebugList`), holds one
 (:class:`DebugAttach`), and exchanges lines with it; everything between the client and
 this agent goes over the job's authenticated connections, and the only socket added
-is this host-local one (same user, token checked before anything is read).
+is this host-local one (same user and a process this agent started, checked before anything is read).
 
 One debugger holds a session at a time; a second is told who holds it.  A holder that
 dies releases its sessions (the ranks stay paused).  A session ends when its rank
@@ -20,7 +23,6 @@ write, as it would on a terminal, so a stopped ``monarch debug`` costs the agent
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
@@ -94,7 +96,6 @@ class DebugService(Service):
         self.host = agent.host
         self.host_rank = agent.host_rank
         self.sock_name = f"monarch-debug-{secrets.token_hex(8)}"
-        self.token = secrets.token_hex(16)
         self.sessions: dict[int, DebugSession] = {}
         self.lock = threading.Lock()
         self.next_sid = 0
@@ -142,7 +143,6 @@ class DebugService(Service):
         run (one the agent itself was not started with) wins."""
         env = dict(env)
         env[proto.SOCK_ENV] = self.sock_name
-        env[proto.TOKEN_ENV] = self.token
         if env.get("PYTHONBREAKPOINT", "") in ("", os.environ.get("PYTHONBREAKPOINT", "")):
             env["PYTHONBREAKPOINT"] = "monarch_breakpoint.set_trace"
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != HOOK_DIR]
@@ -187,18 +187,22 @@ class DebugService(Service):
         session = None
         reason = ""
         try:
-            if proto.peer_uid(conn) != os.getuid():
+            pid, uid = proto.peer_cred(conn)
+            if uid != os.getuid():
                 log.warning("debug socket: connection from another user refused")
+                return
+            # The kernel's word, taken when the peer connected: a process this agent did not start
+            # (another job's rank, any other program of the user) is refused before a byte is read.
+            if not _descends_from(pid, os.getpid()):
+                log.warning("debug socket: pid %d is no process this agent started; refused", pid)
                 return
             conn.settimeout(_HELLO_TIMEOUT_S)
             got = proto.recv_frame(conn)
             if got is None or got[0] != proto.HELLO:
                 return
             hello = json.loads(got[1])
-            token = str(hello.pop("token", ""))
-            if not hmac.compare_digest(token.encode(), self.token.encode()):
-                log.warning("debug socket: wrong token; refused")
-                return
+            hello.pop("token", None)  # what a rank of an older monarch still sends: not needed
+            hello["pid"] = pid  # who connected, not who it says it is
             conn.settimeout(None)
             with self.lock:
                 sid = self.next_sid
@@ -438,6 +442,22 @@ class DebugService(Service):
 
     def _reply(self, port: m.PortRef, value: Any, ok: bool = True) -> None:
         self.agent.reply(port, value, ok)
+
+
+#: How many parents :func:`_descends_from` climbs (a rank under torchrun under a shell is 3 or 4 down).
+_MAX_DEPTH = 64
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor``'s child, grandchild, ... (a process that outlived its parent
+    is the init's or a subreaper's, and no longer this agent's)."""
+    for _ in range(_MAX_DEPTH):
+        pid = _parent(pid)
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 def _parent(pid: int) -> int:

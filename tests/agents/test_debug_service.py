@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 
+import psutil
 import pytest
 
 from monarch_agents import debug_rank as proto
@@ -129,14 +130,15 @@ def test_only_the_agents_children_may_open_a_session(client, agent):
     _run(client, agent, inbox, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
     name, hook = _output(inbox).split()
     assert hook == "monarch_breakpoint.set_trace"
-    # Someone who knows the socket's name but not the agent's secret gets nothing.
+    # A process of the same user that the agent did not start (this test) knows the socket's name,
+    # says it is one of the agent's ranks, and even brings the secret an older agent asked for: nothing.
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(T)
         s.connect("\0" + name)
-        proto.send_frame(s, proto.HELLO, {"token": "0" * 32, "rank": 0, "pid": os.getpid()})
         try:
+            proto.send_frame(s, proto.HELLO, {"token": "0" * 32, "rank": 0, "pid": agent.children()[0]})
             assert proto.recv_frame(s) is None  # closed without a WELCOME
-        except ConnectionResetError:
+        except (ConnectionResetError, BrokenPipeError):  # closed with nothing read
             pass
     # Garbage instead of a hello: closed too, and the agent lives on.
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -151,6 +153,97 @@ def test_only_the_agents_children_may_open_a_session(client, agent):
     # The user's own PYTHONBREAKPOINT for a run wins.
     _run(client, agent, inbox, ["sh", "-c", 'echo "$PYTHONBREAKPOINT"'], env={"PYTHONBREAKPOINT": "0"})
     assert _output(inbox) == "0\n"
+
+
+_SPAWNS_A_CHILD = """\
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(child.pid, flush=True)
+breakpoint()
+child.kill()
+child.wait()
+print("after", flush=True)
+"""
+
+
+def _proc_text(pid: int, what: str) -> str:
+    with open(f"/proc/{pid}/{what}", "rb") as f:
+        return f.read().replace(b"\0", b"\n").decode(errors="replace")
+
+
+def test_no_secret_in_a_ranks_environ_or_argv_nor_in_what_it_starts(client, agent):
+    """House rule: no key in argv or environ.  A rank paused in breakpoint(), and a process it started,
+    have no debug token and none of the job's secret keys in /proc/PID/environ or /proc/PID/cmdline
+    (they had MONARCH_DEBUG_TOKEN, which any process the user's program started inherited), and the
+    session still opens and continues."""
+    inbox = StreamInbox(client)
+    _run(client, agent, inbox, [sys.executable, "-c", _SPAWNS_A_CHILD])
+    printed, waiting = "", None
+    while not printed.endswith("\n") or waiting is None:  # from two threads of the agent, in any order
+        msg = inbox.q.get(timeout=T)
+        if type(msg) is m.RunOutput:
+            printed += msg.data.decode()
+        elif type(msg) is m.DebugWaiting:
+            waiting = msg
+    rank, child = waiting.session["pid"], int(printed)
+    secrets = [v for k, v in client.keys.as_dict().items() if k.endswith("_secret") and v]
+    assert len(secrets) >= 2
+    for pid in (rank, child):
+        environ, cmdline = _proc_text(pid, "environ"), _proc_text(pid, "cmdline")
+        assert proto.SOCK_ENV in environ  # the hook's (public) socket name is there: the check looks at the right thing
+        for text in (environ, cmdline):
+            assert "MONARCH_DEBUG_TOKEN" not in text and "TOKEN=" not in text
+            assert not [s for s in secrets if s in text]
+    sid = waiting.session["sid"]
+    r = client.request(agent.addr, lambda port: m.DebugAttach(sid, client.addr, "tester", port, inbox.port.ref)).get(timeout=T)
+    if not r["waiting"]:
+        _until_waiting(inbox)
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"c\n"))
+    seen = _until_exited(inbox)
+    assert seen[m.DebugEnded].reason == "rank 0 continued"
+    assert seen[m.RunOutput] == b"after\n" and seen[m.RunExited].exit_code == 0
+    assert wait_gone([child]) == []
+
+
+def test_a_process_the_rank_started_may_open_a_session_too(client, agent):
+    """What the agent checks is ancestry, not a secret the rank passed on: a python the rank's shell
+    started (as torchrun starts its workers) pauses in breakpoint() and continues."""
+    inbox = StreamInbox(client)
+    _run(client, agent, inbox, ["sh", "-c", f'{sys.executable} -c "$1"; echo "done $?"', "sh",
+                                "x = 4\nbreakpoint()\nprint('after', x * 2)"])
+    waiting = inbox.next(m.DebugWaiting)
+    assert psutil.Process(waiting.session["pid"]).parent().name() in ("sh", "dash", "bash")  # the rank's child
+    sid = waiting.session["sid"]
+    r = client.request(agent.addr, lambda port: m.DebugAttach(sid, client.addr, "tester", port, inbox.port.ref)).get(timeout=T)
+    if not r["waiting"]:
+        _until_waiting(inbox)
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"p x * 3\n"))
+    assert _until_waiting(inbox) == b"12\n(Pdb) "
+    client.send(agent.addr, m.DebugInput(sid, client.addr, b"c\n"))
+    seen = _until_exited(inbox)
+    assert seen[m.DebugEnded].reason == "rank 0 continued"
+    assert seen[m.RunOutput] == b"after 8\ndone 0\n" and seen[m.RunExited].exit_code == 0, seen
+
+
+def test_a_process_the_agent_did_not_start_gets_no_session_even_with_a_ranks_whole_environment(client, agent):
+    """Anything a rank's environment holds, any process of the user can read in /proc/PID/environ: so it
+    proves nothing.  A python this test starts with a live rank's environment, to the byte, has its
+    breakpoint() refused (it said why and went on) instead of pausing in a session."""
+    import signal
+    import subprocess
+
+    inbox = StreamInbox(client)
+    _run(client, agent, inbox, ["sh", "-c", "echo $$; exec sleep 120"])
+    rank = int(_output(inbox))
+    with open(f"/proc/{rank}/environ", "rb") as f:
+        env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    r = subprocess.run([sys.executable, "-c", "breakpoint(); print('went on')"], env=env, capture_output=True,
+                       text=True, timeout=T)
+    assert r.returncode == 0 and r.stdout == "went on\n"
+    assert "breakpoint() ignored: no debug session (the host agent refused the debug session)" in r.stderr
+    assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
+    os.kill(rank, signal.SIGKILL)
+    assert inbox.next(m.RunExited).exit_code != 0
 
 
 def test_attaching_to_an_unknown_session_is_an_error(client, agent):
