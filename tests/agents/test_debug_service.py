@@ -40,6 +40,14 @@ def _output(inbox) -> str:
     return inbox.next(m.RunOutput).data.decode()
 
 
+def _line(inbox) -> str:
+    """The next line the run prints (it may come in pieces)."""
+    out = ""
+    while not out.endswith("\n"):
+        out += _output(inbox)
+    return out
+
+
 def test_a_session_relayed_through_the_agent(client, agent):
     inbox = StreamInbox(client)
     run_id = _run(client, agent, inbox, [sys.executable, "-c", "x = 5\nbreakpoint()\nprint('after', x * 2)"])
@@ -125,6 +133,19 @@ def test_an_interrupted_command_then_continue_or_next_at_once_exits_0(client, ag
     assert seen[m.RunExited].exit_code == 0
 
 
+_SENDS_GARBAGE = """\
+import os, socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect("\\0" + os.environ["MONARCH_DEBUG_SOCK"])
+s.sendall(b"\\xff" * 64)
+try:
+    print("closed" if s.recv(1) == b"" else "answered", flush=True)
+except ConnectionResetError:  # closed with the garbage unread
+    print("closed", flush=True)
+"""
+
+
 def test_only_the_agents_children_may_open_a_session(client, agent):
     inbox = StreamInbox(client)
     _run(client, agent, inbox, ["sh", "-c", 'echo "$MONARCH_DEBUG_SOCK $PYTHONBREAKPOINT"'])
@@ -140,15 +161,9 @@ def test_only_the_agents_children_may_open_a_session(client, agent):
             assert proto.recv_frame(s) is None  # closed without a WELCOME
         except (ConnectionResetError, BrokenPipeError):  # closed with nothing read
             pass
-    # Garbage instead of a hello: closed too, and the agent lives on.
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(T)
-        s.connect("\0" + name)
-        s.sendall(b"\xff" * 64)
-        try:
-            assert proto.recv_frame(s) is None
-        except ConnectionResetError:  # closed with our garbage unread
-            pass
+    # One of its ranks sending garbage instead of a hello: closed too, and the agent lives on.
+    _run(client, agent, inbox, [sys.executable, "-c", _SENDS_GARBAGE])
+    assert _line(inbox) == "closed\n"
     assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
     # The user's own PYTHONBREAKPOINT for a run wins.
     _run(client, agent, inbox, ["sh", "-c", 'echo "$PYTHONBREAKPOINT"'], env={"PYTHONBREAKPOINT": "0"})
@@ -233,13 +248,15 @@ def test_a_process_the_agent_did_not_start_gets_no_session_even_with_a_ranks_who
     import subprocess
 
     inbox = StreamInbox(client)
-    _run(client, agent, inbox, ["sh", "-c", "echo $$; exec sleep 120"])
-    rank = int(_output(inbox))
+    # (No `exec` in the rank: /proc/PID/environ read while a process execs can be empty.)
+    _run(client, agent, inbox, [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"])
+    rank = int(_line(inbox))
     with open(f"/proc/{rank}/environ", "rb") as f:
         env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    assert proto.SOCK_ENV.encode() in env and env[b"PYTHONBREAKPOINT"] == b"monarch_breakpoint.set_trace"
     r = subprocess.run([sys.executable, "-c", "breakpoint(); print('went on')"], env=env, capture_output=True,
                        text=True, timeout=T)
-    assert r.returncode == 0 and r.stdout == "went on\n"
+    assert r.returncode == 0 and r.stdout == "went on\n", r.stderr
     assert "breakpoint() ignored: no debug session (the host agent refused the debug session)" in r.stderr
     assert client.request(agent.addr, lambda port: m.DebugList(port)).get(timeout=T) == []
     os.kill(rank, signal.SIGKILL)
@@ -259,7 +276,7 @@ def test_the_hook_without_an_agent_says_why_and_goes_on(tmp_path):
     env["PYTHONBREAKPOINT"] = "monarch_agents.debug_rank.set_trace"
     r = subprocess.run([sys.executable, "-c", "breakpoint(); print('went on')"], capture_output=True, text=True,
                        env=env, timeout=T)
-    assert r.returncode == 0 and r.stdout == "went on\n"
+    assert r.returncode == 0 and r.stdout == "went on\n", r.stderr
     assert "breakpoint() ignored: no debug session" in r.stderr
 
 
