@@ -496,6 +496,10 @@ class ProcMesh(_MeshBase):
         # Monarch's names of the actors spawned on each proc (by address), shared with slices: a
         # proc's death is reported, as in Monarch, as the failure of the actors it ran.
         self._actors_on: dict[str, list[str]] = {}
+        # The actor meshes this mesh's owner spawned on it (shared with slices), each with its rank
+        # on each proc: as in Monarch, a proc's death fails each of them, and the owner hears of
+        # each, under that actor mesh's name.
+        self._own_meshes: list[tuple["ActorMesh", dict[str, int]]] = []
         # The mesh as Monarch's runtime holds it (its ``HyProcMesh``): the procs up, and the region
         # of them this mesh names.  Ours is up when spawn_procs returns.
         self._proc_mesh: Shared[HyProcMesh] = Shared.from_value(HyProcMesh(procs, shape))
@@ -575,6 +579,7 @@ class ProcMesh(_MeshBase):
         sub._slice_of = self._name
         sub._init_error = self._init_error
         sub._actors_on = self._actors_on
+        sub._own_meshes = self._own_meshes
         return sub
 
     def _watch(self, owner_actor: Any) -> None:
@@ -587,8 +592,15 @@ class ProcMesh(_MeshBase):
             def on_death(err: SupervisionError, rank: int = i, host: str = p.host, addr: str = p.addr) -> None:
                 if self._stopped:
                     return
-                reason = _proc_death_reason(err, self.__dict__.get("_actors_on", {}).get(addr))
-                _report(owner_actor, MeshFailure(self._name, rank, host, reason, err.exit_code))
+                failed = [(mesh, ranks[addr]) for mesh, ranks in self.__dict__.get("_own_meshes", ())
+                          if addr in ranks and not mesh._stopped]
+                for mesh, mesh_rank in failed:
+                    reason = _proc_death_reason(err, [mesh._names[addr]] if addr in mesh._names else None)
+                    _report(owner_actor, MeshFailure(mesh._name, mesh_rank, host, reason, err.exit_code))
+                if not failed:
+                    # No actor mesh of the owner's ran there: the proc mesh's own failure.
+                    reason = _proc_death_reason(err, self.__dict__.get("_actors_on", {}).get(addr))
+                    _report(owner_actor, MeshFailure(self._name, rank, host, reason, err.exit_code))
             rt.watch(p.addr, on_death)
 
     def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> "ActorMesh[T]":
@@ -634,7 +646,12 @@ class ProcMesh(_MeshBase):
         _telemetry.actor_mesh(rt, self, actor_id, name, cls, shape)
         supervision.watch_actor(actor_id, lambda msg: _report(
             owner_actor, MeshFailure(name, msg.rank, msg.host, msg.reason)))
-        if not (self._owner and self._owner_actor is owner_actor):
+        if self._owner and self._owner_actor is owner_actor:
+            # The procs' owner is told of their deaths by _watch, once per actor mesh of its own.
+            own = self.__dict__.setdefault("_own_meshes", [])
+            own[:] = [entry for entry in own if not entry[0]._stopped]  # a stopped mesh fails no more
+            own.append((mesh, {self._procs[idx].addr: i for i, idx in enumerate(shape.indices)}))
+        else:
             # Procs this caller did not make: it is told of their deaths too, as the owner of
             # the actors on them (the procs' owner hears of it on its own).
             self._watch_for(owner_actor, name, shape, mesh)

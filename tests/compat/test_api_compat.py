@@ -379,6 +379,14 @@ BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT
         "gil_hold.py": GIL_HOLD_OUT}
 
 
+PROC_DEATH_MESHES_OUT = """\
+client heard: ['alpha', 'beta']
+owner heard: ['kids', 'pets']
+client heard nothing more: True
+done
+"""
+BOTH["proc_death_meshes.py"] = PROC_DEATH_MESHES_OUT
+
 FLUSH_ALL_LOGS_OUT = """\
 active: True
 before flush: ['flushed line', 'flushed line']

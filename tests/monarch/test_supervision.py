@@ -103,6 +103,35 @@ def test_exit_inside_an_endpoint(faults):
     assert wait_gone(pids) == []
 
 
+def test_a_dead_proc_fails_each_actor_mesh_on_it(faults):
+    # As in Monarch, the owner hears once per actor mesh of its own that ran there, under that
+    # mesh's name and rank; a stopped mesh is not news, and a proc that ran none of its actor
+    # meshes fails as the proc mesh.
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    bare = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        alpha = pm.spawn("alpha", Worker)
+        beta = pm.slice(gpus=1).spawn("beta", Worker)
+        gone = pm.spawn("gone", Worker)
+        pids = alpha.pid.call().get(timeout=T).values()
+        beta.initialized.get(timeout=T)
+        gone.stop().get(timeout=T)
+        os.kill(pids[1], signal.SIGKILL)
+        heard = sorted([faults.get(timeout=T), faults.get(timeout=T)], key=lambda f: f.mesh_name)
+        assert [(f.mesh_name, f.rank, f.exit_code) for f in heard] == [("alpha", 1, -9), ("beta", 0, -9)]
+        assert "Worker alpha{'gpus': 1/2}>" in heard[0].report() and "Worker beta>" in heard[1].report()
+        _no_more(faults)
+        bare_pid = bare._procs[0].pid
+        os.kill(bare_pid, signal.SIGKILL)
+        failure = faults.get(timeout=T)
+        assert (failure.mesh_name, failure.rank, failure.exit_code) == (bare._name, 0, -9)
+        _no_more(faults)
+    finally:
+        pm.stop().get(timeout=T)
+        bare.stop().get(timeout=T)
+    assert wait_gone(pids) == []
+
+
 def test_owner_supervises_each_failed_rank_once(faults):
     port, recv = Channel.open()
     pm = this_host().spawn_procs(per_host={"gpus": 1})
@@ -112,10 +141,10 @@ def test_owner_supervises_each_failed_rank_once(faults):
         os.kill(kids[0], signal.SIGKILL)
         os.kill(kids[2], signal.SIGKILL)
         reports = sorted([recv.recv().get(timeout=T), recv.recv().get(timeout=T)], key=lambda r: r[1])
-        assert [(r[0], r[1], r[3]) for r in reports] == [("procs", 0, -9), ("procs", 2, -9)]
+        assert [(r[0], r[1], r[3]) for r in reports] == [("kids", 0, -9), ("kids", 2, -9)]
         assert all("SIGKILL" in r[2] for r in reports)
         # Messages to the owner come after its __supervise__ calls (one mailbox): exactly two.
-        assert sorted(owner.failures_seen.call_one().get(timeout=T)) == [("procs", 0, -9), ("procs", 2, -9)]
+        assert sorted(owner.failures_seen.call_one().get(timeout=T)) == [("kids", 0, -9), ("kids", 2, -9)]
         with pytest.raises(TimeoutError):
             recv.recv().get(timeout=QUIET_S)
         # __supervise__ returned True: the owner is healthy, and so is the kid that was not killed.
