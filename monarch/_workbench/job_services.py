@@ -640,8 +640,10 @@ class JobServer:
             self.token, self.token_file = _make_token(bound_port)
             # Removed at close(), or at the program's exit where no one closed it.
             self._forget_token = weakref.finalize(self, _remove_quietly, self.token_file)
+            # The example hands curl the header as a file (bash's printf is no process): a token in
+            # curl's arguments would be in /proc/PID/cmdline, which `ps` shows every user of the machine.
             print(f"monarch: {self.url} answers other machines only with the bearer token in {self.token_file} "
-                  f"(curl -H \"Authorization: Bearer $(cat {self.token_file})\" {self.url}/v1/tree)",
+                  f"(curl -H @<(printf 'Authorization: Bearer %s\\n' \"$(cat {self.token_file})\") {self.url}/v1/tree)",
                   file=sys.stderr, flush=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="monarch-job-http", daemon=True)
         self._thread.start()

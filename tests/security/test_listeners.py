@@ -247,13 +247,14 @@ WIDE_SERVER = JOB_SERVER.replace("admin=True)", "admin=True, bind='0.0.0.0')").r
 
 
 def test_a_jobs_http_server_beyond_loopback_answers_other_machines_only_with_its_token(attacker, other_machine,
-                                                                                      shared):
+                                                                                      shared, tmp_path):
     ns, address = other_machine
     server = subprocess.Popen([sys.executable, "-c", WIDE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     try:
         url, token_file = server.stdout.readline().split()
         assert url.startswith("http://0.0.0.0:"), url
+        said = server.stderr.readline()  # printed as it started: where the token is, and how to use it
         there = f"http://{address}:{url.rpartition(':')[2]}"
         probe = os.path.join(shared, "get.py")
         with open(probe, "w") as f:
@@ -280,6 +281,19 @@ def test_a_jobs_http_server_beyond_loopback_answers_other_machines_only_with_its
         with open(token_file) as f:
             token = f.read().strip()
         assert from_there("/v1/schema/admin", f"Bearer {token}") == "200"
+        # The owner on the other machine, running the example the server printed (with bash), gets in,
+        # and the token is never in curl's arguments (which `ps` shows every user).
+        example = said[said.index("(curl ") + 1:said.rindex(")")].replace(url, there)
+        argv_file, bindir = str(tmp_path / "curl-argv"), str(tmp_path / "bin")
+        os.makedirs(bindir)
+        with open(os.path.join(bindir, "curl"), "w") as f:
+            f.write(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {argv_file}\nexec /usr/bin/curl -sS -w '\\n%{{http_code}}\\n' \"$@\"\n")
+        os.chmod(os.path.join(bindir, "curl"), 0o700)
+        r = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", "bash", "-c", example], capture_output=True,
+                           text=True, timeout=120, env={"PATH": f"{bindir}:/usr/bin:/bin"}, cwd="/")
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == "200", (example, r)
+        with open(argv_file) as f:
+            assert token not in f.read()
         # Another user of this machine gets its 403 at that address too, token or not.
         r = attacker.run(f"/usr/bin/python3 {probe} {there}/v1/tree")
         assert r.stdout.startswith("403 "), r.stdout
@@ -287,4 +301,4 @@ def test_a_jobs_http_server_beyond_loopback_answers_other_machines_only_with_its
         server.stdin.close()
         server.wait(timeout=60)
     assert not os.path.exists(token_file)  # removed with the server
-    assert f"answers other machines only with the bearer token in {token_file}" in server.stderr.read()
+    assert f"answers other machines only with the bearer token in {token_file}" in said
