@@ -183,10 +183,17 @@ async def _connect(port: int, timeout: float) -> tuple[asyncio.StreamReader, asy
 class _Destination(Actor):
     """On a destination proc: opens a connection to its loopback port for each forwarded connection."""
 
-    def __init__(self, dst_port: Any, connect_timeout: float):
-        self.port = _check_port("dst_port", dst_port(current_rank()) if callable(dst_port) else dst_port)
+    def __init__(self, connect_timeout: float):
+        self.port = 0
         self.connect_timeout = connect_timeout
         self.relays = _Relays()
+
+    @endpoint
+    async def configure(self, dst_port: Any) -> None:
+        # Checked in an endpoint, not in __init__: a bad port of one point is then that call's
+        # ActorError, not a failed actor whose supervision event would end the forwarder (and,
+        # unhandled, the client), as in Monarch.
+        self.port = _check_port("dst_port", dst_port(current_rank()) if callable(dst_port) else dst_port)
 
     @endpoint
     async def probe(self, wait: float) -> None:
@@ -295,9 +302,9 @@ class PortForwarder(Actor):
         suffix = uuid.uuid4().hex[:12]
         destination = source = None
         try:
-            destination = dst_proc_mesh.spawn(f"port_forward_destination_{suffix}", _Destination, dst_port,
+            destination = dst_proc_mesh.spawn(f"port_forward_destination_{suffix}", _Destination,
                                               float(connect_timeout))
-            await destination.initialized
+            await destination.configure.call(dst_port)
             if wait is not None:
                 await destination.probe.call(float(wait))
             source = src_proc_mesh.spawn(f"port_forward_source_{suffix}", _Source)

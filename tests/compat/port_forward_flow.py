@@ -1,14 +1,15 @@
 """A forwarded TCP connection ends like a TCP connection: a client that drops its connection
 abruptly, while the server writes to it faster than it reads, has the server's side dropped too.
 (monarch also stops such a server after a few MiB in flight; Monarch buffers what it sends.)  Two source procs on
-one host may listen on the same address (connections are spread between them).  Runs unchanged on
+one host may listen on the same address (connections are spread between them).  A destination
+port that is bad for one point fails that forward's call, not the forwarder or the client.  Runs unchanged on
 monarch and on torchmonarch 0.7.0 (tests/compat/test_api_compat.py compares them).
 """
 
 import asyncio
 import socket
 
-from monarch.actor import this_host, this_proc
+from monarch.actor import ActorError, this_host, this_proc
 from monarch.job import PortForwarder
 
 HOST = "127.0.0.1"
@@ -74,6 +75,23 @@ async def main() -> None:
 
     payloads = [bytes([i]) * (64 * 1024) for i in range(1, 9)]
     print("two sources on one address echo:", await asyncio.gather(*map(round_trip, payloads)) == payloads)
+
+    # A port that is bad for one point only (a function of the point) fails that forward with an
+    # ActorError; neither the forwarder nor this client ends (the default unhandled_fault_hook would
+    # end the client on a failed actor), and the sources' ports are free again.
+    bad = [free_port(), free_port()]
+    echo_port = echo_server.sockets[0].getsockname()[1]
+    try:
+        await forwarder.forward.call_one(procs, lambda point: echo_port if point["procs"] == 0 else 0,
+                                         procs, lambda point: f"{HOST}:{bad[point['procs']]}")
+        print("a bad port of one point: no error")
+    except ActorError:
+        print("a bad port of one point: ActorError")
+    for p in bad:
+        with socket.socket() as probe:
+            probe.bind((HOST, p))
+    print("the forwarder still forwards:", await round_trip(b"again") == b"again")
+
     await forwarder.stop()
     echo_server.close()
     await procs.stop()

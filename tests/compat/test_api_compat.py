@@ -133,6 +133,8 @@ UpDownCounter [(7, {'step': '3', 'phase': 'warmup'}), (-3, None)]
 PORT_FORWARD_FLOW_OUT = """\
 a client that drops its connection drops the server's
 two sources on one address echo: True
+a bad port of one point: ActorError
+the forwarder still forwards: True
 done
 """
 
