@@ -93,6 +93,21 @@ def test_spawn_and_stop_procs(client, agent):
     assert wait_gone(pids) == []
 
 
+def test_no_job_secret_in_a_procs_environ_or_argv(client, agent):
+    """House rule: keys never in argv or environ.  A proc agent (where every actor's code runs) gets its
+    keys on its stdin: none of the job's secret keys, nor a token, is in its /proc/PID/environ or cmdline."""
+    mesh_id, (info,) = _spawn(client, agent, 1)
+    secrets = [v for k, v in client.keys.as_dict().items() if k.endswith("_secret") and v]
+    assert len(secrets) >= 2
+    for what in ("environ", "cmdline"):
+        with open(f"/proc/{info.pid}/{what}", "rb") as f:
+            text = f.read().decode(errors="replace")
+        assert "python" in text if what == "cmdline" else "PATH=" in text  # (the check reads something)
+        assert not [s for s in secrets if s in text] and "TOKEN=" not in text
+    assert client.request(agent.addr, lambda port: m.StopProcs(mesh_id, port)).get(timeout=T) == 1
+    assert wait_gone([info.pid]) == []
+
+
 def test_owner_is_told_how_its_proc_died(client, agent):
     _, (info,) = _spawn(client, agent, 1)
     client.own(info.addr, {"what": f"proc t[0] (pid {info.pid})", "rank": 0, "host": info.host})
