@@ -20,6 +20,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Callable, Protocol
 
@@ -36,6 +37,9 @@ log = logging.getLogger("monarch.runtime")
 #: its zygote) and send; 0.1 s was too short on a loaded machine, and a SIGSEGV then read
 #: "connection lost" instead of its signal.  Only a host that died with its proc pays the wait.
 _DEATH_GRACE_S = 2.0
+#: A closed runtime's own ZeroMQ context gives its sockets this long to be closed by their users,
+#: then closes those left itself (linger 0): ``term()`` alone waits for every socket, forever.
+_TERM_GRACE_S = 2.0
 #: The sender role of a message this process sent itself.
 SELF = "self"
 
@@ -176,8 +180,11 @@ class Runtime:
         self.closed = True
         self.mailbox.close()
         if self._own_ctx is not None:
-            # Its own context (a client's second job): ended in the background, as sockets linger.
-            threading.Thread(target=self._own_ctx.term, name="zmq-term", daemon=True).start()
+            # Its own context (a client's second job): ended in the background, as sockets linger,
+            # by a deadline (this thread's owner is that deadline: see _term_context).
+            self._term_thread = threading.Thread(target=_term_context, args=(self._own_ctx, time.monotonic() + _TERM_GRACE_S),
+                                                 name="zmq-term", daemon=True)
+            self._term_thread.start()
 
     # -- messages ----------------------------------------------------------
 
@@ -430,6 +437,26 @@ class Runtime:
                 w(err)
             except Exception:
                 log.exception("death watcher failed")
+
+
+def _term_context(ctx: Any, deadline: float) -> None:
+    """End ZeroMQ context ``ctx`` by ``deadline`` (``time.monotonic()``) plus its sockets' linger.
+
+    ``ctx.term()`` returns only once every socket of the context is closed: one a thread still holds
+    (a sender racing the close, a helper whose join timed out) held it, and this thread, forever.
+    Their users have until the deadline to close them; those still open then are closed here, with
+    no linger (their runtime is closed: what they hold would never be read), and ``term()`` follows."""
+    import zmq
+
+    try:
+        while time.monotonic() < deadline and any(not sock.closed for sock in list(ctx._sockets)):
+            time.sleep(0.02)
+        for sock in list(ctx._sockets):
+            if not sock.closed:
+                sock.close(linger=0)
+        ctx.term()
+    except zmq.ZMQError as e:  # terminated already
+        log.debug("ending a ZeroMQ context: %s", e)
 
 
 #: Random port ids, drawn from the kernel 4 KiB at a time (a getrandom call per call was ~1% of a

@@ -136,3 +136,27 @@ def test_the_port_forward_stops_its_listeners_and_connections_by_a_deadline(forw
         c.close()
     assert fw.stop(time.monotonic() + 1) == []  # again: nothing to do
     assert threading.active_count() >= 1
+
+
+def test_a_closed_runtimes_own_context_ends_by_a_deadline_with_a_socket_left_open():
+    """A client's second runtime ends its own ZeroMQ context in the background (``zmq-term``): a
+    socket of that context still open (a sender racing the close) held ``term()``, and the thread,
+    forever; now it is closed at the deadline and the thread ends."""
+    import zmq
+
+    from monarch_agents import transport
+    from monarch_agents.keys import JobKeys
+    from monarch_agents.runtime import Runtime
+
+    ctx = transport.new_context()
+    rt = Runtime(JobKeys.generate(), ctx=ctx).start()
+    held = ctx.socket(zmq.DEALER)
+    held.connect("tcp://127.0.0.1:9")  # queued, never sent: nobody listens there
+    held.send(b"pending", zmq.NOBLOCK)
+    before = {t for t in threading.enumerate() if t.name == "zmq-term"}
+    rt.close()
+    term = [t for t in threading.enumerate() if t.name == "zmq-term" and t not in before]
+    assert len(term) == 1
+    term[0].join(120)  # a hang bound only: it ends about 2 s after the close
+    assert not term[0].is_alive()
+    assert held.closed and ctx.closed
