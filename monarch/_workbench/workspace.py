@@ -266,19 +266,7 @@ class WorkspacePusher:
                 self.present = set()  # a host lost chunks it had: the two rounds ask every host
             return None
         switched = [t for t, (ok, v) in zip(self.targets, answers) if ok and isinstance(v, dict)]
-        stuck = ""
-        if switched:
-            previous = self.committed
-            back = self._answers(lambda t: wm.WsCommit(self.name, previous, t.mountpoint, self.source, _NO_PORT),
-                                 switched)
-            # A host that could not be switched back serves the new tree while the others serve the
-            # previous one: the user must hear it (in the same line), or runs there see other code.
-            left = [(t, v) for t, (ok, v) in zip(switched, back) if not (ok and isinstance(v, dict))]
-            if left:
-                t0, v0 = left[0]
-                more = f" (and {len(left) - 1} more host{'s' if len(left) > 2 else ''})" if len(left) > 1 else ""
-                stuck = (f"; host {t0.host} (rank {t0.rank}){more} could not be switched back and serves the new "
-                         f"tree: {self._failure(t0, v0).message}")
+        stuck = self._switch_back(switched)
         t, ok, v = next(f for f in failed if not redo(f[1], f[2]))
         hint = "`monarch status` shows the hosts; sync again once fixed"
         if ok and isinstance(v, wm.WsBatchDone):
@@ -305,7 +293,42 @@ class WorkspacePusher:
         raise WorkspaceError(f"the chunks arrived corrupted {_TRIES} times", "check the network; sync again")
 
     def _commit(self, manifest_id: str) -> list[dict]:
-        return self._ask(lambda t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, _NO_PORT))
+        """The two rounds' switch: every host serves ``manifest_id``, or none does.  A host that fails
+        fails the sync, and those that had switched are switched back to the last commit (as
+        :meth:`_push_edit` does); one that cannot be (or, on a first sync, has no tree to go back
+        to) is named in the error's one line."""
+        answers = self._answers(lambda t: wm.WsCommit(self.name, manifest_id, t.mountpoint, self.source, _NO_PORT),
+                                self.targets)
+        failed = [(t, v) for t, (ok, v) in zip(self.targets, answers) if not ok]
+        if not failed:
+            return [v for _, v in answers]
+        stuck = self._switch_back([t for t, (ok, _) in zip(self.targets, answers) if ok])
+        e = self._failure(*failed[0])
+        if stuck:
+            raise WorkspaceError(e.message + stuck, e.hint or "`monarch status` shows the hosts; sync again once fixed")
+        raise e
+
+    def _switch_back(self, switched: list[Target]) -> str:
+        """Switch ``switched`` (hosts that took a sync that failed elsewhere) back to the last commit.
+        What to add to the error's line: the hosts left serving the new tree (none: \"\")."""
+        if not switched:
+            return ""
+        previous = self.committed
+        if not previous:
+            # A first sync: no tree to go back to.  They serve the new one while the others serve none.
+            t0 = switched[0]
+            more = f" (and {len(switched) - 1} more host{'s' if len(switched) > 2 else ''})" if len(switched) > 1 else ""
+            return f"; host {t0.host} (rank {t0.rank}){more} switched and serves the new tree (no previous tree to go back to)"
+        back = self._answers(lambda t: wm.WsCommit(self.name, previous, t.mountpoint, self.source, _NO_PORT), switched)
+        # A host that could not be switched back serves the new tree while the others serve the
+        # previous one: the user must hear it (in the same line), or runs there see other code.
+        left = [(t, v) for t, (ok, v) in zip(switched, back) if not (ok and isinstance(v, dict))]
+        if not left:
+            return ""
+        t0, v0 = left[0]
+        more = f" (and {len(left) - 1} more host{'s' if len(left) > 2 else ''})" if len(left) > 1 else ""
+        return (f"; host {t0.host} (rank {t0.rank}){more} could not be switched back and serves the new "
+                f"tree: {self._failure(t0, v0).message}")
 
 
 class _Transfer:

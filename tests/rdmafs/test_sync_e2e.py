@@ -411,3 +411,38 @@ def test_a_host_that_cannot_be_switched_back_is_named_in_the_error(client, tmp_p
         for a in started:
             a.stop()
     assert wait_gone([a.pid for a in started]) == []
+
+
+def test_a_failed_two_round_switch_switches_the_other_hosts_back(client, tmp_path, fuse):
+    """The two rounds' switch fails on h1 (its mount folder cannot be made) after h0 switched: h0 is
+    switched back to the previous tree, as the one-round edit does; on a first sync, with no tree to
+    go back to, the error's one line says h0 serves the new one."""
+    started = [start_agent(client, tmp_path, 0), start_agent(client, tmp_path, 1)]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("v1\n")
+    (tmp_path / "a-file").write_text("")
+    good = targets(started)
+    bad = [good[0], Target(good[1].addr, good[1].host, 1, str(tmp_path / "a-file" / "mnt"))]
+    try:
+        p = WorkspacePusher(client, str(ws), bad)
+        with pytest.raises(WorkspaceError) as e:
+            p.sync()
+        msg = e.value.message
+        assert "\n" not in msg and msg.startswith("h1: could not switch the workspace"), msg
+        assert msg.endswith("; host h0 (rank 0) switched and serves the new tree (no previous tree to go back to)"), msg
+        p.targets = good
+        mnts = [m["mountpoint"] for m in p.sync().mounts]
+        assert [open(os.path.join(m, "a.py")).read() for m in mnts] == ["v1\n", "v1\n"]
+        # Bigger than an edit's one round: chunks first, then the switch every host is asked for.
+        (ws / "a.py").write_text("v2\n" + "#" * (64 << 10))
+        p.targets = bad
+        with pytest.raises(WorkspaceError) as e:
+            p.sync()
+        msg = e.value.message
+        assert "\n" not in msg and msg.startswith("h1: could not switch the workspace") and ";" not in msg, msg
+        assert open(os.path.join(mnts[0], "a.py")).read() == "v1\n", "h0 was switched back"
+    finally:
+        for a in started:
+            a.stop()
+    assert wait_gone([a.pid for a in started]) == []
