@@ -648,6 +648,16 @@ class JobServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="monarch-job-http", daemon=True)
         self._thread.start()
 
+    def announce_admin(self) -> None:
+        """Say on stdout where this admin server listens, as Monarch's admin agent does when it starts:
+        its first line, ``Mesh admin server listening on URL``, is what Monarch's programs tell users to
+        read (and what its integration harnesses wait for), then ready-to-run ``curl`` lines."""
+        auth = f'-H "Authorization: Bearer $(cat {self.token_file})" ' if self.token_file else ""
+        print(f"Mesh admin server listening on {self.url}\n"
+              f"  root:  curl {auth}{self.url}/v1/root\n"
+              f"  tree:  curl {auth}{self.url}/v1/tree\n"
+              f"  API:   curl {auth}{self.url}/SKILL.md", flush=True)
+
     def authorized(self, header: str | None) -> bool:
         """Whether ``header`` (an ``Authorization`` value) shows this server's bearer token; none is
         shown where the server has none (on loopback every peer's uid is told instead)."""

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.compat.test_compat import HERE, run_program
+from tests.compat.test_compat import HERE, run_program, without_admin_banner
 from tests.helpers import ROOT
 
 API_NAMES_OUT = """\
@@ -598,6 +598,13 @@ done
 """
 BOTH["undeliverable.py"] = UNDELIVERABLE_OUT
 
+ADMIN_BANNER_OUT = """\
+says where it listens: True
+answers there: 200
+done
+"""
+BOTH["admin_banner.py"] = ADMIN_BANNER_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
@@ -737,7 +744,7 @@ admin closed with the job
 
 def test_a_jobs_telemetry_and_mesh_admin_api(tmp_path, no_leaked_processes):
     r = run_program("job_services.py", tmp_path)
-    assert r.stdout == JOB_SERVICES_OUT
+    assert without_admin_banner(r.stdout) == JOB_SERVICES_OUT
 
 
 def _free_ports(n: int) -> list[int]:

@@ -29,6 +29,22 @@ def run_program(name: str, cwd, timeout: float = 180, env: dict | None = None) -
     return r
 
 
+def without_admin_banner(stdout: str) -> str:
+    """``stdout`` less the lines a job's mesh admin server says where it listens with (its
+    ``Mesh admin server listening on URL`` and the indented lines right after it), as both
+    monarch and torchmonarch print them when ``state()`` starts it."""
+    kept, in_banner = [], False
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith("Mesh admin server listening on "):
+            in_banner = True
+            continue
+        if in_banner and line.startswith("  "):
+            continue
+        in_banner = False
+        kept.append(line)
+    return "".join(kept)
+
+
 @pytest.fixture
 def cwd(tmp_path, no_leaked_processes):
     yield tmp_path

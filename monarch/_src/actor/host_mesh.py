@@ -44,9 +44,7 @@ def _spawn_admin(host_meshes: list[HostMesh], admin_addr: str | None = None,
                               bind=bind, port=port)
         _servers.append(server)
         os.environ["MONARCH_ADMIN_URL"] = server.url  # where Monarch's tools look for it
-        # Monarch's says where, on stdout; beyond loopback, also where the token other machines need is.
-        shown = f" (bearer token for other machines in {server.token_file})" if server.token_file else ""
-        print(f"Mesh admin server listening on {server.url}{shown}", flush=True)
+        server.announce_admin()  # on stdout, as Monarch's
         return server.url, _AdminRef(server.url)
 
     return Future._from_coro(start())
