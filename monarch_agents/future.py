@@ -23,6 +23,19 @@ def _main_ident() -> int | None:
     return threading.main_thread().ident
 
 
+
+def _call_soon(loop: Any, fn: Callable[[], Any]) -> None:
+    """Run ``fn`` on ``loop``'s thread, unless the loop has closed: then no one awaits there any
+    more (``asyncio.run`` returned, or ended at Ctrl-C, with the call still out), and the answer
+    that came late, or the failure of a call stopped at exit, is nobody's to hear."""
+    if loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # closed between the look and the call
+        if not loop.is_closed():
+            raise
+
 class Future(Generic[R]):
     """A value that will be available later."""
 
@@ -172,7 +185,7 @@ class Future(Generic[R]):
             waiter = loop.create_future()
 
             def wake(_: Future) -> None:
-                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                _call_soon(loop, lambda: waiter.done() or waiter.set_result(None))
 
             self.add_done_callback(wake)
             yield from waiter.__await__()
@@ -198,7 +211,7 @@ class Future(Generic[R]):
             except BaseException as e:  # noqa: BLE001 - the outcome itself is the exception
                 out.set_exception(RuntimeError("coroutine raised StopIteration") if isinstance(e, StopIteration) else e)
 
-        self.add_done_callback(lambda _: loop.call_soon_threadsafe(settle))
+        self.add_done_callback(lambda _: _call_soon(loop, settle))
         return out
 
     def __repr__(self) -> str:

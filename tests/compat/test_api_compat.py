@@ -605,6 +605,14 @@ done
 """
 BOTH["admin_banner.py"] = ADMIN_BANNER_OUT
 
+LATE_ANSWER_OUT = """\
+ready: [1, 1]
+calls out: 3
+tracebacks at the stop: 0
+done
+"""
+BOTH["late_answer.py"] = LATE_ANSWER_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
