@@ -127,6 +127,12 @@ class ActorSlot:
         #: sleeps counted among its sleepers (see ``_take``).
         self._polling: Any = None
         self._sleeping: Any = None
+        #: An async actor's: while its event loop runs, what ``post`` hands it (straight to the loop),
+        #: under ``_post_lock`` (so that nothing overtakes what was queued before); and what stands for
+        #: its thread among the IO loop's sleepers.
+        self._direct: Callable[[Any], None] | None = None
+        self._post_lock = threading.Lock()
+        self._async_waiter = _Waiter()
         # Supervision events jump the queue: they run before messages already waiting.
         self.events: collections.deque[MeshFailure] = collections.deque()
         self.failed: SupervisionError | None = None
@@ -140,8 +146,6 @@ class ActorSlot:
         self.children: list[Any] = []
         self.tasks: set["asyncio.Task"] = set()
         self.thread = threading.Thread(target=self._run, name=f"actor-{msg.name}", daemon=True)
-        #: An async actor's mailbox pump (``actor-<name>-pump``), once its loop runs.
-        self.pump: threading.Thread | None = None
         actor_telemetry.created(self)
 
     @property
@@ -196,14 +200,14 @@ class ActorSlot:
             if item is _STOP or self._handle_sync(item):
                 return
 
-    def _take(self, borrow: bool = True) -> Any:
+    def _take(self) -> Any:
         """The next mailbox item.  With none yet, a proc's actor thread runs the IO loop itself until
         one comes (``Mailbox.run_until``: no hand-over from the IO thread to this one per call);
         otherwise, or when the loop is not free, it sleeps counted among the loop's sleepers."""
         q = self.mailbox
         if q.empty():
             mb = self.agent.rt.mailbox
-            if borrow and future.process_loop is mb:
+            if future.process_loop is mb:
                 self._polling = mb
                 try:
                     mb.run_until(self._has_mail)
@@ -298,22 +302,29 @@ class ActorSlot:
             self.tasks.add(t)
             t.add_done_callback(self.tasks.discard)
 
-        def pump() -> None:
-            # Bridge the thread-safe mailbox into the loop without polling.
-            while True:
-                item = self._take(borrow=False)
-                if item is _STOP:  # posted below once the loop is done
-                    return
-                try:
-                    if item is _WAKE:
-                        loop.call_soon_threadsafe(on_event)
-                    else:
-                        loop.call_soon_threadsafe(q.put_nowait, item)
-                except RuntimeError:  # the loop closed: the actor was stopped
-                    return
+        def direct(item: Any) -> None:
+            # What is posted from now on goes straight to the loop (there used to be a pump thread
+            # between: one more thread hand-over per call).
+            try:
+                if item is _WAKE:
+                    loop.call_soon_threadsafe(on_event)
+                else:
+                    loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the loop closed: the actor was stopped
+                pass
 
-        self.pump = threading.Thread(target=pump, name=f"actor-{self.msg.name}-pump", daemon=True)
-        self.pump.start()
+        # This thread waits for what the IO loop brings (through ``direct``): while it serves, the
+        # proc's loop is not lent out (see ``Mailbox.run_until``).
+        rt_mailbox = self.agent.rt.mailbox
+        rt_mailbox.sleep_begin(self._async_waiter)
+        with self._post_lock:  # what was posted before the loop ran first, in its order
+            while not self.mailbox.empty():
+                item = self.mailbox.get_nowait()
+                if item is _WAKE:
+                    loop.call_soon(on_event)
+                else:
+                    q.put_nowait(item)
+            self._direct = direct
         try:
             while True:
                 item = await q.get()
@@ -329,8 +340,10 @@ class ActorSlot:
                 if await self._handle_async(item):
                     break
         finally:
+            with self._post_lock:
+                self._direct = None
+            rt_mailbox.sleep_end(self._async_waiter)
             await self._cancel_tasks()
-            self.mailbox.put(_STOP)  # or the pump thread would wait for a message forever
 
     async def _cancel_tasks(self) -> None:
         import asyncio  # here, not at the top: a client that has no async actor never pays for it
@@ -618,14 +631,12 @@ class ActorSlot:
         return self.join(deadline)
 
     def join(self, deadline: float) -> bool:
-        """Wait by ``deadline`` for this actor's thread (and an async actor's pump) to end; True if
-        they did.  One in ``__init__`` reads no mailbox yet: not waited for (its thread is a daemon)."""
-        me = threading.current_thread()
-        for t in (self.thread, self.pump):
-            if t is None or t is me or not t.is_alive() or self.constructing:
-                continue
+        """Wait by ``deadline`` for this actor's thread to end; True if it did.  One in ``__init__``
+        reads no mailbox yet: not waited for (its thread is a daemon)."""
+        t = self.thread
+        if t is not threading.current_thread() and t.is_alive() and not self.constructing:
             t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t is not None and t.is_alive() for t in (self.thread, self.pump))
+        return not t.is_alive()
 
     def begin_stop(self) -> None:
         """A stop is on its way: supervision events from now on are dropped, as in Monarch."""
@@ -686,11 +697,26 @@ class ActorSlot:
                 return
             self.events.append(item)
             item = _WAKE
+        if self._direct is not None:  # an async actor whose loop runs
+            with self._post_lock:
+                direct = self._direct
+                if direct is not None:
+                    direct(item)
+                    return
         self.mailbox.put(item)
         if self._sleeping is not None:
             self._sleeping.sleep_end(self)
         elif self._polling is not None:
             self._polling.wake_borrower()  # posted off the loop: the thread that polls must look
+
+
+class _Waiter:
+    """Stands for a thread among the sleepers of a mailbox (``Mailbox.sleep_begin``)."""
+
+    __slots__ = ("_sleeping",)
+
+    def __init__(self) -> None:
+        self._sleeping: Any = None
 
 
 @dataclass

@@ -491,7 +491,7 @@ def test_stopping_an_async_actor_fails_its_running_calls_and_ends_its_threads(pr
     running = one.wait_gate.call_one()  # a concurrent call that never finishes by itself
     assert one.pid.call_one().get(timeout=T)
     names = workers.slice(gpus=1).threads.call_one().get(timeout=T)
-    assert {"actor-short_lived", "actor-short_lived-pump"} <= set(names)
+    assert "actor-short_lived" in names
     one.stop().get(timeout=T)
     with pytest.raises(SupervisionError, match="stopped"):
         running.get(timeout=T)

@@ -34,6 +34,27 @@ class Echo(Actor):
         return "done"
 
 
+class SlowStart(Actor):
+    """An async actor whose __init__ takes a while: calls queue meanwhile, then go straight to its loop."""
+
+    def __init__(self) -> None:
+        time.sleep(0.3)
+        self.seen: list = []
+
+    @endpoint
+    async def note(self, i: int) -> int:
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    async def order(self) -> list:
+        return self.seen
+
+    @endpoint
+    async def threads(self) -> list:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("actor-"))
+
+
 class Caller(Actor):
     """Calls another actor from inside an endpoint (the answer comes through this proc's loop)."""
 
@@ -93,5 +114,19 @@ def test_an_actor_calls_another_and_waits_from_several_threads():
         assert caller.relay.call_one(30).get(timeout=T) == list(range(30))
         assert caller.relay_from_threads.call_one(6).get(timeout=T) == list(range(6))
         assert caller.relay.call_one(5).get(timeout=T) == list(range(5))
+    finally:
+        procs.stop().get(timeout=T)
+
+
+def test_an_async_actor_gets_its_calls_in_order_before_and_after_its_loop_runs():
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        slow = procs.spawn("lend_slow", SlowStart)
+        early = [slow.note.call_one(i) for i in range(50)]  # posted while __init__ runs: queued
+        assert [f.get(timeout=T) for f in early] == list(range(50))
+        late = [slow.note.call_one(i) for i in range(50, 100)]  # straight to its running loop
+        assert [f.get(timeout=T) for f in late] == list(range(50, 100))
+        assert slow.order.call_one().get(timeout=T) == list(range(100))
+        assert slow.threads.call_one().get(timeout=T) == ["actor-lend_slow"]  # one thread: no pump
     finally:
         procs.stop().get(timeout=T)
