@@ -5,8 +5,13 @@
     rc = exec_command(hosts, ["nvidia-smi"]).get()          # the highest exit code of all ranks
     exec_command(hosts, ["train.py", "--lr", "0.1"], per_host={"gpus": 2}, output_dir="out/$SUBDIR").get()
 
-The command starts at once (on a thread of this process); the returned Future only observes it.
-Each rank runs it in a proc of its own, spawned for the call and stopped when it ends, with
+The command starts at once (on a thread of this process); the returned Future only observes it:
+dropping it, or a ``get()`` that times out, does not cancel the command.  As in Monarch (0.7.0), a
+normal interpreter exit waits for the command (the thread is not a daemon): that wait ends when the
+command ends, when its procs or hosts are lost (supervision fails the call), when the client shuts
+down (``shutdown_context()`` stops its procs) or at a signal (Ctrl-C).  After the command, the
+procs' stop is bounded by the stop settings (:func:`_stop_wait_s`), so nothing but the command
+itself holds the exit.  Each rank runs it in a proc of its own, spawned for the call and stopped when it ends, with
 ``MONARCH_RANK_<dim>``/``MONARCH_SIZE_<dim>`` in its environment.  A command whose first word
 ends in ``.py`` (or ``["-m", module, ...]``) runs under the procs' Python.
 """
@@ -83,6 +88,16 @@ def _run(argv: list[str], cwd: str | None, env: dict, out: Any, err: Any, captur
     return code
 
 
+def _stop_wait_s() -> float:
+    """How long the command's procs may take to stop: every proc's answer (one shared
+    ``stop_actor_timeout``), then the hosts' (``proc_stop_max_idle``), each host killing what is left
+    after ``mesh_terminate_timeout``; a few seconds more for the answers to come back."""
+    from monarch import config
+
+    return (config.seconds("stop_actor_timeout") + config.seconds("proc_stop_max_idle")
+            + config.seconds("mesh_terminate_timeout") + 5.0)
+
+
 def exec_command(host_mesh: Any, cmd: list[str], env: dict[str, str] | None = None, workdir: str | None = None,
                  output_dir: str | None = None, rank: int | None = None, point: dict[str, int] | None = None,
                  per_host: dict[str, int] | None = None) -> Future:
@@ -123,7 +138,7 @@ def exec_command(host_mesh: Any, cmd: list[str], env: dict[str, str] | None = No
                         sys.stderr.write(r["stderr"])
                 sys.stdout.flush()
             finally:
-                procs.stop().get()
+                procs.stop().get(timeout=_stop_wait_s())
             result.set_result(worst)
         except BaseException as e:  # every outcome settles the Future
             result.set_exception(e)

@@ -719,6 +719,19 @@ class ProcMesh(_MeshBase):
         return fut
 
     def _stop(self, fut: Future, reason: str) -> None:
+        try:
+            self._stop_procs(reason)
+        except BaseException as e:  # noqa: BLE001 - every outcome settles the Future: a caller's get() must not wait forever
+            log.warning("proc mesh %r: stop failed: %s", self._name, e)
+            fut.set_exception(e)
+            return
+        if self._init_error is not None:
+            # As in Monarch: the procs are stopped all the same, and the stop reports the mesh's failure.
+            fut.set_exception(self._init_error)
+            return
+        fut.set_result(None)
+
+    def _stop_procs(self, reason: str) -> None:
         rt = self._rt()
         manager = self.__dict__.get("_logging")
         if manager is not None:  # as in Monarch: what the procs wrote is printed before they stop
@@ -758,11 +771,6 @@ class ProcMesh(_MeshBase):
                 if not ok:
                     # The host agent is gone or busy: its procs were already asked to stop one by one.
                     log.debug("proc mesh %r: StopProcs on %s: %s", self._name, h.addr, why)
-        if self._init_error is not None:
-            # As in Monarch: the procs are stopped all the same, and the stop reports the mesh's failure.
-            fut.set_exception(self._init_error)
-            return
-        fut.set_result(None)
 
     async def __aenter__(self) -> "ProcMesh":
         return self
