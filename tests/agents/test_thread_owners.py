@@ -160,3 +160,24 @@ def test_a_closed_runtimes_own_context_ends_by_a_deadline_with_a_socket_left_ope
     term[0].join(120)  # a hang bound only: it ends about 2 s after the close
     assert not term[0].is_alive()
     assert held.closed and ctx.closed
+
+
+def test_the_port_forward_beats_on_a_relay_control_stream_until_its_client_ends(forwarder, monkeypatch):
+    """The relay takes a control stream silent for 4 beats as a vanished client: the port-forward
+    sends a byte every beat while its client is connected, and stops when the client's address ends."""
+    from monarch_agents import tunnel
+
+    monkeypatch.setattr(tunnel, "HEARTBEAT_S", 0.05)
+    mine, relay = socket.socketpair()
+    done = threading.Event()
+    beating = threading.Thread(target=forwarder._heartbeat, args=(mine, done))
+    beating.start()
+    try:
+        relay.settimeout(60)
+        assert relay.recv(1) == b"\n" and relay.recv(1) == b"\n"
+    finally:
+        done.set()
+        beating.join(60)
+        mine.close()
+        relay.close()
+    assert not beating.is_alive()
