@@ -332,7 +332,7 @@ METRICS = TableSpec("metrics", EVENT, "Values a program recorded through the act
 # columns; node ids are the admin API's references (opaque: not to be parsed in SQL).
 
 _SID = _c("snapshot_id", STR, "the capture (snapshots.snapshot_id)")
-_NID = _c("node_id", STR, "the node: the mesh admin API's reference (root, host:NAME, proc:HOST/PID, actor:HOST/PID/NAME)")
+_NID = _c("node_id", STR, "the node: the mesh admin API's reference (root, host:NAME, proc:HOST/PID, actor:HOST/PID,NAME)")
 _SNAP = "client (periodic captures)"
 
 

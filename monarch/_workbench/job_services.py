@@ -20,7 +20,10 @@ for the admin server ``monarch.config``'s ``mesh_admin_addr``, says otherwise) f
   ``actors``, ``actor_status_events``, ``messages``), so it shows what they recorded.
 
 References are opaque strings (``root``, ``host:NAME``, ``proc:NAME/PID``,
-``actor:NAME/PID/ACTOR``): round-trip them, percent-encoded in the URL path.
+``actor:NAME/PID,ACTOR``): round-trip them, percent-encoded in the URL path.  An actor's name is
+its reference's last comma-separated part, where Monarch's admin tools look for it (its
+``verify_pyspy`` finds a workload's procs by their actors' names so); ``actor:NAME/PID/ACTOR``, the
+form before, is still resolved.
 
 Who is answered: the owner's processes on this machine (the peer's uid, from the kernel's
 ``/proc/net/tcp``); another user's get a 403 line.  A server bound beyond loopback (asked for with
@@ -254,7 +257,12 @@ class AdminTree:
             host, _, pid = rest.rpartition("/")
             if pid.isdigit():
                 return self._proc(host, int(pid))
-        if kind == "actor" and rest.count("/") >= 2:
+        if kind == "actor" and "," in rest:
+            where, _, name = rest.partition(",")
+            host, _, pid = where.rpartition("/")
+            if host and pid.isdigit():
+                return self._actor(host, int(pid), name)
+        if kind == "actor" and rest.count("/") >= 2:  # the form before (actor:HOST/PID/NAME)
             host, pid, name = rest.split("/", 2)
             if pid.isdigit():
                 return self._actor(host, int(pid), name)
@@ -310,7 +318,7 @@ class AdminTree:
         actors = self._actor_rows(host, pid)
         live, stopped, failed = [], [], 0
         for a in actors:
-            ref = f"actor:{host}/{pid}/{a['full_name']}"
+            ref = f"actor:{host}/{pid},{a['full_name']}"
             status = (a["status"] or "").lower()
             (stopped if status in ("stopped", "failed") else live).append(ref)
             failed += status == "failed"
@@ -335,7 +343,7 @@ class AdminTree:
         shown = f"{status}: {a['reason']}" if a["reason"] and status in ("failed", "stopped") else status
         failure = None
         if status == "failed":
-            failure = {"error_message": a["reason"] or "", "root_cause_actor": f"actor:{host}/{pid}/{name}",
+            failure = {"error_message": a["reason"] or "", "root_cause_actor": f"actor:{host}/{pid},{name}",
                        "root_cause_name": a["display_name"], "occurred_at": _iso(a["status_us"]),
                        "is_propagated": False}
         cls = a["class"] or ""
@@ -346,7 +354,7 @@ class AdminTree:
                            "last_message_handler": last[0]["endpoint"] if last else None,
                            "failure_info": failure, "flight_recorder": None, "execution": None,
                            "inbound_ordering": None, "queue_depth": 0}}
-        return self._payload(f"actor:{host}/{pid}/{name}", props, [], f"proc:{host}/{pid}")
+        return self._payload(f"actor:{host}/{pid},{name}", props, [], f"proc:{host}/{pid}")
 
     def tree(self) -> str:
         """The whole job as an ASCII tree, within ``mesh_admin_tree_timeout``."""
@@ -885,7 +893,7 @@ def capture_snapshot(hosts: _Hosts, started_at_us: int) -> dict[str, tuple[int, 
             on = by_proc.get((name, p["pid"]), [])
             failed = 0
             for ai, a in enumerate(on):
-                aref = f"actor:{name}/{p['pid']}/{a['full_name']}"
+                aref = f"actor:{name}/{p['pid']},{a['full_name']}"
                 status = (a["status"] or "created").lower()
                 stopped = status in ("stopped", "failed")
                 failed += status == "failed"

@@ -613,6 +613,14 @@ done
 """
 BOTH["late_answer.py"] = LATE_ANSWER_OUT
 
+ADMIN_ACTOR_NAMES_OUT = """\
+answers: [1, 1]
+procs found by their actors' names: 2
+each one's page: True
+done
+"""
+BOTH["admin_actor_names.py"] = ADMIN_ACTOR_NAMES_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
