@@ -967,6 +967,12 @@ class ActorInstance:
         return ActorId.of(self._info)
 
     @property
+    def proc_id(self) -> str:
+        """The proc this actor runs on, as its ``actor_id`` names it (``proc@addr``), as Monarch's docs
+        use it (``context().actor_instance.proc_id``)."""
+        return self.actor_id.proc_id
+
+    @property
     def class_name(self) -> str:
         return self._info.class_name if self._info else ""
 

@@ -621,6 +621,14 @@ done
 """
 BOTH["admin_actor_names.py"] = ADMIN_ACTOR_NAMES_OUT
 
+INSTANCE_PROC_OUT = """\
+proc_id is a str: True as its actor_id says: True a sibling's is the same: True
+proc_id is a str: True as its actor_id says: True a sibling's is the same: True
+ranks' procs differ: True
+done
+"""
+BOTH["instance_proc.py"] = INSTANCE_PROC_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
