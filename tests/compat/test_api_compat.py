@@ -629,6 +629,14 @@ done
 """
 BOTH["instance_proc.py"] = INSTANCE_PROC_OUT
 
+FETCH_MODULE_OUT = """\
+same as monarch's: True True
+shard of gpus=1: [1.0, 2.0, 3.0, 4.0]
+inspect gpus=0: [1.0, 2.0, 3.0, 4.0]
+done
+"""
+BOTH["fetch_module.py"] = FETCH_MODULE_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
