@@ -114,6 +114,24 @@ class DeviceMesh:
     def ranks(self) -> dict[str, Any]:
         return {d: self.rank(d) for d in self.names}
 
+    def exit(self) -> None:
+        """End this tensor engine, as the mesh Monarch's ``spawn_tensor_engine`` returns does: what
+        was issued is sent, then the engine's workers stop (behind it, in each one's order) and the
+        procs stay; later ops on this mesh (or a slice of it) raise; ``spawn_tensor_engine`` or
+        ``activate()`` on the proc mesh starts a new engine.  Again: nothing."""
+        ctl = self.client
+        with _engines_lock:
+            for mid, c in list(_engines.items()):
+                if c is ctl:
+                    del _engines[mid]
+        if ctl._stopped:
+            return
+        if ctl.failed is None:
+            ctl.flush()
+        ctl.stop()
+        with contextlib.suppress(Exception):  # a proc already gone has no worker left to stop
+            ctl.workers.stop().get()
+
     def __repr__(self) -> str:
         return f"DeviceMesh({self._shape.extent}, procs={list(self.ranks_tuple)})"
 

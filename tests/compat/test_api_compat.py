@@ -637,6 +637,15 @@ done
 """
 BOTH["fetch_module.py"] = FETCH_MODULE_OUT
 
+ENGINE_EXIT_OUT = """\
+engine 0 [1.0, 1.0]
+engine 1 [2.0, 2.0]
+engine 2 [3.0, 3.0]
+procs still answer: [1, 1]
+done
+"""
+BOTH["engine_exit.py"] = ENGINE_EXIT_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
