@@ -249,11 +249,15 @@ class Endpoint(Generic[R]):
         several = bool(runtime._client_runtimes)
         for i, idx in enumerate(shape.indices):
             to = procs[idx].addr
-            if to == addr or several:
-                # Perhaps to an actor in this process, which gets the message itself: copies, not the plan's.
-                rt.send(to, Call(actor_id, name, payload, dict(points[i]), dict(extent), reply, i, addr))
-            else:  # to another process: pickled before send returns
-                rt.send(to, Call(actor_id, name, payload, points[i], extent, reply, i, addr))
+            try:
+                if to == addr or several:
+                    # Perhaps to an actor in this process, which gets the message itself: copies, not the plan's.
+                    rt.send(to, Call(actor_id, name, payload, dict(points[i]), dict(extent), reply, i, addr))
+                else:  # to another process: pickled before send returns
+                    rt.send(to, Call(actor_id, name, payload, points[i], extent, reply, i, addr))
+            except SupervisionError as e:
+                e.failed_addr = to  # which proc refused it: the failure names the actor there, as Monarch's
+                raise
 
     def _targets(self, shape: Shape) -> dict:
         return {self._mesh._procs[idx].addr: i for i, idx in enumerate(shape.indices)}
@@ -312,7 +316,7 @@ class Endpoint(Generic[R]):
         except SupervisionError as e:
             self._mesh._rt().close_port(port.port_id)
             _telemetry.bounced(self._mesh._rt())
-            fut.set_exception(_call_failed(self._label, None, e))
+            fut.set_exception(_call_failed(self._label, None, e, getattr(e, "failed_addr", "")))
             if isinstance(e, OversizedMessage):
                 self._undeliverable(e, adverb, shape)
         except _Unborn as e:
@@ -333,7 +337,7 @@ class Endpoint(Generic[R]):
         except SupervisionError as e:
             _telemetry.bounced(rt)
             for f in handler.futures:
-                f.set_exception(_call_failed(self._label, None, e))
+                f.set_exception(_call_failed(self._label, None, e, getattr(e, "failed_addr", "")))
             if isinstance(e, OversizedMessage):
                 self._undeliverable(e, "stream", shape)
         except _Unborn as e:

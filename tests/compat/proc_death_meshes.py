@@ -64,6 +64,10 @@ pids = alpha.pid.call().get().values()
 beta.initialized.get()
 os.kill(pids[1], signal.SIGKILL)
 print("client heard:", sorted(n for n in wait_for(lambda: [n for n in heard if n in OURS], 2)))
+try:
+    alpha.pid.call().get()
+except Exception as e:  # Monarch's SupervisionError is not in monarch.actor
+    print("a later call:", type(e).__name__, str(e).splitlines()[0])
 
 owner_procs = this_host().spawn_procs(per_host={"gpus": 1})
 owner = owner_procs.spawn("owner", Owner)

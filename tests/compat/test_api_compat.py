@@ -383,6 +383,7 @@ BOTH = {"actor_kinds.py": ACTOR_KINDS_OUT, "creator_names.py": CREATOR_NAMES_OUT
 
 PROC_DEATH_MESHES_OUT = """\
 client heard: ['alpha', 'beta']
+a later call: SupervisionError Endpoint call alpha.pid() failed, The actor <root>.<__main__.Victim alpha{'gpus': 1/2}> and all its descendants have failed:
 owner heard: ['kids', 'pets']
 client heard nothing more: True
 done

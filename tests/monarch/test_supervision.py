@@ -121,6 +121,10 @@ def test_a_dead_proc_fails_each_actor_mesh_on_it(faults):
         assert [(f.mesh_name, f.rank, f.exit_code) for f in heard] == [("alpha", 1, -9), ("beta", 0, -9)]
         assert "Worker alpha{'gpus': 1/2}>" in heard[0].report() and "Worker beta>" in heard[1].report()
         _no_more(faults)
+        with pytest.raises(SupervisionError) as later:  # refused here: it names the actor as Monarch does
+            alpha.pid.call().get(timeout=T)
+        assert str(later.value).startswith("Endpoint call alpha.pid() failed, The actor <root>.<tests.monarch.actors"
+                                           ".Worker alpha{'gpus': 1/2}> and all its descendants have failed:"), later.value
         bare_pid = bare._procs[0].pid
         os.kill(bare_pid, signal.SIGKILL)
         failure = faults.get(timeout=T)
