@@ -136,7 +136,10 @@ def test_wrong_server_key_gets_nothing(boxes):
     other = JobKeys.generate()
     # A client that trusts another server key (and so cannot complete the handshake).
     confused = boxes(JobKeys(other.server_public, keys.server_secret, keys.client_public, keys.client_secret), "c")
-    confused.mb.send(server.addr, _ping(confused.addr))
+    try:
+        confused.mb.send(server.addr, _ping(confused.addr))
+    except PeerLost:
+        pass  # ipc: the server refused and ended the link before the message was written (as above)
     with pytest.raises(queue.Empty):
         server.received.get(timeout=NOTHING_S)
 
