@@ -7,12 +7,24 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import warnings
 from typing import Any, Callable, Generic, TypeVar
 
 R = TypeVar("R")
 
 _PENDING, _OK, _ERR = 0, 1, 2
+
+_modules = sys.modules
+
+
+def _warn_blocking_on_loop() -> None:
+    """Monarch's ``Future.get()`` warns when it would block a running asyncio loop: nothing else on
+    that loop runs until the answer comes, and an answer that waits on one of its tasks never does."""
+    warnings.warn("Future.get() blocks this thread's running asyncio event loop until the answer comes; "
+                  "await the Future (or its as_asyncio()) instead", UserWarning, stacklevel=3)
+
 
 #: The mailbox whose IO loop a thread waiting in :meth:`Future.get` may run itself (a proc's: see
 #: ``Mailbox.run_until``), or None: the waiting thread sleeps until the IO thread wakes it.
@@ -129,6 +141,9 @@ class Future(Generic[R]):
     def get(self, timeout: float | None = None) -> R:
         """Wait for the value; raise what the remote side raised."""
         if self._state == _PENDING:
+            aio = _modules.get("asyncio")  # not imported: no loop can be running
+            if aio is not None and aio._get_running_loop() is not None:
+                _warn_blocking_on_loop()
             mb = process_loop
             if mb is None:
                 self._block(timeout)

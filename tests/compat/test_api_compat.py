@@ -647,6 +647,14 @@ done
 """
 BOTH["engine_exit.py"] = ENGINE_EXIT_OUT
 
+GET_ON_LOOP_OUT = """\
+get on a running loop: 1 True
+await: 2 False
+get with no loop: 3 False
+done
+"""
+BOTH["get_on_loop.py"] = GET_ON_LOOP_OUT
+
 
 @pytest.mark.parametrize("program", sorted(BOTH))
 def test_program_prints_what_monarch_prints(program, tmp_path, no_leaked_processes):
