@@ -86,6 +86,11 @@ def _unhandled(failure: MeshFailure, why: BaseException) -> None:
         os._exit(1)
 
 
+def ended_by_fault() -> bool:
+    """Whether this client's main thread was interrupted because a failure went unhandled."""
+    return _interrupted
+
+
 def watch_actor(actor_id: str, fn: Callable[[m.ActorFailed], None]) -> None:
     with _lock:
         _actor_watchers[actor_id] = fn

@@ -4,7 +4,8 @@
 
 The same ``sys.argv``, ``sys.path[0]`` (the program's folder) and ``__main__``; the one difference
 is Ctrl-C: an uncaught KeyboardInterrupt ends the program with exit code 130 (its ``finally``
-blocks and atexit handlers run) instead of a traceback, as ``monarch run -- CMD`` ends.  An
+blocks and atexit handlers run) instead of a traceback, as ``monarch run -- CMD`` ends; one that
+the default ``unhandled_fault_hook`` raised (a failure no one handled) ends it with code 1.  An
 uncaught exception's traceback starts in the program, as Python's own does.
 
 The program ends with the ``monarch run`` that started it, however that ended (``kill -9`` too):
@@ -52,7 +53,11 @@ def main() -> None:
     try:
         runpy.run_path(path, run_name="__main__")
     except KeyboardInterrupt:
-        sys.exit(130)
+        from monarch_agents import supervision
+
+        # The default unhandled_fault_hook's interrupt is a failure, not Ctrl-C: Monarch documents
+        # that it exits with code 1 (the failure is already on stderr).
+        sys.exit(1 if supervision.ended_by_fault() else 130)
     except Exception as e:
         # As `python prog.py` shows it: the traceback starts in the program, not in runpy and here.
         tb = _from_program(e.__traceback__, path)

@@ -174,8 +174,11 @@ def test_serve_run_actors_shell_logs_stop_between_namespaces(netns_workdir):
 
 KILLS = """
 import os, signal
+import monarch.actor
 from monarch.actor import Actor, endpoint
 from monarch.job import job_load
+
+monarch.actor.unhandled_fault_hook = lambda failure: None  # the failed call says it; the client goes on
 
 class Victim(Actor):
     @endpoint
