@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from monarch_agents import messages as m
+from monarch_agents import names
 from monarch_telemetry.recorder import Recorder, hash_id, install, tee_stdio
 
 rec: Recorder | None = None
@@ -25,12 +26,15 @@ _senders: dict[str, int] = {}
 #: ``messages.port_index``: as Monarch's, the port of the receiving actor the message was delivered
 #: to, scoped by the actor; an actor here has one port per endpoint, named by the endpoint.
 _ports: dict[str, int] = {}
+#: This proc's address and name, for its actors' Monarch addresses (``actors.full_name``).
+_proc: tuple[str, str] = ("", "")
 
 
 def start(rt: Any, config: dict) -> None:
     """Record in this proc and push to its host agent (``config`` is the proc's start config)."""
-    global rec, _send
+    global rec, _send, _proc
     rec = install(Recorder(config["host"]))
+    _proc = (rt.addr, names.proc_name(config["host"], os.getpid()))
     if not rec.on:
         return
     host_agent = config["host_agent"]
@@ -69,7 +73,9 @@ def created(slot: Any) -> None:
     if rec is not None and rec.on:
         msg = slot.msg
         rank = _rank(slot)
-        rec.actor(actor_id(slot), hash_id(msg.actor_id), rank, f"{msg.actor_id}[{rank}]", f"{msg.name}[{rank}]")
+        ours = f"{msg.actor_id}[{rank}]"
+        rec.actor(actor_id(slot), hash_id(msg.actor_id), rank, names.actor_addr(_proc[0], _proc[1], ours),
+                  f"{msg.name}[{rank}]", ours)
         rec.actor_status(actor_id(slot), "Created")
 
 

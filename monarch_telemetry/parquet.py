@@ -71,6 +71,9 @@ def load(directory: str) -> dict[str, list[pa.Table]]:
             if f.endswith(".parquet"):
                 found = True
                 t = pq.read_table(os.path.join(folder, f))
+                if name == "actors_ext" and "ref_name" not in t.column_names and "full_name" in t.column_names:
+                    # Saved before full_name was Monarch's actor address: its full_name is our short name.
+                    t = t.append_column("ref_name", t.column("full_name"))
                 out.setdefault(name, []).append(_conform(t, spec.schema))
     if not found:
         raise FileNotFoundError(f"{directory} holds no saved telemetry (no <table>/<host>.parquet files)")

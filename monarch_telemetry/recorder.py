@@ -94,9 +94,13 @@ class Recorder:
             self._meshes(mesh_id, now_us(), cls, given_name, full_name, shape_json(labels, sizes),
                          parent_mesh_id, parent_view, self.host)
 
-    def actor(self, actor_id: int, mesh_id: int, rank: int, full_name: str, display_name: str | None) -> None:
+    def actor(self, actor_id: int, mesh_id: int, rank: int, full_name: str, display_name: str | None,
+              ref_name: str | None = None, *, host: str | None = None, pid: int | None = -1) -> None:
+        """``host``/``pid``: where the actor runs when that is not this process (an agent's row the
+        client records; ``pid`` None: not known here)."""
         if self.on:
-            self._actors(actor_id, now_us(), mesh_id, rank, full_name, display_name, self.host, self.pid)
+            self._actors(actor_id, now_us(), mesh_id, rank, full_name, display_name, host or self.host,
+                         self.pid if pid == -1 else pid, ref_name)
 
     def actor_status(self, actor_id: int, status: str, reason: str | None = None) -> None:
         if self.on:

@@ -121,10 +121,16 @@ ACTORS_EXT = TableSpec("actors_ext", EVENT, "One row per actor started (each ran
     _c("timestamp_us", I64, "when it was created"),
     _c("mesh_id", I64, "the actor mesh it belongs to (meshes.id)"),
     _c("rank", I64, "its rank in the mesh"),
-    _c("full_name", STR, "unique name: <mesh full name>[<rank>]"),
-    _c("display_name", STR, "the name users see: <given name>[<rank>] ('<root>' for a client)", True),
+    _c("full_name", STR, "its address as Monarch's: actor.proc@location (ActorAddr.from_string reads it "
+                         "back): <mesh full name>[<rank>].<host>-<pid>@<proc address>; a proc's agent is "
+                         "proc_agent.<host>-<pid>@..., a host's host_agent.<host>@..., the client client.local@..."),
+    _c("display_name", STR, "the name users see: <given name>[<rank>] ('<root>' for a client; NULL for an agent)",
+       True),
     _HOST,
-    _c("pid", I64, "the process it runs in"),
+    _c("pid", I64, "the process it runs in (NULL for a host agent's row: the client records it)", True),
+    _c("ref_name", STR, "our own short name, the admin API's and TUI's: <mesh full name>[<rank>] (the client's: "
+                        "its address); NULL for a host or proc agent's row (a system actor, not listed there)",
+       True),
 ), "proc agent, client")
 
 ACTOR_STATUS_EVENTS_EXT = TableSpec("actor_status_events_ext", EVENT,

@@ -301,12 +301,13 @@ class AdminTree:
 
     def _actor_rows(self, host: str, pid: int) -> list[dict]:
         return self._rows(
-            "SELECT a.id, a.full_name, a.display_name, a.timestamp_us, m.class AS class, "
+            "SELECT a.id, a.ref_name AS full_name, a.display_name, a.timestamp_us, m.class AS class, "
             "s.new_status AS status, s.reason AS reason, s.timestamp_us AS status_us "
             "FROM actors_ext a LEFT JOIN meshes m ON a.mesh_id = m.id "
             "LEFT JOIN (SELECT actor_id, new_status, reason, timestamp_us, row_number() OVER "
             "(PARTITION BY actor_id ORDER BY timestamp_us DESC) AS n FROM actor_status_events) s "
             f"ON s.actor_id = a.id AND s.n = 1 WHERE a.host = '{_q(host)}' AND a.pid = {int(pid)} "
+            "AND a.ref_name IS NOT NULL "  # (an agent's row: a system actor, not the program's)
             "ORDER BY a.timestamp_us")
 
     def _proc(self, host: str, pid: int) -> dict:
@@ -862,7 +863,7 @@ def capture_snapshot(hosts: _Hosts, started_at_us: int) -> dict[str, tuple[int, 
     procs = run_query(hosts, "SELECT host, pid, mesh, status FROM procs WHERE kind = 'proc' AND ended IS NULL "
                              "ORDER BY started").to_pylist()
     actors = run_query(hosts,
-        "SELECT a.id, a.host, a.pid, a.full_name, a.display_name, a.timestamp_us, m.class AS class, "
+        "SELECT a.id, a.host, a.pid, a.ref_name AS full_name, a.display_name, a.timestamp_us, m.class AS class, "
         "s.new_status AS status, s.reason AS reason, s.timestamp_us AS status_us, "
         "coalesce(c.n, 0) AS n, coalesce(c.t, 0) AS t, c.last AS last "
         "FROM actors_ext a LEFT JOIN meshes m ON a.mesh_id = m.id "
@@ -871,7 +872,8 @@ def capture_snapshot(hosts: _Hosts, started_at_us: int) -> dict[str, tuple[int, 
         "ON s.actor_id = a.id AND s.k = 1 "
         "LEFT JOIN (SELECT to_actor_id, count(*) AS n, sum(latency_us) AS t, "
         "last_value(endpoint ORDER BY timestamp_us) AS last FROM messages_ext GROUP BY to_actor_id) c "
-        "ON c.to_actor_id = a.id WHERE a.display_name IS DISTINCT FROM '<root>' ORDER BY a.timestamp_us").to_pylist()
+        "ON c.to_actor_id = a.id WHERE (a.display_name IS DISTINCT FROM '<root>') AND a.ref_name IS NOT NULL "
+        "ORDER BY a.timestamp_us").to_pylist()
     out["snapshots"].append({"snapshot_id": sid, "snapshot_ts": ts})
     node("root", "root")
     out["root_nodes"].append({"snapshot_id": sid, "node_id": "root", "num_hosts": len(names),

@@ -17,23 +17,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from monarch_agents import names as _names
 from monarch_agents import ports as _ports
+from monarch_agents.names import location as _location
 
 # An address of this job's transport: what a process listens on, then "#" and its incarnation.
 _TRANSPORT_ADDR = re.compile(r"^(tcp|ipc)://[^#\s]+#\S+$")
 
 
-def _location(addr: str) -> str:
-    """How Monarch prints a channel address inside an id: ``scheme://rest`` (its ``local:N`` is
-    ``inproc://N``); an address of ours is already in that form."""
-    scheme, sep, rest = addr.partition(":")
-    if not sep or rest.startswith("//"):
-        return addr
-    return f"inproc://{rest}" if scheme == "local" else f"{scheme}://{rest}"
-
-
 def _address(location: str) -> str:
-    """The inverse of :func:`_location`: an address of ours (it has a ``#``) stays as it is."""
+    """The inverse of :func:`monarch_agents.names.location`: an address of ours (it has a ``#``) stays as it is."""
     if "#" in location:
         return location
     scheme, sep, rest = location.partition("://")
@@ -89,7 +82,7 @@ class ActorAddr:
         return ActorAddr(_address(location), proc, actor)
 
     def __str__(self) -> str:
-        return f"{self.actor_name}.{self.proc_id}"
+        return _names.actor_addr(self.addr, self.proc_name, self.actor_name)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from monarch_agents import messages as m
 from monarch_agents import supervision
+from monarch_agents import names as _names
 from monarch_agents.context import ROOT as _ROOT_CTX, current as _current_ctx
 from monarch_agents.errors import MeshFailure, SupervisionError, actor_failed_text
 from monarch_agents.future import Future
@@ -355,7 +356,7 @@ class HostMesh(_MeshBase):
         rt_claim(rt, [p.addr for p in procs])
         shape = Shape((*self._shape.labels, *per_host), (*self._shape.sizes, *per_host.values()))
         pm = ProcMesh(procs, shape, mesh_id, mesh_name, self, owner=True)
-        _telemetry.proc_mesh(rt, self, mesh_id, mesh_name, shape)
+        _telemetry.proc_mesh(rt, self, mesh_id, mesh_name, shape, procs)
         pm._watch(_current_ctx().actor)
         _add_child(pm)
         if bootstrap is not None:
@@ -1049,7 +1050,7 @@ class ActorId(str):
             aid.uid = f"{info.name}<{_ids._encode(int(suffix, 16))}>"
         except ValueError:  # not NAME-HEX (a client-hosted actor's id is its own)
             aid.uid = info.actor_id
-        aid.proc_name, aid.addr, aid.is_root = f"{info.host}-{os.getpid()}", info.proc_addr, False
+        aid.proc_name, aid.addr, aid.is_root = _names.proc_name(info.host, os.getpid()), info.proc_addr, False
         return aid
 
     @property

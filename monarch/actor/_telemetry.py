@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from monarch_agents import actor_telemetry
+from monarch_agents import actor_telemetry, names
 from monarch_agents.context import current
 from monarch_agents.messages import TelemetryRows
 from monarch_telemetry.recorder import FLUSH_INTERVAL_S, Recorder, hash_id, log, recorder, region_json
@@ -29,6 +29,7 @@ from monarch_telemetry.recorder import FLUSH_INTERVAL_S, Recorder, hash_id, log,
 _lock = threading.Lock()
 _root: dict[str, int] = {}  # client address -> its <root> actor id
 _views: dict[int, tuple[Any, str]] = {}  # id(shape) -> (shape, its JSON)
+_host_meshes: set[tuple[str, int]] = set()  # (client address, host mesh id) recorded, with their agents
 
 
 @dataclass
@@ -74,7 +75,7 @@ def root_actor(rt: Any) -> int:
             rid = _root.get(rt.addr)
             if rid is None:
                 rid = _root[rt.addr] = hash_id(rt.addr)
-                rec.actor(rid, rid, 0, rt.addr, "<root>")
+                rec.actor(rid, rid, 0, names.actor_addr(rt.addr, "local", "client"), "<root>", rt.addr)
                 rec.actor_status(rid, "Client")
     return rid
 
@@ -154,7 +155,12 @@ def flush() -> None:
                     log.debug("telemetry rows dropped: %s", e)
 
 
-def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any) -> None:
+def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any, procs: Any = ()) -> None:
+    """A proc mesh made on ``host_mesh``: its row (and its host mesh's, once per job), and one
+    ``actors`` row per agent as Monarch has: each host's host agent in the host mesh (its rank
+    there) and each proc's proc agent in the proc mesh (``procs``: ProcInfo in rank order), both
+    real here (the process that starts and serves procs; the one that runs a proc's actors). Their
+    ``display_name`` and ``ref_name`` are NULL: system actors, not listed among a program's own."""
     if not recorder().on:
         return
     rec = job_recorder(rt)
@@ -164,9 +170,21 @@ def proc_mesh(rt: Any, host_mesh: Any, mesh_id: str, name: str, shape: Any) -> N
         push_to(rt, hosts[0].addr)
     hid = hash_id("hosts:" + ",".join(h.addr for h in hosts))
     hshape = host_mesh._shape
-    rec.mesh(hid, "Host", "hosts", "hosts:" + ",".join(h.host for h in hosts), hshape.labels, hshape.sizes)
-    rec.mesh(hash_id(mesh_id), "Proc", name, mesh_id, shape.labels, shape.sizes, hid, hshape.labels, hshape.sizes,
+    with _lock:
+        first = (rt.addr, hid) not in _host_meshes
+        _host_meshes.add((rt.addr, hid))
+    if first:
+        rec.mesh(hid, "Host", "hosts", "hosts:" + ",".join(h.host for h in hosts), hshape.labels, hshape.sizes)
+        for rank, h in enumerate(hosts):
+            rec.actor(hash_id(f"host_agent:{h.addr}"), hid, rank, names.actor_addr(h.addr, h.host, "host_agent"),
+                      None, None, host=h.host, pid=None)
+    pmid = hash_id(mesh_id)
+    rec.mesh(pmid, "Proc", name, mesh_id, shape.labels, shape.sizes, hid, hshape.labels, hshape.sizes,
              hshape.indices)
+    for rank, p in enumerate(procs):
+        rec.actor(hash_id(f"proc_agent:{p.addr}"), pmid, rank,
+                  names.actor_addr(p.addr, names.proc_name(p.host, p.pid), "proc_agent"), None, None,
+                  host=p.host, pid=p.pid)
 
 
 def actor_mesh(rt: Any, proc_mesh_: Any, actor_id: str, name: str, cls: type, shape: Any) -> None:

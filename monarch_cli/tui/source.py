@@ -276,14 +276,15 @@ class ReservationSource:
         live = {(p.host, p.pid) for p in snap.procs if p.kind == "proc"}
         if live:
             actors = self.query(
-                "SELECT a.host, a.pid, a.display_name AS name, a.full_name, a.rank, s.status, s.reason, "
+                "SELECT a.host, a.pid, a.display_name AS name, a.ref_name AS full_name, a.rank, s.status, s.reason, "
                 "coalesce(m.calls, 0) AS calls, coalesce(m.failed_calls, 0) AS failed_calls FROM actors_ext a "
                 "LEFT JOIN (SELECT actor_id, first_value(new_status ORDER BY timestamp_us DESC) AS status, "
                 "first_value(reason ORDER BY timestamp_us DESC) AS reason FROM actor_status_events GROUP BY actor_id) s "
                 "ON s.actor_id = a.id "
                 "LEFT JOIN (SELECT to_actor_id, count(*) AS calls, sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) "
                 "AS failed_calls FROM messages_ext GROUP BY to_actor_id) m ON m.to_actor_id = a.id "
-                "ORDER BY a.host, a.pid, a.full_name", row_limit=5000, **skip)
+                "WHERE a.ref_name IS NOT NULL "  # (an agent's row: a system actor, not the program's)
+                "ORDER BY a.host, a.pid, a.ref_name", row_limit=5000, **skip)
             for r in actors.table.to_pylist():
                 if (r["host"], r["pid"]) in live:
                     r["status"] = r["status"] or "Created"

@@ -110,3 +110,13 @@ def test_spans_shows_a_users_span_as_monarchs_python_user_span_row():
     assert json.loads(rows[0]["fields_json"]) == {"name": 'load "shard"\n7', "actor": "w[0]", "duration_us": 250}
     assert json.loads(rows[1]["fields_json"])["error"] == "OSError: disk full"
     assert rows[0]["timestamp_us"] == 1_700_000_000_000_000 and len({r["id"] for r in rows}) == 2
+
+
+def test_a_save_made_before_actor_addresses_keeps_its_names_as_ours(tmp_path):
+    # Saves made before full_name was Monarch's address held our short name there, and no ref_name.
+    ext = pa.Table.from_batches(_recorded_store().batches("actors_ext"))
+    old = ext.drop_columns(["ref_name"]).set_column(4, "full_name", pa.array(["w-1[0]"]))
+    os.makedirs(tmp_path / "actors_ext")
+    pq.write_table(old, tmp_path / "actors_ext" / "h7.parquet")
+    loaded = parquet.load(str(tmp_path))
+    assert loaded["actors_ext"][0].column("ref_name").to_pylist() == ["w-1[0]"]

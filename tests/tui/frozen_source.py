@@ -126,7 +126,8 @@ def scale_procs(src: str, dst: str, hosts: int, procs: int, actors_per_proc: int
             aid = 10**12 + k * 1000 + j
             out[n]["actors_ext"].append({**actor_row, "host": n, "pid": pid, "id": aid, "rank": k * actors_per_proc + j,
                                      "display_name": f"trainers[{k * actors_per_proc + j}]",
-                                     "full_name": f"{actor_row['full_name']}.{k}.{j}"})
+                                     "full_name": f"{actor_row['full_name']}.{k}.{j}",
+                                     "ref_name": f"{actor_row['ref_name']}.{k}.{j}"})
             out[n]["actor_status_events_ext"] += [{**r, "host": n, "actor_id": aid} for r in status_rows]
     telemetry = os.path.join(dst, "telemetry")
     # Tables not scaled (runs, logs, stacks, ...) are the recording's, as saved.
