@@ -403,8 +403,13 @@ def test_interactive_in_a_real_terminal(workdir, runs):
         keys("attach 0", "Enter", until="(Pdb)")
         keys("p val", "Tab", until="p value")  # completed by the rank's pdb
         keys("Enter", until="\n40\n")
-        keys("p __import__('time').sleep(60)", "Enter", until="sleep(60)\n")
-        time.sleep(0.5)
+        # Ctrl-C once the rank runs the command (its print reached the run's output), not while this
+        # terminal or the rank may still be reading it: under load that took over 0.5 s (CI, once).
+        keys("p print('sleeping', flush=True) or __import__('time').sleep(60)", "Enter", until="sleep(60)\n")
+        end = time.monotonic() + 30
+        while "sleeping" not in run.stdout():
+            assert time.monotonic() < end, f"the rank never ran the command:\n{screen()}"
+            time.sleep(0.1)
         keys("C-c", until="KeyboardInterrupt")
         keys("c", "Enter", until="ended: rank 0 continued")  # at once: the rank still ends with 0
         keys("quit", "Enter", until="")
