@@ -68,6 +68,9 @@ class SupervisionError(RuntimeError):
     ``RuntimeError``; ``endpoint`` names the call that failed, when one did.
     """
 
+    #: The proc that refused a send, when one did (the failure then names the actor there).
+    failed_addr: str = ""
+
     def __init__(self, message: str, *, actor: str = "", rank: int | None = None, host: str = "",
                  exit_code: int | None = None, endpoint: str | None = None):
         self.message = message

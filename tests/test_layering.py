@@ -134,13 +134,20 @@ def test_no_import_against_the_arrows(folder):
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
 
 
+#: Strings that are values of Monarch's own rows, not modules named: Monarch's ``spans`` table says its
+#: Python user spans' tracing target is 'monarch.actor', and our view of that table says the same.
+ROW_VALUES = {("monarch_telemetry/schema.py", "monarch.actor")}
+
+
 @pytest.mark.parametrize("folder", STRING_CHECKED)
 def test_no_upper_module_named_in_a_string(folder):
     bad = []
     for path in _sources(folder):
+        rel = os.path.relpath(path, ROOT)
         with open(path) as f:
             for line, name in module_strings(f.read(), FORBIDDEN[folder]):
-                bad.append(f"{os.path.relpath(path, ROOT)}:{line} names {name!r}")
+                if (rel, name) not in ROW_VALUES:
+                    bad.append(f"{rel}:{line} names {name!r}")
     assert not bad, "modules of an upper layer named in strings (pass them in from that layer):\n" + "\n".join(bad)
 
 
