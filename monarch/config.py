@@ -58,7 +58,8 @@ setting                         what                                       envir
 ``mesh_admin_config_dump_*``,   (stacks, settings), its longest profile,
 ``mesh_admin_tree_timeout``,    its whole tree's, and where it listens
 ``mesh_admin_addr``             without ``MeshAdminConfig(admin_addr)``:
-                                ours is loopback on a free port
+                                ours is loopback on a free port (shown:
+                                Monarch's ``[::]:1729``)
 ==============================  =========================================  =============================
 
 ``get_global_config`` shows Monarch's defaults for the first five (30 s, 30 s, 10 s, 30 s, 10 s);
@@ -150,8 +151,11 @@ _SETTINGS: dict[str, _Setting] = {
                                     "duration?"),
     "mesh_attach_config_timeout": _Setting("1m", ("HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT",),
                                            "how long attach_to_workers waits for every worker to take the job"),
-    "mesh_admin_addr": _Setting("127.0.0.1:0", ("HYPERACTOR_MESH_ADMIN_ADDR",),
-                                "where the admin API listens when MeshAdminConfig names no address", "str"),
+    # Monarch's listens on every interface at a fixed port; ours on loopback at a free one: a shared
+    # machine's other users must not reach it, and two jobs must not contend for one port.
+    "mesh_admin_addr": _Setting("[::]:1729", ("HYPERACTOR_MESH_ADMIN_ADDR",),
+                                "where the admin API listens when MeshAdminConfig names no address", "str",
+                                ours="127.0.0.1:0"),
     "mesh_admin_tree_timeout": _Setting("10s", ("HYPERACTOR_MESH_ADMIN_TREE_TIMEOUT",),
                                         "how long the admin API's GET /v1/tree may take"),
     "mesh_admin_pyspy_bridge_timeout": _Setting("13s", ("HYPERACTOR_MESH_ADMIN_PYSPY_BRIDGE_TIMEOUT",),
@@ -507,6 +511,15 @@ def integer(key: str) -> int:
     if isinstance(value, int):
         return value
     raise ConfigValueError(f"{env}={os.environ.get(env)!r} ({key}): takes an integer")
+
+
+def text(key: str) -> str:
+    """The string setting ``key`` as it applies now (``mesh_admin_addr``: ours where nothing set it,
+    not the Monarch default get_global_config shows)."""
+    if _check(key).kind != "str":
+        raise ValueError(f"{key} is not a string setting")
+    with _lock:
+        return str(_effective(key))
 
 
 def is_applied(key: str) -> bool:

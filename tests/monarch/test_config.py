@@ -45,6 +45,18 @@ def test_defaults_shown_are_monarchs_and_ours_apply_only_while_unset(monkeypatch
         monkeypatch.delenv(config._SETTINGS[key].env[-1])
 
 
+def test_admin_address_shown_is_monarchs_but_loopback_applies(monkeypatch):
+    """mesh_admin_addr shows Monarch's "[::]:1729", but the admin API listens on loopback at a free
+    port until the key is set: a shared machine's other users must not reach it (issue #26)."""
+    monkeypatch.delenv("HYPERACTOR_MESH_ADMIN_ADDR", raising=False)
+    assert config.get_global_config()["mesh_admin_addr"] == "[::]:1729"
+    assert config.text("mesh_admin_addr") == "127.0.0.1:0"
+    with config.configured(mesh_admin_addr="[::]:1729"):
+        assert config.text("mesh_admin_addr") == "[::]:1729"
+    monkeypatch.setenv("HYPERACTOR_MESH_ADMIN_ADDR", "127.0.0.1:4242")
+    assert config.text("mesh_admin_addr") == config.get_global_config()["mesh_admin_addr"] == "127.0.0.1:4242"
+
+
 def test_environment_layer(monkeypatch):
     monkeypatch.setenv("MONARCH_SPAWN_TIMEOUT", "90")  # seconds, in the environment only
     assert config.get_global_config()["mesh_proc_spawn_max_idle"] == "1m 30s"
