@@ -58,14 +58,8 @@ setting                         what                                       envir
 ``mesh_admin_config_dump_*``,   (stacks, settings), its longest profile,
 ``mesh_admin_tree_timeout``,    its whole tree's, and where it listens
 ``mesh_admin_addr``             without ``MeshAdminConfig(admin_addr)``:
-                                ours is loopback on a free port (shown:
-                                Monarch's ``[::]:1729``)
+                                ours is loopback on a free port
 ==============================  =========================================  =============================
-
-``get_global_config`` shows Monarch's defaults for the first five (30 s, 30 s, 10 s, 30 s, 10 s);
-until something sets them ours apply (2 min, 1 min, 5 s, 5 s, 1 s): a spawn on a loaded shared
-machine does not fail at 30 s, and a stop of a wedged proc does not wait 50 s.  A value set by
-``configure`` or the environment, Monarch's default included, applies as given.
 
 Monarch's other keys (the RDMA, logging, telemetry and channel tuning, ...) are accepted, checked
 and shown by ``get_global_config`` with Monarch's defaults, and govern nothing here
@@ -103,9 +97,6 @@ class _Setting:
     doc: str
     kind: str = "duration"
     applied: bool = True
-    #: What applies when nothing sets the key, where it differs from Monarch's default (``default``,
-    #: what get_global_config and the admin API show, as Monarch's do); None: ``default`` applies.
-    ours: Any = None
 
 
 class Encoding(enum.Enum):
@@ -124,23 +115,16 @@ class ConfigValueError(TypeError, ValueError):
 
 
 _SETTINGS: dict[str, _Setting] = {
-    # These five show Monarch's defaults but keep ours where nothing sets them (README, "Monarch's
-    # config"): a loaded shared machine must not fail a spawn at 30 s, and a stop of a wedged or
-    # stopped proc or host must not wait 10 s + 30 s + 10 s, in our suite or our CLI.
-    "mesh_proc_spawn_max_idle": _Setting("30s", ("MONARCH_SPAWN_TIMEOUT", "HYPERACTOR_MESH_PROC_SPAWN_MAX_IDLE"),
-                                         "how long spawn_procs waits for a host to start its procs",
-                                         ours="120s"),
-    "host_spawn_ready_timeout": _Setting("30s", ("HYPERACTOR_HOST_SPAWN_READY_TIMEOUT",),
-                                         "how long the client waits for its own host agent to answer",
-                                         ours="60s"),
-    "stop_actor_timeout": _Setting("10s", ("HYPERACTOR_STOP_ACTOR_TIMEOUT",),
-                                   "how long stopping a proc mesh waits for each proc", ours="5s"),
-    "proc_stop_max_idle": _Setting("30s", ("HYPERACTOR_MESH_PROC_STOP_MAX_IDLE",),
-                                   "how long stopping a proc mesh waits for each host to end its procs",
-                                   ours="5s"),
-    "mesh_terminate_timeout": _Setting("10s", ("HYPERACTOR_MESH_TERMINATE_TIMEOUT",),
-                                       "how long a host gives each proc of a stopping mesh after SIGTERM",
-                                       ours="1s"),
+    "mesh_proc_spawn_max_idle": _Setting("120s", ("MONARCH_SPAWN_TIMEOUT", "HYPERACTOR_MESH_PROC_SPAWN_MAX_IDLE"),
+                                         "how long spawn_procs waits for a host to start its procs"),
+    "host_spawn_ready_timeout": _Setting("60s", ("HYPERACTOR_HOST_SPAWN_READY_TIMEOUT",),
+                                         "how long the client waits for its own host agent to answer"),
+    "stop_actor_timeout": _Setting("5s", ("HYPERACTOR_STOP_ACTOR_TIMEOUT",),
+                                   "how long stopping a proc mesh waits for each proc"),
+    "proc_stop_max_idle": _Setting("5s", ("HYPERACTOR_MESH_PROC_STOP_MAX_IDLE",),
+                                   "how long stopping a proc mesh waits for each host to end its procs"),
+    "mesh_terminate_timeout": _Setting("1s", ("HYPERACTOR_MESH_TERMINATE_TIMEOUT",),
+                                       "how long a host gives each proc of a stopping mesh after SIGTERM"),
     "port_forward_connect_timeout": _Setting("10s", (), "how long a forwarded connection waits for its destination"),
     "serve_agent_start_max_idle": _Setting("300s", ("MONARCH_SERVE_STALL_TIMEOUT",),
                                           "how long serve waits, its job running, with no new host agent up"),
@@ -151,11 +135,8 @@ _SETTINGS: dict[str, _Setting] = {
                                     "duration?"),
     "mesh_attach_config_timeout": _Setting("1m", ("HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT",),
                                            "how long attach_to_workers waits for every worker to take the job"),
-    # Monarch's listens on every interface at a fixed port; ours on loopback at a free one: a shared
-    # machine's other users must not reach it, and two jobs must not contend for one port.
-    "mesh_admin_addr": _Setting("[::]:1729", ("HYPERACTOR_MESH_ADMIN_ADDR",),
-                                "where the admin API listens when MeshAdminConfig names no address", "str",
-                                ours="127.0.0.1:0"),
+    "mesh_admin_addr": _Setting("127.0.0.1:0", ("HYPERACTOR_MESH_ADMIN_ADDR",),
+                                "where the admin API listens when MeshAdminConfig names no address", "str"),
     "mesh_admin_tree_timeout": _Setting("10s", ("HYPERACTOR_MESH_ADMIN_TREE_TIMEOUT",),
                                         "how long the admin API's GET /v1/tree may take"),
     "mesh_admin_pyspy_bridge_timeout": _Setting("13s", ("HYPERACTOR_MESH_ADMIN_PYSPY_BRIDGE_TIMEOUT",),
@@ -440,14 +421,12 @@ def _normal(key: str, setting: _Setting, value: Any) -> Any:
     raise ConfigValueError(f"{key} takes a monarch.config.Encoding, not {value!r}")
 
 
-def _effective(key: str, shown: bool = False) -> Any:
-    return _effective_from(key, shown)[0]
+def _effective(key: str) -> Any:
+    return _effective_from(key)[0]
 
 
-def _effective_from(key: str, shown: bool = False) -> tuple[Any, str]:
-    """The value of ``key`` now, and the environment variable it came from ('' if from none).
-    Where nothing sets it: Monarch's default if ``shown`` (what get_global_config reports), else
-    the one that applies here (``_Setting.ours`` where we keep our own)."""
+def _effective_from(key: str) -> tuple[Any, str]:
+    """The value of ``key`` now, and the environment variable it came from ('' if from none)."""
     if key in _runtime:
         return _runtime[key], ""
     inherited = _load_inherited()
@@ -460,7 +439,7 @@ def _effective_from(key: str, shown: bool = False) -> tuple[Any, str]:
             if setting.kind in ("int", "int?"):
                 return (int(env) if env.strip().isdigit() else env), name
             return (env if not _is_number(env) else f"{env}s"), name
-    return (setting.default if shown or setting.ours is None else setting.ours), ""
+    return setting.default, ""
 
 
 def _is_number(text: str) -> bool:
@@ -511,15 +490,6 @@ def integer(key: str) -> int:
     if isinstance(value, int):
         return value
     raise ConfigValueError(f"{env}={os.environ.get(env)!r} ({key}): takes an integer")
-
-
-def text(key: str) -> str:
-    """The string setting ``key`` as it applies now (``mesh_admin_addr``: ours where nothing set it,
-    not the Monarch default get_global_config shows)."""
-    if _check(key).kind != "str":
-        raise ValueError(f"{key} is not a string setting")
-    with _lock:
-        return str(_effective(key))
 
 
 def is_applied(key: str) -> bool:
@@ -657,7 +627,7 @@ def _display(key: str, value: Any) -> Any:
 def get_global_config() -> dict[str, Any]:
     """Every setting as it applies now: defaults, then the environment, then ``configure``."""
     with _lock:
-        return {key: _display(key, _effective(key, shown=True)) for key in _SETTINGS}
+        return {key: _display(key, _effective(key)) for key in _SETTINGS}
 
 
 def get_runtime_config() -> dict[str, Any]:

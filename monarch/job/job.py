@@ -264,7 +264,7 @@ class JobTrait(abc.ABC):
                 from monarch import config
 
                 # MeshAdminConfig's address, else monarch.config's mesh_admin_addr (ours: loopback).
-                bind, port = js.parse_bind(admin.admin_addr or config.text("mesh_admin_addr"))
+                bind, port = js.parse_bind(admin.admin_addr or config.get_global_config()["mesh_admin_addr"])
                 services["admin"] = js.JobServer(hosts, telemetry=False, admin=True, bind=bind, port=port)
                 services["admin"].announce_admin()
             state.admin_url = services["admin"].url

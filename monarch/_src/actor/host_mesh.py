@@ -37,7 +37,7 @@ def _spawn_admin(host_meshes: list[HostMesh], admin_addr: str | None = None,
         from monarch._workbench import job_services as js
         from monarch.actor._client import shared_agent_addr
 
-        bind, port = js.parse_bind(admin_addr or config.text("mesh_admin_addr"))
+        bind, port = js.parse_bind(admin_addr or config.get_global_config()["mesh_admin_addr"])
         hosts = js.hosts_of(dict(enumerate(host_meshes)))
         hosts.shared_addr = shared_agent_addr()
         server = js.JobServer(hosts, telemetry=False, admin=True,
