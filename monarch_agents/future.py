@@ -17,6 +17,10 @@ R = TypeVar("R")
 _PENDING, _OK, _ERR = 0, 1, 2
 
 _modules = sys.modules
+_getframe = sys._getframe
+#: Modules whose get() calls are monarch's own, made inside a synchronous API call (spawn_procs,
+#: stop, ...): the warning is for the program's.
+_OURS = ("monarch.", "monarch_agents.")
 
 
 def _warn_blocking_on_loop() -> None:
@@ -142,8 +146,9 @@ class Future(Generic[R]):
         """Wait for the value; raise what the remote side raised."""
         if self._state == _PENDING:
             aio = _modules.get("asyncio")  # not imported: no loop can be running
-            if aio is not None and aio._get_running_loop() is not None:
-                _warn_blocking_on_loop()
+            if aio is not None and aio._get_running_loop() is not None \
+                    and not _getframe(1).f_globals.get("__name__", "").startswith(_OURS):
+                _warn_blocking_on_loop()  # the program's own get(); ours (inside spawn_procs, ...) are not its to fix
             mb = process_loop
             if mb is None:
                 self._block(timeout)

@@ -650,6 +650,7 @@ BOTH["engine_exit.py"] = ENGINE_EXIT_OUT
 GET_ON_LOOP_OUT = """\
 get on a running loop: 1 True
 await: 2 False
+spawn_procs on a running loop warns: False
 get with no loop: 3 False
 done
 """
