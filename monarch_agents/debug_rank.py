@@ -72,6 +72,10 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes | dict) -> None:
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    """Exactly ``n`` bytes from ``sock``, or None if the stream ends first.
+
+    Also the socket reader of monarch's gateway and telemetry collector: this module is the lowest
+    one all of them import, and imports only the standard library (see above)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from monarch.actor import _worker_auth
 from monarch_agents import tunnel
+from monarch_agents.debug_rank import recv_exact
 from monarch_agents.files import private_dir, runtime_dir
 
 log = logging.getLogger("monarch.actor")
@@ -148,13 +149,13 @@ class Mux:
         """Read frames until the connection ends; then end every stream."""
         try:
             while True:
-                head = _recv_exact(self.conn, _HEAD.size)
+                head = recv_exact(self.conn, _HEAD.size)
                 if head is None:
                     break
                 sid, kind, n = _HEAD.unpack(head)
                 if n > _MAX_PAYLOAD:
                     break  # not our peer's framing
-                payload = _recv_exact(self.conn, n) if n else b""
+                payload = recv_exact(self.conn, n) if n else b""
                 if payload is None:
                     break
                 if kind == DATA:
@@ -186,16 +187,6 @@ class Mux:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             _close(s)
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
 
 
 def _json(payload: bytes) -> dict:

@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint  # noqa: F401  (Monarch's module exports current_rank)
+from monarch_agents.debug_rank import recv_exact
 
 #: How long a job's telemetry query waits for each host's scan (Monarch's: for each worker collector's);
 #: a host that has not answered by then is left out of the answer, as Monarch leaves out a worker that
@@ -84,16 +85,6 @@ def _accept(server: socket.socket, scanner: Any) -> None:
         threading.Thread(target=_ingest, args=(conn, scanner), name="telemetry-ingest-conn", daemon=True).start()
 
 
-def _read(conn: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 def _signed(t: Any) -> Any:
     """Monarch's unsigned 64-bit ids as our signed ones, bit for bit (an id past 2**63 is negative
     here, the same in every table, so joins still match)."""
@@ -111,18 +102,18 @@ def _ingest(conn: socket.socket, scanner: Any) -> None:
 
     with conn:
         while True:
-            head = _read(conn, 2)
+            head = recv_exact(conn, 2)
             if head is None:
                 return
-            name_b = _read(conn, struct.unpack(">H", head)[0])
-            size_b = _read(conn, 4)
+            name_b = recv_exact(conn, struct.unpack(">H", head)[0])
+            size_b = recv_exact(conn, 4)
             if name_b is None or size_b is None:
                 return
             size = struct.unpack(">I", size_b)[0]
             if not 0 < size <= _MAX_FRAME:
                 log.warning("telemetry collector: a frame of %d bytes, connection closed", size)
                 return
-            payload = _read(conn, size)
+            payload = recv_exact(conn, size)
             if payload is None:
                 return
             name = name_b.decode(errors="replace")
