@@ -179,6 +179,18 @@ def test_an_agent_killed_during_a_transfer_fails_the_sync_and_the_next_one_compl
     assert wait_gone([a.pid for a in started]) == []
 
 
+def _fill(path) -> None:
+    """Write ``path`` until its disk is full (ENOSPC ends it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"x" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def test_a_host_with_a_full_disk_fails_the_sync_clearly_and_keeps_serving(client, tmp_path, fuse, tiny_disk):
     started = start_agents(client, tmp_path, 1, env={"MONARCH_WORKSPACE_DIR": str(tiny_disk / "ws")})
     ws = tmp_path / "ws"
@@ -211,14 +223,7 @@ def test_an_edit_one_host_cannot_store_switches_no_host(client, tmp_path, fuse, 
         p = WorkspacePusher(client, str(ws), targets(started))
         mnts = [m["mountpoint"] for m in p.sync().mounts]
         # Nothing left on h1's disk.
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while os.write(fd, b"x" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        _fill(filler)
         (ws / "a.py").write_text("v2\n")
         with pytest.raises(WorkspaceError) as e:
             p.sync()
@@ -391,14 +396,7 @@ def test_a_host_that_cannot_be_switched_back_is_named_in_the_error(client, tmp_p
         assert os.listdir(packs), "h0 keeps the previous tree (its manifest too) in packs"
         for f in os.listdir(packs):
             os.unlink(packs / f)
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while os.write(fd, b"x" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        _fill(filler)
         (ws / "a.py").write_text("v2\n")
         with pytest.raises(WorkspaceError) as e:
             p.sync()
