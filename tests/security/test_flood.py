@@ -104,6 +104,18 @@ def test_a_local_hosts_agent_has_no_tcp_port_and_a_unix_socket_flood_does_not_si
     assert os.path.exists(tmp_path / ".monarch")
 
 
+def _answers_over_tcp(keys, agent) -> None:
+    """The agent answers a Ping from a process that reaches it over TCP, as a client on another machine does."""
+    box = Box(keys, "far-client")
+    box.mb._local_ipc = False
+    try:
+        box.mb.send(agent.addr, m.Ping(m.PortRef(box.addr, 1)))
+        got = box.received.get(timeout=120)
+        assert isinstance(got, m.Reply) and got.ok and got.payload.pid == agent.pid
+    finally:
+        box.close()
+
+
 def test_2000_idle_tcp_connections_from_another_user_do_not_silence_a_tcp_agent(attacker, client, tmp_path):  # noqa: F811
     """A host agent that listens on TCP (as on Slurm or in a pod), under a login node's limit."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -123,15 +135,7 @@ def test_2000_idle_tcp_connections_from_another_user_do_not_silence_a_tcp_agent(
                                stdout=__import__("subprocess").PIPE, text=True)
         line = flood.stdout.readline()
         assert line.startswith("2000 open"), line
-        # From a process that reaches it over TCP, as a client on another machine does.
-        box = Box(client.keys, "far-client")
-        box.mb._local_ipc = False
-        try:
-            box.mb.send(agent.addr, m.Ping(m.PortRef(box.addr, 1)))
-            got = box.received.get(timeout=120)
-            assert isinstance(got, m.Reply) and got.ok and got.payload.pid == agent.pid
-        finally:
-            box.close()
+        _answers_over_tcp(client.keys, agent)
     finally:
         if flood is not None:
             flood.kill()
@@ -176,14 +180,7 @@ def test_another_users_connections_to_a_tcp_agent_are_shut_before_any_handshake(
             while "connection(s) from another user's process, before any handshake" not in f.read():
                 time.sleep(0.1)
                 f.seek(0)
-        box = Box(client.keys, "far-client")
-        box.mb._local_ipc = False
-        try:
-            box.mb.send(agent.addr, m.Ping(m.PortRef(box.addr, 1)))
-            got = box.received.get(timeout=120)
-            assert isinstance(got, m.Reply) and got.ok and got.payload.pid == agent.pid
-        finally:
-            box.close()
+        _answers_over_tcp(client.keys, agent)
     finally:
         if flood is not None:
             flood.kill()
