@@ -54,13 +54,22 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_a_client_attached_through_a_worker_loses_its_procs_with_the_worker_loop(tmp_path, no_leaked_processes):
+def _env() -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("MONARCH_JOB", None)
-    path = str(tmp_path / "worker")
-    worker = subprocess.Popen([sys.executable, "-c", "from monarch.actor import run_worker_loop_forever; "
-                               f"run_worker_loop_forever(address='ipc://{path}', ca='trust_all_connections')"],
-                              env=env, start_new_session=True)
+    return env
+
+
+def _start_worker_loop(env: dict, path: str) -> subprocess.Popen:
+    """A worker loop at ``ipc://path``, in a session of its own."""
+    return subprocess.Popen([sys.executable, "-c", "from monarch.actor import run_worker_loop_forever; "
+                             f"run_worker_loop_forever(address='ipc://{path}', ca='trust_all_connections')"],
+                            env=env, start_new_session=True)
+
+
+def test_a_client_attached_through_a_worker_loses_its_procs_with_the_worker_loop(tmp_path, no_leaked_processes):
+    env, path = _env(), str(tmp_path / "worker")
+    worker = _start_worker_loop(env, path)
     agents: list[int] = []
     try:
         client = subprocess.Popen([sys.executable, "-c", PROGRAM, str(worker.pid), f"ipc://{path}"], env=env,
@@ -108,12 +117,8 @@ SHUTDOWN = textwrap.dedent('''
 
 
 def test_shutdown_context_ends_the_gateway(tmp_path, no_leaked_processes):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("MONARCH_JOB", None)
-    path = str(tmp_path / "worker")
-    worker = subprocess.Popen([sys.executable, "-c", "from monarch.actor import run_worker_loop_forever; "
-                               f"run_worker_loop_forever(address='ipc://{path}', ca='trust_all_connections')"],
-                              env=env, start_new_session=True)
+    env, path = _env(), str(tmp_path / "worker")
+    worker = _start_worker_loop(env, path)
     try:
         r = subprocess.run([sys.executable, "-c", SHUTDOWN, f"ipc://{path}"], env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=240)
