@@ -14,14 +14,19 @@ from monarch_agents.keys import JobKeys
 from monarch_agents.services.relay import RelayService
 
 
-@pytest.fixture
-def relay():
+def _start_relay() -> tuple[RelayService, JobKeys, int]:
+    """A relay service on a free loopback port, for a stand-in agent of a new job."""
     keys = JobKeys.generate()
     probe = socket.create_server(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
     agent = SimpleNamespace(keys=keys, relay_port=port, rt=SimpleNamespace(mailbox=SimpleNamespace(bind_host="127.0.0.1")))
-    service = RelayService(agent)
+    return RelayService(agent), keys, port
+
+
+@pytest.fixture
+def relay():
+    service, keys, port = _start_relay()
     yield service, keys, port
     service.stop(time.monotonic() + 1)
 
@@ -123,12 +128,7 @@ def test_idle_connections_neither_fill_the_relay_nor_keep_the_client_out(relay):
 def test_stop_closes_the_client_control_streams_and_joins_its_threads():
     """A client still connected when the relay stops: its control stream is closed (the client sees
     the end), its stand-in port with it, and no thread of the relay's is left reading it."""
-    keys = JobKeys.generate()
-    probe = socket.create_server(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    agent = SimpleNamespace(keys=keys, relay_port=port, rt=SimpleNamespace(mailbox=SimpleNamespace(bind_host="127.0.0.1")))
-    service = RelayService(agent)
+    service, keys, port = _start_relay()
     control = _request(port, {"token": tunnel.token(keys), "listen": True})
     try:
         stand_in = tunnel.read_line(control)["port"]
