@@ -704,10 +704,28 @@ class ActorSlot:
                     direct(item)
                     return
         self.mailbox.put(item)
+        if self._direct is not None:
+            # Its loop started between the look above and the put: it may have drained the queue
+            # before the put (nobody reads the queue after that), so hand what is there on now.
+            self._drain_to_direct()
+            return
         if self._sleeping is not None:
             self._sleeping.sleep_end(self)
         elif self._polling is not None:
             self._polling.wake_borrower()  # posted off the loop: the thread that polls must look
+
+
+    def _drain_to_direct(self) -> None:
+        with self._post_lock:
+            direct = self._direct
+            if direct is None:
+                return  # its loop ended meanwhile: the queue is read again (a stopping actor)
+            while True:
+                try:
+                    item = self.mailbox.get_nowait()
+                except queue.Empty:
+                    return
+                direct(item)
 
 
 class _Waiter:

@@ -130,3 +130,60 @@ def test_an_async_actor_gets_its_calls_in_order_before_and_after_its_loop_runs()
         assert slow.threads.call_one().get(timeout=T) == ["actor-lend_slow"]  # one thread: no pump
     finally:
         procs.stop().get(timeout=T)
+
+
+#: Released by the first call posted to ``LateLoop`` (see ``Gate.arm``): its __init__ waits for it.
+_late_go = threading.Event()
+
+
+class LateLoop(Actor):
+    """An async actor whose loop starts only once its first call is being posted."""
+
+    def __init__(self) -> None:
+        _late_go.wait(T)
+
+    @endpoint
+    async def ping(self, x: int) -> int:
+        return x
+
+
+class Gate(Actor):
+    """Holds the posting of ``LateLoop``'s first call between ``post``'s look at ``_direct`` (None: its
+    loop not running yet) and its put into the thread's mailbox, until its loop runs: the interleaving
+    that a thread switch at the wrong bytecode makes, made every time."""
+
+    @endpoint
+    def arm(self, name: str) -> bool:
+        import queue
+
+        from monarch_agents.context import CURRENT
+
+        agent = CURRENT.get().actor.slot.agent
+        slot = next(s for s in list(agent.actors.values()) if s.msg.name == name)
+
+        class HeldQueue(queue.SimpleQueue):
+            def put(self, item, block=True, timeout=None):
+                if not _late_go.is_set():
+                    _late_go.set()  # its __init__ returns, then its loop runs and drains the queue
+                    deadline = time.monotonic() + T
+                    while slot._direct is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                super().put(item)
+
+        held = HeldQueue()
+        while not slot.mailbox.empty():
+            queue.SimpleQueue.put(held, slot.mailbox.get_nowait())
+        slot.mailbox = held
+        return True
+
+
+def test_a_call_posted_while_an_async_actors_loop_starts_is_not_lost():
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        gate = procs.spawn("lend_gate", Gate)
+        late = procs.spawn("lend_late", LateLoop)
+        assert gate.arm.call_one("lend_late").get(timeout=T)
+        assert late.ping.call_one(7).get(timeout=T) == 7
+        assert late.ping.call_one(8).get(timeout=T) == 8
+    finally:
+        procs.stop().get(timeout=T)
