@@ -69,7 +69,8 @@ class Future(Generic[R]):
         self._lock = threading.Lock()
         self._transform = transform
         self._resolved = False
-        #: The mailbox whose loop the waiting thread runs, or in whose count of sleepers it is.
+        #: The mailbox whose loop a waiting thread may run (set by the first waiter, kept), and the one
+        #: in whose count of sleepers a waiting thread is.
         self._polled_by: Any = None
         self._sleeping: Any = None
 
@@ -109,8 +110,10 @@ class Future(Generic[R]):
         self._done.release()
         if self._sleeping is not None:
             self._sleeping.sleep_end(self)
-        elif self._polled_by is not None:
-            self._polled_by.wake_borrower()  # finished off the loop: its waiter polls, and must look
+        if self._polled_by is not None:
+            # Finished off the loop: a waiter that runs it must look.  Also when another waiter
+            # sleeps: two threads may wait on one future, one running the loop, one asleep.
+            self._polled_by.wake_borrower()
         if callbacks is not None:
             for cb in callbacks:
                 cb(self)
@@ -167,11 +170,10 @@ class Future(Generic[R]):
         The main thread never runs it: a signal's handler (Ctrl-C's KeyboardInterrupt) could stop
         it in the middle of a message."""
         if threading.get_ident() != _main_ident():
+            # Left set once any thread waited here (never cleared: another waiter may be running the
+            # loop for this future meanwhile); a stale mark costs a look at who runs the loop.
             self._polled_by = mb
-            try:
-                got = mb.run_until(self.done, timeout)
-            finally:
-                self._polled_by = None
+            got = mb.run_until(self.done, timeout)
             if got:
                 return
             if got is False and timeout is not None:

@@ -130,3 +130,41 @@ def test_closing_a_mailbox_ends_a_borrower(pair):
     b.close()
     t.join(T)
     assert not t.is_alive() and out == [False]
+
+
+def test_two_threads_wait_on_one_future_finished_off_the_loop_and_both_wake(pair, monkeypatch):
+    """One waiter runs the loop, the other sleeps counted among its sleepers; the future is finished
+    by a third thread (off the loop): the one running the loop must look, not wait for the loop's
+    next event (none comes on an idle mailbox)."""
+    from monarch_agents import future
+
+    _, b = pair
+    monkeypatch.setattr(future, "process_loop", b.mb)
+    # No timer ends a turn of the loop by itself (its once-a-second delivery check would wake a
+    # waiter nobody woke, a second late): only a wake-up can.
+    cleared = threading.Event()
+    b.mb.call_soon(lambda: (b.mb._timers.clear(), cleared.set()))
+    assert cleared.wait(T)
+    for _ in range(100):
+        fut: Future = Future()
+        got: list = []
+        runner = threading.Thread(target=lambda f=fut, out=got: out.append(f.get()), daemon=True)
+        _borrow_until(b.mb, lambda: True)  # lent out now, and free
+        runner.start()
+        while b.mb._owner != runner.ident and fut._sleeping is None and runner.is_alive():
+            threading.Event().wait(0.001)
+        if b.mb._owner == runner.ident:
+            break
+        fut.set_result(0)  # it slept instead (the IO thread took the loop back first): again
+        runner.join(T)
+    else:
+        raise AssertionError("the waiter never ran the loop")
+    sleeper = threading.Thread(target=lambda: got.append(fut.get()), daemon=True)
+    sleeper.start()
+    while fut._sleeping is None and sleeper.is_alive():
+        threading.Event().wait(0.001)
+    fut.set_result(42)  # this thread does not run the loop
+    sleeper.join(T)
+    runner.join(T)
+    assert not runner.is_alive() and not sleeper.is_alive(), "a waiter was not woken"
+    assert got == [42, 42]
