@@ -1129,6 +1129,7 @@ def main(config: dict) -> None:
     agent = _agent = ProcAgent(rt, config).register()
     rt.mailbox.patient = agent.is_owner
     supervision.install(rt)
+    supervision.ends_process = False  # the client ends at an unhandled failure, not its procs
     rt.start()
     if os.environ.get("MONARCH_LEND_LOOP", "1") != "0":
         # Threads that wait for what the loop brings (actors' threads, their Future.get) may run

@@ -59,6 +59,12 @@ def report(owner: ActorSlotInfo | None, failure: MeshFailure, root: Callable[[Me
 
 _interrupted = False
 
+#: Whether a failure no one handled ends this process: a client's, as Monarch's does.  A proc's
+#: (a mesh its actor made outside any actor's context, say from a thread of its own) is written on
+#: stderr and the proc goes on, as torchmonarch 0.7.0's procs do: ending it would take its actors,
+#: and with them its owner's calls, along.  ``proc_agent.main`` sets it False.
+ends_process = True
+
 
 def _unhandled(failure: MeshFailure, why: BaseException) -> None:
     """The root hook raised: the fault is unhandled, and the client ends as Monarch's does.
@@ -68,6 +74,11 @@ def _unhandled(failure: MeshFailure, why: BaseException) -> None:
     The hook runs on a runtime thread, where its ``SystemExit`` would only end that thread.
     """
     global _interrupted
+    if not ends_process:
+        print(f"monarch: a failure no one handled in this proc (host {socket.gethostname()}, pid {os.getpid()}, "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')}; the unhandled_fault_hook raised {why!r}); the proc goes on:\n"
+              f"{failure.report()}", file=sys.stderr, flush=True)
+        return
     print(f"monarch: a failure no one handled ends this client (host {socket.gethostname()}, pid {os.getpid()}, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}; the unhandled_fault_hook raised {why!r}):\n{failure.report()}",
           file=sys.stderr, flush=True)

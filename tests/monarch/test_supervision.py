@@ -288,3 +288,69 @@ def test_client_killed_with_sigkill_has_its_procs_reaped(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class _Victim(Worker):
+    pass
+
+
+class _MakesMeshesFromAThread(Worker):
+    """Makes a proc mesh from a thread of its own: outside any actor's context, so no actor owns it and
+    its failure goes to the proc's unhandled_fault_hook (the default one)."""
+
+    def _in_thread(self, fn):
+        import threading
+
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(_outcome(fn)))
+        t.start()
+        t.join(T)
+        ok, value = out[0]
+        if not ok:
+            raise value
+        return value
+
+    @monarch.actor.endpoint
+    def make_victim(self) -> int:
+        def make():
+            self.victims = this_host().spawn_procs(per_host={"gpus": 1})
+            self.victim = self.victims.spawn("unowned_victim", _Victim)
+            return self.victim.pid.call_one().get(timeout=T)
+        return self._in_thread(make)
+
+    @monarch.actor.endpoint
+    def victim_failure(self) -> str:
+        def wait():
+            deadline = time.monotonic() + T
+            while time.monotonic() < deadline:
+                try:
+                    self.victim.pid.call_one().get(timeout=T)
+                except SupervisionError as e:
+                    return str(e)
+                time.sleep(0.05)
+            return "no failure"
+        return self._in_thread(wait)
+
+
+def _outcome(fn):
+    try:
+        return True, fn()
+    except BaseException as e:  # noqa: BLE001 - handed back to the endpoint's thread
+        return False, e
+
+
+def test_an_unowned_meshs_failure_in_a_proc_does_not_end_that_proc(recorded_faults):
+    # As on torchmonarch 0.7.0: the default hook ends the client, not a proc (a proc that ended
+    # would take its actors, and with them the client's calls, along).
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        parent = pm.spawn("unowned_parent", _MakesMeshesFromAThread)
+        parent_pid = parent.pid.call_one().get(timeout=T)
+        victim_pid = parent.make_victim.call_one().get(timeout=T)
+        os.kill(victim_pid, signal.SIGKILL)
+        assert "unowned_victim" in parent.victim_failure.call_one().get(timeout=T)
+        assert parent.pid.call_one().get(timeout=T) == parent_pid
+        assert parent.pid.call_one().get(timeout=T) == parent_pid
+        assert not recorded_faults()  # its proc lives: nothing of it reached the client
+    finally:
+        pm.stop().get(timeout=T)
