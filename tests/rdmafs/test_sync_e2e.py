@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -212,12 +213,18 @@ def test_a_host_with_a_full_disk_fails_the_sync_clearly_and_keeps_serving(client
     assert not is_mounted(mnt)
 
 
-def test_an_edit_one_host_cannot_store_switches_no_host(client, tmp_path, fuse, tiny_disk):
-    """An edit is one round (its chunks inside the switch): the hosts that switched are switched back."""
+def _h1_on_a_tiny_disk(client, tmp_path, tiny_disk) -> tuple[list, Path]:
+    """Two agents, h1's workspace on ``tiny_disk``, and a workspace folder of one file (a.py, "v1")."""
     started = [start_agent(client, tmp_path, 0), start_agent(client, tmp_path, 1, {"MONARCH_WORKSPACE_DIR": str(tiny_disk / "ws")})]
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.py").write_text("v1\n")
+    return started, ws
+
+
+def test_an_edit_one_host_cannot_store_switches_no_host(client, tmp_path, fuse, tiny_disk):
+    """An edit is one round (its chunks inside the switch): the hosts that switched are switched back."""
+    started, ws = _h1_on_a_tiny_disk(client, tmp_path, tiny_disk)
     filler = tiny_disk / "filler"
     try:
         p = WorkspacePusher(client, str(ws), targets(started))
@@ -384,10 +391,7 @@ def test_an_edit_corrupted_in_transit_is_sent_again(client, agents, tmp_path):
 def test_a_host_that_cannot_be_switched_back_is_named_in_the_error(client, tmp_path, fuse, tiny_disk):
     """The edit fails on h1 (full disk) and h0, switched already, cannot go back (the previous tree's
     tree left its store): the one error line says h0 serves the new tree, not only why h1 failed."""
-    started = [start_agent(client, tmp_path, 0), start_agent(client, tmp_path, 1, {"MONARCH_WORKSPACE_DIR": str(tiny_disk / "ws")})]
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a.py").write_text("v1\n")
+    started, ws = _h1_on_a_tiny_disk(client, tmp_path, tiny_disk)
     filler = tiny_disk / "filler"
     try:
         p = WorkspacePusher(client, str(ws), targets(started))
