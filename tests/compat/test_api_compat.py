@@ -679,11 +679,13 @@ def test_program_prints_the_same_on_torchmonarch(program, tmp_path):
 UNHANDLED_FAULT_OUT = "hook saw: MeshFailure\nmain thread interrupted\natexit handler ran\n"
 
 
-def _check_unhandled_fault_exit(r: subprocess.CompletedProcess) -> None:
+def _check_interrupted_exit(r: subprocess.CompletedProcess, stdout: str, error: str) -> None:
+    """The client ended through a KeyboardInterrupt in its main thread, after printing ``stdout``;
+    its stderr has the failure's ``error``."""
     # Python ends with the KeyboardInterrupt's status (SIGINT: -2 from subprocess, 130 from a shell).
     assert r.returncode in (-2, 130), (r.returncode, r.stderr[-3000:])
-    assert r.stdout == UNHANDLED_FAULT_OUT, r.stderr[-3000:]
-    assert "KeyboardInterrupt" in r.stderr and "no caller waits for this" in r.stderr
+    assert r.stdout == stdout, r.stderr[-3000:]
+    assert "KeyboardInterrupt" in r.stderr and error in r.stderr
 
 
 @pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
@@ -691,17 +693,10 @@ def test_a_hook_that_raises_ends_the_client_through_its_main_thread(which, tmp_p
     py, e = _shell_python(which)
     r = subprocess.run([py, os.path.join(HERE, "unhandled_fault.py")], cwd=tmp_path, env=e, capture_output=True,
                        text=True, timeout=300)
-    _check_unhandled_fault_exit(r)
+    _check_interrupted_exit(r, UNHANDLED_FAULT_OUT, "no caller waits for this")
 
 
 DEFAULT_HOOK_OUT = "spawned\nmain thread interrupted\natexit handler ran\n"
-
-
-def _check_default_hook_exit(r: subprocess.CompletedProcess) -> None:
-    # Monarch's default hook exits, which leaves the failure unhandled: a KeyboardInterrupt in the main thread.
-    assert r.returncode in (-2, 130), (r.returncode, r.stderr[-3000:])
-    assert r.stdout == DEFAULT_HOOK_OUT, r.stderr[-3000:]
-    assert "KeyboardInterrupt" in r.stderr and "a broadcast nobody waits on" in r.stderr
 
 
 @pytest.mark.parametrize("which", ["monarch", "torchmonarch"])
@@ -709,7 +704,8 @@ def test_the_default_hook_ends_the_client_through_its_main_thread(which, tmp_pat
     py, e = _shell_python(which)
     r = subprocess.run([py, os.path.join(HERE, "default_fault_hook.py")], cwd=tmp_path, env=e,
                        capture_output=True, text=True, timeout=300)
-    _check_default_hook_exit(r)
+    # Monarch's default hook exits, which leaves the failure unhandled: a KeyboardInterrupt in the main thread.
+    _check_interrupted_exit(r, DEFAULT_HOOK_OUT, "a broadcast nobody waits on")
     if which == "monarch":  # our own line (Monarch's words differ)
         assert "the unhandled_fault_hook raised SystemExit(1)" in r.stderr, r.stderr[-3000:]
 
