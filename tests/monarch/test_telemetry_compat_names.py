@@ -26,7 +26,20 @@ def _frame(table: str, t) -> bytes:
     return struct.pack(">H", len(table)) + table.encode() + struct.pack(">I", len(payload)) + payload
 
 
-def test_an_activated_telemetry_actor_keeps_the_rows_written_to_its_socket():
+@pytest.fixture
+def own_tmp(monkeypatch):
+    """The collector's temp folder is this test's (short: a socket's path has 107 bytes at most),
+    not the machine's /tmp, where it would leave the per-user folder behind."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="tel-", dir="/tmp")
+    monkeypatch.setattr(tempfile, "tempdir", d)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_activated_telemetry_actor_keeps_the_rows_written_to_its_socket(own_tmp):
     import socket
     import time
     import uuid
@@ -41,7 +54,9 @@ def test_an_activated_telemetry_actor_keeps_the_rows_written_to_its_socket():
     try:
         assert actor._activate_impl() and actor._activate_impl()  # the second: already serving
         path = ta.telemetry_socket_path(apply_id)
-        assert os.stat(ta.telemetry_socket_dir(apply_id)).st_mode & 0o777 == 0o700
+        # The per-user folder too, not only the job's inside it (it was 0755 under the usual umask).
+        for d in (ta.telemetry_socket_dir(apply_id), os.path.dirname(ta.telemetry_socket_dir(apply_id))):
+            assert os.stat(d).st_mode & 0o777 == 0o700, d
         assert os.stat(path).st_mode & 0o777 == 0o600
         # Monarch's frames of its actors table (its columns, u64 ids: one past 2**63, kept bit for bit as
         # our signed ids) and of a table not kept here.

@@ -235,3 +235,27 @@ def test_a_submitit_folder_another_user_can_write_gets_no_pickle(attacker, share
         assert stat.S_IMODE(os.lstat(mine).st_mode) == 0o700
     finally:
         monarch("stop", "--force", cwd=tmp_path, env=env, timeout=60)
+
+
+def test_a_telemetry_collector_folder_made_first_by_another_user_is_not_used(attacker, shared, monkeypatch):
+    """Monarch's TelemetryActor serves its socket under <tmp>/monarch-telemetry-<uid>/<job>: a guessable
+    name another user may make first, open to all, to read the user's rows or feed them false ones."""
+    import tempfile
+
+    import monarch._src.job.telemetry_actor as ta
+
+    monkeypatch.setattr(tempfile, "tempdir", shared)
+    mine = os.path.dirname(ta.telemetry_socket_dir("job-1"))
+    attacker.run(f"mkdir -m 777 {mine}")
+    collector = ta.TelemetryActor("job-1", retention_secs=0)
+    assert collector._activate_impl() is False  # refused, logged: no socket of the user's in it
+    assert attacker.run(f"ls -A {mine}").stdout == ""
+    # Once it is gone the user's own folders are made private, and the collector serves.
+    attacker.run(f"rm -rf {mine}")
+    try:
+        assert collector._activate_impl() is True
+        for d in (mine, ta.telemetry_socket_dir("job-1")):
+            st = os.lstat(d)
+            assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700, d
+    finally:
+        collector.close()

@@ -21,6 +21,7 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint  # noqa: F401  (Monarch's module exports current_rank)
 from monarch_agents.debug_rank import recv_exact
+from monarch_agents.files import UnsafeFolder, private_dir
 
 #: How long a job's telemetry query waits for each host's scan (Monarch's: for each worker collector's);
 #: a host that has not answered by then is left out of the answer, as Monarch leaves out a worker that
@@ -150,8 +151,12 @@ class TelemetryActor(Actor):
         from monarch_telemetry.table import Store
 
         socket_dir = telemetry_socket_dir(self._apply_id)
-        os.makedirs(socket_dir, mode=0o700, exist_ok=True)
-        os.chmod(socket_dir, 0o700)  # what makedirs made under an umask, or found
+        try:
+            # Both folders under the shared temp folder: made 0700, or found and checked as the user's.
+            private_dir(socket_dir, top=os.path.dirname(socket_dir))
+        except (UnsafeFolder, OSError) as e:
+            log.warning("telemetry collector activation failed: %s", e)
+            return False
         scanner = Store()
         if self._retention_secs and self._retention_secs > 0:
             scanner.retain(self._retention_secs)
